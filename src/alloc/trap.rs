@@ -1,0 +1,395 @@
+//! The trap: what happens when an allocation would exceed the soft cap or
+//! jemalloc returns null.
+//!
+//! Only one thread evicts on behalf of the allocator at a time (it holds the
+//! *token*). Other threads that trap meanwhile wait on a futex until the
+//! token is released, then retry. Nothing here allocates, panics, or blocks
+//! on a lock: waiting is a futex wait with a timeout, and evictors only
+//! try-lock.
+
+use std::alloc::Layout;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{reserve, BypassGuard, COUNTERS};
+
+/// Something that can free memory by evicting executors: implemented by the
+/// runtime.
+///
+/// The caller (the trap) guarantees it calls [`Evictor::evict_for_trap`]
+/// inside a bypass scope and from one thread at a time. The implementation
+/// MUST NOT block on a lock that an allocating thread may hold (try-lock
+/// and skip instead), and MUST NOT panic.
+pub(crate) trait Evictor: Send + Sync {
+    /// Evicts idle executors until at least `bytes` are freed or nothing is
+    /// left to evict. Returns the bytes freed.
+    fn evict_for_trap(&self, bytes: usize) -> usize;
+    /// Number of executors pinned by running tasks (for the diagnostic).
+    fn pinned(&self) -> usize;
+    /// A counter that changes whenever an executor may have become
+    /// evictable; the trap skips fruitless rescans while it is unchanged.
+    fn generation(&self) -> u64;
+    /// The soft cap this runtime asks for.
+    fn cap(&self) -> Option<usize>;
+}
+
+struct Entry {
+    evictor: Arc<dyn Evictor>,
+    /// `generation()` at the last trap that freed nothing.
+    fruitless_at: AtomicU64,
+}
+
+const SLOTS: usize = 64;
+
+static REGISTRY: [AtomicPtr<Entry>; SLOTS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; SLOTS];
+/// Traps currently reading [`REGISTRY`]; unregistering waits for zero.
+static READERS: AtomicUsize = AtomicUsize::new(0);
+/// 1 while a thread evicts on behalf of the allocator.
+static TOKEN: AtomicU32 = AtomicU32::new(0);
+/// Bumped when the token is released; waiters futex-wait on it.
+static EPOCH: AtomicU32 = AtomicU32::new(0);
+
+/// Keeps an evictor registered with the allocator; unregisters on drop.
+pub(crate) struct Registration {
+    slot: usize,
+}
+
+/// Registers `evictor` with the trap. Returns `None` when all slots are
+/// taken (more than 64 runtimes alive at once).
+pub(crate) fn register(evictor: Arc<dyn Evictor>) -> Option<Registration> {
+    reserve::init();
+    super::touch_init();
+    let entry = Box::into_raw(Box::new(Entry {
+        evictor,
+        fruitless_at: AtomicU64::new(u64::MAX),
+    }));
+    for (i, slot) in REGISTRY.iter().enumerate() {
+        if slot
+            .compare_exchange(
+                std::ptr::null_mut(),
+                entry,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            recompute_cap();
+            return Some(Registration { slot: i });
+        }
+    }
+    // SAFETY: `entry` came from `Box::into_raw` above and was never shared.
+    drop(unsafe { Box::from_raw(entry) });
+    None
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let old = REGISTRY[self.slot].swap(std::ptr::null_mut(), Ordering::AcqRel);
+        recompute_cap();
+        // Wait until no trap can still be looking at the entry.
+        while READERS.load(Ordering::Acquire) != 0 {
+            std::thread::yield_now();
+        }
+        if !old.is_null() {
+            // SAFETY: the pointer came from `Box::into_raw` in `register`,
+            // it is no longer reachable from the registry, and no reader is
+            // active, so this is the only reference.
+            drop(unsafe { Box::from_raw(old) });
+        }
+    }
+}
+
+fn recompute_cap() {
+    let mut cap: Option<usize> = None;
+    with_entries(|e| {
+        if let Some(c) = e.evictor.cap() {
+            cap = Some(cap.map_or(c, |m: usize| m.min(c)));
+        }
+        false
+    });
+    super::set_soft_cap(cap);
+}
+
+/// Calls `f` on each registered entry until it returns true.
+fn with_entries(mut f: impl FnMut(&Entry) -> bool) -> bool {
+    READERS.fetch_add(1, Ordering::AcqRel);
+    let mut any = false;
+    for slot in REGISTRY.iter() {
+        let p = slot.load(Ordering::Acquire);
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null entry stays alive while READERS > 0 (see
+        // `Registration::drop`).
+        let e = unsafe { &*p };
+        if f(e) {
+            any = true;
+            break;
+        }
+    }
+    READERS.fetch_sub(1, Ordering::AcqRel);
+    any
+}
+
+fn any_registered() -> bool {
+    REGISTRY
+        .iter()
+        .any(|s| !s.load(Ordering::Relaxed).is_null())
+}
+
+/// Asks the registered evictors to free `bytes`. Returns the bytes freed.
+fn evict(bytes: usize, skip_fruitless: bool) -> usize {
+    let _bypass = BypassGuard::new();
+    let mut freed = 0usize;
+    with_entries(|e| {
+        let gen = e.evictor.generation();
+        if skip_fruitless && e.fruitless_at.load(Ordering::Relaxed) == gen {
+            return false;
+        }
+        let got = e.evictor.evict_for_trap(bytes.saturating_sub(freed));
+        if got == 0 {
+            e.fruitless_at.store(gen, Ordering::Relaxed);
+        } else {
+            e.fruitless_at.store(u64::MAX, Ordering::Relaxed);
+        }
+        freed = freed.saturating_add(got);
+        freed >= bytes
+    });
+    if freed > 0 {
+        super::purge();
+    }
+    freed
+}
+
+fn pinned_total() -> usize {
+    let mut n = 0;
+    with_entries(|e| {
+        n += e.evictor.pinned();
+        false
+    });
+    n
+}
+
+fn try_take_token() -> bool {
+    TOKEN
+        .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+        .is_ok()
+}
+
+fn release_token() {
+    EPOCH.fetch_add(1, Ordering::Release);
+    TOKEN.store(0, Ordering::Release);
+    // SAFETY: FUTEX_WAKE on a valid, aligned, static u32; no other memory
+    // is touched.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            EPOCH.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        );
+    }
+}
+
+/// Waits (without allocating) until the current token holder releases it,
+/// or 50 ms pass.
+fn wait_for_token(epoch: u32) {
+    let start = Instant::now();
+    while TOKEN.load(Ordering::Acquire) != 0 && EPOCH.load(Ordering::Acquire) == epoch {
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 5_000_000,
+        };
+        // SAFETY: FUTEX_WAIT on a valid static u32 with a valid timeout; it
+        // returns at once if the value is no longer `epoch`.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                EPOCH.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                epoch,
+                &ts as *const libc::timespec,
+            );
+        }
+        if start.elapsed().as_millis() > 50 {
+            break;
+        }
+    }
+    COUNTERS
+        .wait_nanos
+        .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+}
+
+/// Extra bytes evicted beyond the overshoot, so that the next allocations do
+/// not trap again at once: 1/32 of the cap.
+fn slack(cap: usize) -> usize {
+    (cap / 32).max(1 << 20)
+}
+
+/// The soft trap: usage `used` went over `cap` after accounting `size`
+/// bytes. Evicts (or waits for the thread that is evicting). If nothing can
+/// be evicted, the allocation goes ahead over the cap and the overshoot is
+/// counted.
+#[cold]
+pub(super) fn soft(used: usize, cap: usize, size: usize) {
+    if !any_registered() {
+        return;
+    }
+    let epoch = EPOCH.load(Ordering::Acquire);
+    if try_take_token() {
+        let start = Instant::now();
+        COUNTERS.soft_traps.fetch_add(1, Ordering::Relaxed);
+        let want = used
+            .saturating_sub(cap)
+            .saturating_add(slack(cap))
+            .max(size);
+        let freed = evict(want, true);
+        if freed == 0 {
+            COUNTERS.overshoots.fetch_add(1, Ordering::Relaxed);
+        }
+        COUNTERS
+            .trap_nanos
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        release_token();
+    } else {
+        wait_for_token(epoch);
+    }
+}
+
+/// The hard trap: jemalloc returned null for `size` bytes. Evicts and
+/// retries with `retry` until it succeeds or nothing is left to evict.
+#[cold]
+pub(super) fn hard(size: usize, retry: impl Fn() -> *mut u8, layout: Layout) -> *mut u8 {
+    if super::bypassing() {
+        // Inside an eviction (or while holding a runtime lock): the memory
+        // set aside at start-up serves it.
+        let p = reserve::alloc(layout);
+        if !p.is_null() {
+            COUNTERS.reserve_allocs.fetch_add(1, Ordering::Relaxed);
+        }
+        return p;
+    }
+    if !any_registered() {
+        return std::ptr::null_mut();
+    }
+    COUNTERS.hard_traps.fetch_add(1, Ordering::Relaxed);
+    let cap = super::CAP.load(Ordering::Relaxed);
+    let want = size
+        .saturating_mul(2)
+        .saturating_add(if cap == super::NO_CAP {
+            16 << 20
+        } else {
+            slack(cap)
+        });
+    // Bounded: each round either frees something or gives up.
+    for _ in 0..10_000 {
+        let epoch = EPOCH.load(Ordering::Acquire);
+        if try_take_token() {
+            let start = Instant::now();
+            let freed = evict(want, false);
+            COUNTERS
+                .trap_nanos
+                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            release_token();
+            let p = retry();
+            if !p.is_null() {
+                return p;
+            }
+            if freed == 0 {
+                break;
+            }
+        } else {
+            wait_for_token(epoch);
+            let p = retry();
+            if !p.is_null() {
+                return p;
+            }
+        }
+    }
+    COUNTERS.failures.fetch_add(1, Ordering::Relaxed);
+    diagnose(size);
+    std::ptr::null_mut()
+}
+
+/// Writes one line to stderr without allocating: the request, the usage,
+/// the cap and the pinned executors.
+fn diagnose(size: usize) {
+    let mut buf = LineBuf::new();
+    buf.push(b"outcore: out of memory: allocation of ");
+    buf.num(size as u64);
+    buf.push(b" bytes failed with ");
+    buf.num(super::current_usage() as u64);
+    buf.push(b" bytes in use (cap ");
+    match super::soft_cap() {
+        Some(c) => {
+            buf.num(c as u64);
+            buf.push(b" bytes");
+        }
+        None => buf.push(b"none"),
+    }
+    buf.push(b"); nothing left to evict, ");
+    buf.num(pinned_total() as u64);
+    buf.push(b" executor(s) pinned by running tasks\n");
+    // SAFETY: writing an initialised stack buffer to fd 2.
+    unsafe {
+        libc::write(2, buf.bytes.as_ptr().cast(), buf.len);
+    }
+}
+
+/// A fixed-size line buffer for messages written from the allocator.
+struct LineBuf {
+    bytes: [u8; 256],
+    len: usize,
+}
+
+impl LineBuf {
+    fn new() -> Self {
+        LineBuf {
+            bytes: [0; 256],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, s: &[u8]) {
+        for &b in s {
+            if self.len < self.bytes.len() {
+                self.bytes[self.len] = b;
+                self.len += 1;
+            }
+        }
+    }
+
+    fn num(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let mut tmp = [0u8; 20];
+        let k = digits.len() - i;
+        tmp[..k].copy_from_slice(&digits[i..]);
+        self.push(&tmp[..k]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LineBuf;
+
+    #[test]
+    fn line_buffer_formats_numbers() {
+        let mut b = LineBuf::new();
+        b.push(b"x=");
+        b.num(0);
+        b.push(b",");
+        b.num(18_446_744_073_709_551_615);
+        assert_eq!(&b.bytes[..b.len], b"x=0,18446744073709551615");
+    }
+}

@@ -1,0 +1,318 @@
+//! [`MemoryCap`]: parsing sizes and detecting the limit the process runs
+//! under.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+/// How much memory the runtime may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryCap {
+    /// No soft cap: only a hard limit (`ulimit -v`) triggers evictions.
+    None,
+    /// A cap in bytes.
+    Bytes(u64),
+    /// The smallest of the cgroup memory limit (v1 or v2), `RLIMIT_AS` and
+    /// physical memory, less headroom for the runtime itself; see
+    /// [`MemoryCap::resolve`].
+    Auto,
+}
+
+impl MemoryCap {
+    /// Parses `512MiB`, `2GiB`, `1.5G`, `100M`, `4096` (bytes), `auto` or
+    /// `none`.
+    ///
+    /// Suffixes `K`, `M`, `G`, `T` (with or without `iB`) are powers of
+    /// 1024; `KB`, `MB`, `GB`, `TB` are powers of 1000. Case does not matter.
+    ///
+    /// ```
+    /// use outcore::MemoryCap;
+    /// assert_eq!(MemoryCap::parse("512MiB").unwrap(), MemoryCap::Bytes(512 << 20));
+    /// assert_eq!(MemoryCap::parse("1.5G").unwrap(), MemoryCap::Bytes(3 << 29));
+    /// assert_eq!(MemoryCap::parse("none").unwrap(), MemoryCap::None);
+    /// assert!(MemoryCap::parse("12XB").is_err());
+    /// ```
+    pub fn parse(s: &str) -> Result<MemoryCap> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(MemoryCap::Auto),
+            "none" | "off" | "unlimited" => Ok(MemoryCap::None),
+            _ => {
+                let b = parse_size(s)?;
+                if b == 0 {
+                    return Err(Error::BadSize {
+                        input: s.to_string(),
+                        reason: "a cap must be more than 0 bytes (use 'none' for no cap)".into(),
+                    });
+                }
+                Ok(MemoryCap::Bytes(b))
+            }
+        }
+    }
+
+    /// The cap in bytes, detecting the limits for [`MemoryCap::Auto`].
+    pub fn resolve(&self) -> Option<u64> {
+        match self {
+            MemoryCap::None => None,
+            MemoryCap::Bytes(b) => Some(*b),
+            MemoryCap::Auto => Some(auto_cap(&detect_limits())),
+        }
+    }
+}
+
+impl FromStr for MemoryCap {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        MemoryCap::parse(s)
+    }
+}
+
+impl fmt::Display for MemoryCap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemoryCap::None => f.write_str("none"),
+            MemoryCap::Auto => f.write_str("auto"),
+            MemoryCap::Bytes(b) => f.write_str(&format_bytes(*b)),
+        }
+    }
+}
+
+/// Parses a byte size such as `2GiB`, `1.5G`, `300MB` or `4096`.
+///
+/// ```
+/// assert_eq!(outcore::parse_size("2GiB").unwrap(), 2 << 30);
+/// assert_eq!(outcore::parse_size("300MB").unwrap(), 300_000_000);
+/// assert!(outcore::parse_size("-5M").is_err());
+/// ```
+pub fn parse_size(input: &str) -> Result<u64> {
+    let bad = |reason: &str| Error::BadSize {
+        input: input.to_string(),
+        reason: reason.to_string(),
+    };
+    let s = input.trim();
+    if s.is_empty() {
+        return Err(bad("empty"));
+    }
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    if num.is_empty() {
+        return Err(bad("expected a number, like 512MiB, 2GiB, 1.5G or 4096"));
+    }
+    let value: f64 = num.parse().map_err(|_| bad("not a number"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => {
+            return Err(bad(
+                "unknown unit (use B, K/KiB, M/MiB, G/GiB, T/TiB, KB, MB, GB, TB)",
+            ))
+        }
+    };
+    let bytes = value * mult;
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(bad("too large"));
+    }
+    if bytes.fract() != 0.0 && mult == 1.0 {
+        return Err(bad("a byte count must be a whole number"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// Formats bytes for people: `512.0 MiB`, `1.50 GiB`, `123 B`.
+pub fn format_bytes(b: u64) -> String {
+    const K: f64 = 1024.0;
+    let f = b as f64;
+    if f < K {
+        format!("{b} B")
+    } else if f < K * K {
+        format!("{:.1} KiB", f / K)
+    } else if f < K * K * K {
+        format!("{:.1} MiB", f / (K * K))
+    } else {
+        format!("{:.2} GiB", f / (K * K * K))
+    }
+}
+
+/// The limits the process runs under, as far as they can be read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// cgroup v2 `memory.max` or v1 `memory.limit_in_bytes`, if limited.
+    pub cgroup: Option<u64>,
+    /// `RLIMIT_AS`, if finite.
+    pub rlimit_as: Option<u64>,
+    /// Physical memory (`MemTotal`).
+    pub physical: Option<u64>,
+}
+
+/// Reads the cgroup, rlimit and physical memory limits.
+pub fn detect_limits() -> Limits {
+    Limits {
+        cgroup: cgroup_limit(),
+        rlimit_as: rlimit_as(),
+        physical: physical_memory(),
+    }
+}
+
+/// The cap `auto` chooses for the given limits: memory limits less 10% (at
+/// least 64 MiB) for the runtime, its threads and allocator slack;
+/// `RLIMIT_AS` less 25% (at least 256 MiB), since address space also holds
+/// code, stacks and mappings jemalloc keeps. At least 16 MiB.
+pub fn auto_cap(l: &Limits) -> u64 {
+    let mem = [l.cgroup, l.physical]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|m| m.saturating_sub((m / 10).max(64 << 20)));
+    let vm = l
+        .rlimit_as
+        .map(|v| v.saturating_sub((v / 4).max(256 << 20)));
+    [mem, vm]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(u64::MAX)
+        .max(16 << 20)
+}
+
+fn rlimit_as() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit struct.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } == 0;
+    (ok && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+}
+
+fn physical_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_meminfo(&text)
+}
+
+fn parse_meminfo(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn cgroup_limit() -> Option<u64> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mut best: Option<u64> = None;
+    let mut take = |v: Option<u64>| {
+        if let Some(v) = v {
+            best = Some(best.map_or(v, |b| b.min(v)));
+        }
+    };
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(a), Some(b), Some(c)) => (a, b, c),
+            _ => continue,
+        };
+        if controllers.is_empty() {
+            take(read_limit(&format!("/sys/fs/cgroup{path}/memory.max")));
+            take(read_limit("/sys/fs/cgroup/memory.max"));
+        } else if controllers.split(',').any(|c| c == "memory") {
+            take(read_limit(&format!(
+                "/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"
+            )));
+            take(read_limit("/sys/fs/cgroup/memory/memory.limit_in_bytes"));
+        }
+    }
+    best
+}
+
+/// Reads a cgroup limit file: `max` or a huge number means unlimited.
+fn read_limit(path: &str) -> Option<u64> {
+    parse_cgroup_value(&std::fs::read_to_string(path).ok()?)
+}
+
+fn parse_cgroup_value(text: &str) -> Option<u64> {
+    let t = text.trim();
+    if t == "max" {
+        return None;
+    }
+    let v: u64 = t.parse().ok()?;
+    // cgroup v1 reports "unlimited" as a page-rounded i64::MAX.
+    (v < (1u64 << 60)).then_some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("512mib").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1.5G").unwrap(), 1536 << 20);
+        assert_eq!(parse_size("10K").unwrap(), 10240);
+        assert_eq!(parse_size("1GB").unwrap(), 1_000_000_000);
+        assert_eq!(parse_size(" 7 M ").unwrap(), 7 << 20);
+        for bad in ["", "12XB", "-5M", "M", "1.2.3G", "1.5", "abc", "1e99T"] {
+            assert!(parse_size(bad).is_err(), "{bad} should not parse");
+        }
+    }
+
+    #[test]
+    fn caps_parse() {
+        assert_eq!(MemoryCap::parse("auto").unwrap(), MemoryCap::Auto);
+        assert_eq!(MemoryCap::parse("NONE").unwrap(), MemoryCap::None);
+        assert_eq!(MemoryCap::parse("1GiB").unwrap(), MemoryCap::Bytes(1 << 30));
+        assert!(MemoryCap::parse("0").is_err());
+        let e = MemoryCap::parse("12XB").unwrap_err().to_string();
+        assert!(e.contains("12XB"), "{e}");
+    }
+
+    #[test]
+    fn auto_takes_the_smallest_limit_less_headroom() {
+        let l = Limits {
+            cgroup: Some(4 << 30),
+            rlimit_as: None,
+            physical: Some(24 << 30),
+        };
+        assert_eq!(auto_cap(&l), (4u64 << 30) - (4u64 << 30) / 10);
+        let l = Limits {
+            cgroup: None,
+            rlimit_as: Some(2 << 30),
+            physical: Some(24 << 30),
+        };
+        assert_eq!(auto_cap(&l), (2u64 << 30) - (512 << 20));
+        let l = Limits {
+            cgroup: None,
+            rlimit_as: None,
+            physical: Some(512 << 20),
+        };
+        assert_eq!(auto_cap(&l), (512 << 20) - (64 << 20));
+        assert_eq!(auto_cap(&Limits::default()), u64::MAX);
+    }
+
+    #[test]
+    fn cgroup_values() {
+        assert_eq!(parse_cgroup_value("max\n"), None);
+        assert_eq!(parse_cgroup_value("9223372036854771712\n"), None);
+        assert_eq!(parse_cgroup_value("1073741824\n"), Some(1 << 30));
+        assert_eq!(
+            parse_meminfo("MemTotal:  1024 kB\nMemFree: 1 kB\n"),
+            Some(1 << 20)
+        );
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(format_bytes(100), "100 B");
+        assert_eq!(format_bytes(512 << 20), "512.0 MiB");
+        assert_eq!(format_bytes(3 << 29), "1.50 GiB");
+    }
+}

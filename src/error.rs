@@ -1,0 +1,137 @@
+//! The library's one error type.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+/// Executors are identified by a small number, shown as `executor #N` (and
+/// by the name given at insertion, when there is one).
+pub type ExecutorId = u64;
+
+/// Everything that can go wrong in outcore. Messages name the executor, the
+/// file, the sizes and the cap involved.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A memory size or cap could not be parsed.
+    BadSize {
+        /// The text given.
+        input: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The spill directory could not be created or is not usable.
+    SpillDir {
+        /// The directory.
+        dir: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Writing an executor to its spill file failed (the executor stays in
+    /// memory, intact).
+    SpillWrite {
+        /// The executor.
+        executor: String,
+        /// The spill file.
+        file: PathBuf,
+        /// Bytes the executor holds in memory.
+        bytes: usize,
+        /// What failed.
+        reason: String,
+    },
+    /// Loading an executor back failed: the file is missing, damaged or
+    /// belongs to something else. No data is handed back.
+    SpillRead {
+        /// The executor.
+        executor: String,
+        /// The spill file.
+        file: PathBuf,
+        /// What failed.
+        reason: String,
+    },
+    /// A task panicked; its executor is poisoned (see [`Error::Poisoned`]).
+    TaskPanicked {
+        /// The executor the task ran on.
+        executor: String,
+        /// The panic message, when it was a string.
+        message: String,
+    },
+    /// An earlier task panicked while it had `&mut` access to this executor,
+    /// so its state may be half-updated; no further task runs on it.
+    Poisoned {
+        /// The executor.
+        executor: String,
+    },
+    /// The handle does not belong to this runtime, or the executor was
+    /// removed.
+    UnknownExecutor {
+        /// The executor.
+        executor: String,
+    },
+    /// The runtime could not start (threads, registration).
+    Runtime(String),
+    /// An I/O error outside the spill store.
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        source: io::Error,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::BadSize { input, reason } => write!(f, "invalid size '{input}': {reason}"),
+            Error::SpillDir { dir, source } => {
+                write!(f, "spill directory {}: {source}", dir.display())
+            }
+            Error::SpillWrite {
+                executor,
+                file,
+                bytes,
+                reason,
+            } => write!(
+                f,
+                "could not write {executor} ({}) to {}: {reason}; it stays in memory",
+                crate::cap::format_bytes(*bytes as u64),
+                file.display()
+            ),
+            Error::SpillRead {
+                executor,
+                file,
+                reason,
+            } => {
+                write!(
+                    f,
+                    "could not load {executor} from {}: {reason}",
+                    file.display()
+                )
+            }
+            Error::TaskPanicked { executor, message } => {
+                write!(f, "task on {executor} panicked: {message}")
+            }
+            Error::Poisoned { executor } => write!(
+                f,
+                "{executor} is poisoned: an earlier task panicked while modifying it"
+            ),
+            Error::UnknownExecutor { executor } => {
+                write!(f, "{executor} does not belong to this runtime")
+            }
+            Error::Runtime(msg) => write!(f, "runtime: {msg}"),
+            Error::Io { context, source } => write!(f, "{context}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::SpillDir { source, .. } | Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

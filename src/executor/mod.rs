@@ -1,0 +1,203 @@
+//! Executors: the registry's per-executor slot and its state machine.
+//!
+//! See `src/executor/README.md` for the diagram. The value lives in the slot
+//! as a `Box<dyn Any + Send>`; a running task takes the box out (the slot is
+//! then `Pinned` and holds nothing an evictor could touch) and puts it back
+//! when it finishes. Every state change happens under the slot's mutex, a
+//! `std::sync::Mutex` (futex-based, never allocates, so the allocation trap
+//! may take it), and no allocation happens while it is held.
+
+mod state;
+
+use std::any::Any;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, TryLockError};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub use state::{EvictStep, PinStep, State};
+
+use crate::alloc::BypassGuard;
+use crate::spill::{self, FileKey};
+
+/// Sentinel for "none" in the atomic mirrors.
+pub(crate) const NONE: u64 = u64::MAX;
+
+/// Encodes a type-erased value to a spill file.
+pub(crate) type SaveFn = fn(&(dyn Any + Send), &Path, FileKey) -> Result<u64, String>;
+/// Decodes a type-erased value from a spill file.
+pub(crate) type LoadFn = fn(&Path, FileKey) -> Result<(Box<dyn Any + Send>, u64), String>;
+
+fn save_impl<T: Serialize + 'static>(
+    v: &(dyn Any + Send),
+    path: &Path,
+    key: FileKey,
+) -> Result<u64, String> {
+    match v.downcast_ref::<T>() {
+        Some(t) => spill::write_file(path, key, t),
+        None => Err("internal: executor value has an unexpected type".into()),
+    }
+}
+
+fn load_impl<T: DeserializeOwned + Send + 'static>(
+    path: &Path,
+    key: FileKey,
+) -> Result<(Box<dyn Any + Send>, u64), String> {
+    let (v, n) = spill::read_file::<T>(path, key)?;
+    Ok((Box::new(v), n))
+}
+
+/// Mutable part of a slot, guarded by its mutex.
+pub(crate) struct Inner {
+    pub state: State,
+    pub value: Option<Box<dyn Any + Send>>,
+    /// Memory differs from the spill file (or there is no valid file).
+    pub dirty: bool,
+    /// Generation of the valid spill file; 0 when there is none.
+    pub file_gen: u64,
+    /// Next generation to write.
+    pub next_gen: u64,
+    /// Dispatch sequence numbers of pending tasks, in order.
+    pub pending: std::collections::VecDeque<u64>,
+    /// Why the executor is damaged (a failed load), when it is.
+    pub damage: Option<String>,
+}
+
+/// One executor in the registry.
+pub(crate) struct Slot {
+    pub id: u64,
+    /// "executor #N" or "executor #N (name)".
+    pub label: String,
+    pub fingerprint: u64,
+    pub save: SaveFn,
+    pub load: LoadFn,
+    inner: Mutex<Inner>,
+    cond: Condvar,
+    /// Mirror of `inner.state` for lock-free victim scans.
+    state_code: AtomicU8,
+    /// Bytes the executor takes in memory (measured).
+    pub size: AtomicUsize,
+    /// Logical time of last use.
+    pub last_use: AtomicU64,
+    /// Mirror of `inner.pending.front()` ([`NONE`] when idle).
+    pub next_task: AtomicU64,
+    /// Position in the declared cycle ([`NONE`] when not in it).
+    pub cycle_pos: AtomicU64,
+    /// Loaded by the prefetcher and not used since.
+    pub prefetched: AtomicBool,
+}
+
+/// The slot's mutex guard; allocations are kept out of the trap while it is
+/// held (none should happen, this is belt and braces).
+pub(crate) struct SlotGuard<'a> {
+    guard: MutexGuard<'a, Inner>,
+    _bypass: BypassGuard,
+}
+
+impl std::ops::Deref for SlotGuard<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for SlotGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.guard
+    }
+}
+
+impl Slot {
+    pub(crate) fn new<T: Serialize + DeserializeOwned + Send + 'static>(
+        id: u64,
+        label: String,
+        value: T,
+        size: usize,
+        now: u64,
+    ) -> Slot {
+        Slot {
+            id,
+            label,
+            fingerprint: spill::fingerprint::<T>(),
+            save: save_impl::<T>,
+            load: load_impl::<T>,
+            inner: Mutex::new(Inner {
+                state: State::Resident,
+                value: Some(Box::new(value)),
+                dirty: true,
+                file_gen: 0,
+                next_gen: 1,
+                pending: std::collections::VecDeque::new(),
+                damage: None,
+            }),
+            cond: Condvar::new(),
+            state_code: AtomicU8::new(State::Resident as u8),
+            size: AtomicUsize::new(size),
+            last_use: AtomicU64::new(now),
+            next_task: AtomicU64::new(NONE),
+            cycle_pos: AtomicU64::new(NONE),
+            prefetched: AtomicBool::new(false),
+        }
+    }
+
+    /// Locks the slot (blocking).
+    pub(crate) fn lock(&self) -> SlotGuard<'_> {
+        let bypass = BypassGuard::new();
+        let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        SlotGuard {
+            guard,
+            _bypass: bypass,
+        }
+    }
+
+    /// Locks the slot if it is free (for the trap).
+    pub(crate) fn try_lock(&self) -> Option<SlotGuard<'_>> {
+        let bypass = BypassGuard::new();
+        let guard = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        Some(SlotGuard {
+            guard,
+            _bypass: bypass,
+        })
+    }
+
+    /// Waits for a state change.
+    pub(crate) fn wait<'a>(&'a self, g: SlotGuard<'a>) -> SlotGuard<'a> {
+        let SlotGuard { guard, _bypass } = g;
+        let guard = self.cond.wait(guard).unwrap_or_else(|e| e.into_inner());
+        SlotGuard { guard, _bypass }
+    }
+
+    /// Sets the state (under the lock) and wakes waiters.
+    pub(crate) fn set_state(&self, g: &mut SlotGuard<'_>, s: State) {
+        g.state = s;
+        self.state_code.store(s as u8, Ordering::Release);
+        self.cond.notify_all();
+    }
+
+    /// The state, read without the lock (may be stale).
+    pub(crate) fn state_hint(&self) -> State {
+        State::from_code(self.state_code.load(Ordering::Acquire))
+    }
+
+    /// Refreshes the `next_task` mirror from the pending queue.
+    pub(crate) fn sync_next_task(&self, g: &SlotGuard<'_>) {
+        self.next_task.store(
+            g.pending.front().copied().unwrap_or(NONE),
+            Ordering::Release,
+        );
+    }
+
+    pub(crate) fn key(&self, generation: u64) -> FileKey {
+        FileKey {
+            executor: self.id,
+            generation,
+            fingerprint: self.fingerprint,
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Batches: tasks submitted to executors in a known order, results returned
+//! in submission order.
+
+use std::any::Any;
+use std::collections::{HashSet, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::pool::{Job, Step};
+use super::{Handle, Runtime, Shared};
+use crate::error::{Error, Result};
+use crate::executor::Slot;
+use crate::stats::Counters;
+
+type TaskFn<R> = Box<dyn FnOnce(&mut (dyn Any + Send)) -> Option<R> + Send>;
+
+struct Task<R> {
+    index: usize,
+    seq: u64,
+    slot: Arc<Slot>,
+    write: bool,
+    f: TaskFn<R>,
+}
+
+/// A set of tasks on executors, run by the worker pool.
+///
+/// Tasks on one executor run one after another in submission order; tasks
+/// on different executors run in parallel. The submission order is the
+/// dispatch plan the eviction queue and the prefetcher follow.
+///
+/// ```
+/// # use outcore::Runtime;
+/// let rt = Runtime::builder().workers(2).build().unwrap();
+/// let a = rt.insert(vec![1u32, 2, 3]).unwrap();
+/// let b = rt.insert(vec![10u32, 20]).unwrap();
+/// let mut batch = rt.batch();
+/// batch.read(&a, |v: &Vec<u32>| v.iter().sum::<u32>());
+/// batch.write(&b, |v: &mut Vec<u32>| { v.push(30); v.iter().sum::<u32>() });
+/// batch.read(&a, |v: &Vec<u32>| v.len() as u32);
+/// assert_eq!(batch.run().unwrap(), vec![6, 60, 3]);
+/// ```
+pub struct Batch<'rt, R> {
+    rt: &'rt Runtime,
+    tasks: Vec<(Option<Arc<Slot>>, bool, TaskFn<R>)>,
+}
+
+impl<'rt, R: Send + 'static> Batch<'rt, R> {
+    pub(crate) fn new(rt: &'rt Runtime) -> Self {
+        Batch {
+            rt,
+            tasks: Vec::new(),
+        }
+    }
+
+    fn slot_of<T>(&self, h: &Handle<T>) -> Option<Arc<Slot>> {
+        let ours = h
+            .shared
+            .upgrade()
+            .is_some_and(|s| Arc::ptr_eq(&s, &self.rt.shared));
+        if ours {
+            h.slot().cloned()
+        } else {
+            None
+        }
+    }
+
+    /// Adds a read-only task: it sees `&T` and leaves the executor clean.
+    pub fn read<T, F>(&mut self, h: &Handle<T>, f: F) -> &mut Self
+    where
+        T: 'static,
+        F: FnOnce(&T) -> R + Send + 'static,
+    {
+        let slot = self.slot_of(h);
+        let task: TaskFn<R> = Box::new(move |v| v.downcast_ref::<T>().map(f));
+        self.tasks.push((slot, false, task));
+        self
+    }
+
+    /// Adds a task with `&mut T` access: the executor becomes dirty and is
+    /// written on its next eviction.
+    pub fn write<T, F>(&mut self, h: &Handle<T>, f: F) -> &mut Self
+    where
+        T: 'static,
+        F: FnOnce(&mut T) -> R + Send + 'static,
+    {
+        let slot = self.slot_of(h);
+        let task: TaskFn<R> = Box::new(move |v| v.downcast_mut::<T>().map(f));
+        self.tasks.push((slot, true, task));
+        self
+    }
+
+    /// Number of tasks.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Whether the batch has no task.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// Runs every task and returns the results in submission order, or the
+    /// first error (all tasks still run).
+    pub fn run(self) -> Result<Vec<R>> {
+        self.run_each().into_iter().collect()
+    }
+
+    /// Runs every task and returns each task's result in submission order.
+    pub fn run_each(self) -> Vec<Result<R>> {
+        let n = self.tasks.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let sh = &self.rt.shared;
+        let base = sh.reserve_seqs(n as u64);
+        let mut results: Vec<Option<Result<R>>> = (0..n).map(|_| None).collect();
+        let mut queue = VecDeque::with_capacity(n);
+        for (i, (slot, write, f)) in self.tasks.into_iter().enumerate() {
+            let Some(slot) = slot else {
+                results[i] = Some(Err(Error::UnknownExecutor {
+                    executor: "a handle of another runtime".into(),
+                }));
+                continue;
+            };
+            let seq = base + i as u64;
+            {
+                let mut g = slot.lock();
+                g.pending.push_back(seq);
+                slot.sync_next_task(&g);
+            }
+            queue.push_back(Task {
+                index: i,
+                seq,
+                slot,
+                write,
+                f,
+            });
+        }
+        let remaining = queue.len();
+        let state = Arc::new(BatchState {
+            inner: Mutex::new(BatchInner {
+                queue,
+                busy: HashSet::new(),
+                results,
+                remaining,
+            }),
+            done: Condvar::new(),
+        });
+        if remaining > 0 {
+            sh.pool.submit(state.clone());
+            sh.prefetch_signal.notify();
+            let mut g = state.inner.lock();
+            while g.remaining > 0 {
+                state.done.wait(&mut g);
+            }
+        }
+        let mut g = state.inner.lock();
+        std::mem::take(&mut g.results)
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::Runtime("task did not run".into()))))
+            .collect()
+    }
+}
+
+struct BatchInner<R> {
+    queue: VecDeque<Task<R>>,
+    busy: HashSet<u64>,
+    results: Vec<Option<Result<R>>>,
+    remaining: usize,
+}
+
+struct BatchState<R> {
+    inner: Mutex<BatchInner<R>>,
+    done: Condvar,
+}
+
+impl<R: Send + 'static> Job for BatchState<R> {
+    fn step(&self, sh: &Shared) -> Step {
+        let task = {
+            let mut g = self.inner.lock();
+            if g.queue.is_empty() {
+                return Step::Exhausted;
+            }
+            let mut blocked: HashSet<u64> = HashSet::new();
+            let mut pick = None;
+            for (i, t) in g.queue.iter().enumerate() {
+                let id = t.slot.id;
+                if g.busy.contains(&id) || blocked.contains(&id) {
+                    blocked.insert(id);
+                    continue;
+                }
+                pick = Some(i);
+                break;
+            }
+            let Some(i) = pick else { return Step::Blocked };
+            let Some(t) = g.queue.remove(i) else {
+                return Step::Blocked;
+            };
+            g.busy.insert(t.slot.id);
+            t
+        };
+        let id = task.slot.id;
+        let index = task.index;
+        let result = run_task(sh, task);
+        let mut g = self.inner.lock();
+        g.results[index] = Some(result);
+        g.busy.remove(&id);
+        g.remaining -= 1;
+        if g.remaining == 0 {
+            self.done.notify_all();
+        }
+        Step::Ran
+    }
+}
+
+fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
+    // The pending entry keeps the executor ranked as needed-now until it is
+    // pinned; only then is the task recorded as dispatched.
+    let acquired = sh.acquire(&t.slot, t.write);
+    sh.dispatched(&t.slot, t.seq);
+    let mut v = acquired?;
+    let before = crate::alloc::thread_net_allocated();
+    let f = t.f;
+    let out = catch_unwind(AssertUnwindSafe(|| f(&mut *v)));
+    if t.write {
+        let delta = crate::alloc::thread_net_allocated() - before;
+        let size = t.slot.size.load(Ordering::Relaxed) as i64;
+        t.slot
+            .size
+            .store((size + delta).max(0) as usize, Ordering::Relaxed);
+    }
+    Counters::add(&sh.counters.tasks, 1);
+    let panicked = out.is_err();
+    sh.release(&t.slot, v, panicked && t.write);
+    match out {
+        Ok(Some(r)) => Ok(r),
+        Ok(None) => Err(Error::UnknownExecutor {
+            executor: t.slot.label.clone(),
+        }),
+        Err(p) => {
+            let message = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic payload".into());
+            Err(Error::TaskPanicked {
+                executor: t.slot.label.clone(),
+                message,
+            })
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! The spill store: one file per executor in a private directory.
+//!
+//! File layout (little-endian):
+//!
+//! ```text
+//! offset  size  field
+//!      0     8  magic "OUTCORE\0"
+//!      8     4  format version (1)
+//!     12     4  flags (0)
+//!     16     8  executor id
+//!     24     8  generation (bumped on every write of that executor)
+//!     32     8  type fingerprint (hash of the Rust type's name and size)
+//!     40     8  payload length in bytes
+//!     48     4  CRC-32 of the payload
+//!     52     4  CRC-32 of bytes 0..52
+//!     56     …  payload: the value encoded with bincode 2 (serde, fixed-width
+//!               little-endian integers)
+//! ```
+//!
+//! Writing streams the encoder straight into a buffered file writer (no
+//! intermediate buffer of the whole value), then seeks back to fill in the
+//! header. Loading checks every header field and the file length before
+//! decoding, decodes under a bincode size limit derived from the payload
+//! length (so a damaged length prefix cannot ask for a huge allocation), and
+//! checks the payload CRC and that every byte was consumed before handing the
+//! value back.
+
+use std::cell::RefCell;
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// Magic bytes at the start of every spill file.
+pub const MAGIC: [u8; 8] = *b"OUTCORE\0";
+/// The current format version.
+pub const VERSION: u32 = 1;
+/// Header length in bytes.
+pub const HEADER_LEN: usize = 56;
+/// Buffer size of the spill writer and reader.
+const IO_BUF: usize = 1 << 20;
+
+/// Identifies what a spill file must contain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileKey {
+    /// The executor's id.
+    pub executor: u64,
+    /// The write generation.
+    pub generation: u64,
+    /// The type fingerprint (see [`fingerprint`]).
+    pub fingerprint: u64,
+}
+
+/// A fingerprint of the type `T`: FNV-1a over its name and size.
+pub fn fingerprint<T: 'static>() -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let name = std::any::type_name::<T>().as_bytes();
+    let size = (std::mem::size_of::<T>() as u64).to_le_bytes();
+    for &b in name.iter().chain(size.iter()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+pub(crate) fn bincode_config(
+) -> bincode::config::Configuration<bincode::config::LittleEndian, bincode::config::Fixint> {
+    bincode::config::standard()
+        .with_little_endian()
+        .with_fixed_int_encoding()
+}
+
+/// The decoded header of a spill file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Header {
+    key: FileKey,
+    payload_len: u64,
+    payload_crc: u32,
+}
+
+impl Header {
+    fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..8].copy_from_slice(&MAGIC);
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[16..24].copy_from_slice(&self.key.executor.to_le_bytes());
+        b[24..32].copy_from_slice(&self.key.generation.to_le_bytes());
+        b[32..40].copy_from_slice(&self.key.fingerprint.to_le_bytes());
+        b[40..48].copy_from_slice(&self.payload_len.to_le_bytes());
+        b[48..52].copy_from_slice(&self.payload_crc.to_le_bytes());
+        let crc = crc32fast::hash(&b[0..52]);
+        b[52..56].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; HEADER_LEN]) -> std::result::Result<Header, String> {
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let u64_at = |o: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[o..o + 8]);
+            u64::from_le_bytes(a)
+        };
+        if b[0..8] != MAGIC {
+            return Err("not an outcore spill file (bad magic)".into());
+        }
+        if u32_at(52) != crc32fast::hash(&b[0..52]) {
+            return Err("header checksum mismatch (damaged header)".into());
+        }
+        let version = u32_at(8);
+        if version != VERSION {
+            return Err(format!(
+                "unsupported format version {version} (expected {VERSION})"
+            ));
+        }
+        Ok(Header {
+            key: FileKey {
+                executor: u64_at(16),
+                generation: u64_at(24),
+                fingerprint: u64_at(32),
+            },
+            payload_len: u64_at(40),
+            payload_crc: u32_at(48),
+        })
+    }
+}
+
+/// A writer that counts and checksums what passes through.
+struct Tee<W> {
+    inner: W,
+    crc: crc32fast::Hasher,
+    len: u64,
+}
+
+impl<W: Write> Write for Tee<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A reader that counts and checksums what passes through, and reports EOF
+/// at the end of the payload.
+struct TeeRead<R> {
+    inner: R,
+    crc: crc32fast::Hasher,
+    left: u64,
+}
+
+impl<R: Read> Read for TeeRead<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let max = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        if max == 0 {
+            return Ok(0);
+        }
+        let n = self.inner.read(&mut buf[..max])?;
+        self.crc.update(&buf[..n]);
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// Reads through a `RefCell` shared with the `PodVec` raw-read hook.
+struct SharedRead<'a, R>(&'a RefCell<R>);
+
+impl<R: Read> Read for SharedRead<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.0.try_borrow_mut() {
+            Ok(mut r) => r.read(buf),
+            Err(_) => Err(io::Error::other("spill reader busy")),
+        }
+    }
+}
+
+/// Writes `value` to `path` with the header for `key`. Returns the file's
+/// length. On error the file may be partial; the caller must not treat it as
+/// valid.
+pub fn write_file<T: Serialize>(
+    path: &Path,
+    key: FileKey,
+    value: &T,
+) -> std::result::Result<u64, String> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("create: {e}"))?;
+    let mut w = BufWriter::with_capacity(IO_BUF, file);
+    w.write_all(&[0u8; HEADER_LEN])
+        .map_err(|e| format!("write: {e}"))?;
+    let mut tee = Tee {
+        inner: w,
+        crc: crc32fast::Hasher::new(),
+        len: 0,
+    };
+    bincode::serde::encode_into_std_write(value, &mut tee, bincode_config()).map_err(
+        |e| match e {
+            bincode::error::EncodeError::Io { inner, .. } => format!("write: {inner}"),
+            other => format!("encode: {other}"),
+        },
+    )?;
+    let header = Header {
+        key,
+        payload_len: tee.len,
+        payload_crc: tee.crc.finalize(),
+    };
+    let mut w = tee.inner;
+    w.flush().map_err(|e| format!("write: {e}"))?;
+    let mut file = w
+        .into_inner()
+        .map_err(|e| format!("write: {}", e.error()))?;
+    file.seek(SeekFrom::Start(0))
+        .map_err(|e| format!("seek: {e}"))?;
+    file.write_all(&header.encode())
+        .map_err(|e| format!("write: {e}"))?;
+    Ok(HEADER_LEN as u64 + header.payload_len)
+}
+
+macro_rules! decode_bounded {
+    ($reader:expr, $len:expr, $($bits:literal)*) => {{
+        $(
+            if $len <= (1u64 << $bits) {
+                return bincode::serde::decode_from_std_read::<T, _, _>(
+                    $reader,
+                    bincode_config().with_limit::<{ 1usize << $bits }>(),
+                )
+                .map_err(|e| format!("decode: {e}"));
+            }
+        )*
+        Err(format!("payload of {} bytes is larger than the decoder allows", $len))
+    }};
+}
+
+/// Decodes under a container-size limit of at most 4x the payload length.
+fn decode_limited<T: DeserializeOwned, R: Read>(
+    r: &mut R,
+    payload_len: u64,
+) -> std::result::Result<T, String> {
+    decode_bounded!(r, payload_len, 16 18 20 22 24 26 28 30 32 34 36 38 40 42 44 46)
+}
+
+/// Reads and verifies the file at `path`, which must hold `key`. Returns the
+/// value and the file length.
+pub fn read_file<T: DeserializeOwned>(
+    path: &Path,
+    key: FileKey,
+) -> std::result::Result<(T, u64), String> {
+    let file = File::open(path).map_err(|e| format!("open: {e}"))?;
+    let file_len = file.metadata().map_err(|e| format!("stat: {e}"))?.len();
+    let mut r = BufReader::with_capacity(IO_BUF, file);
+    let mut hb = [0u8; HEADER_LEN];
+    r.read_exact(&mut hb).map_err(|_| {
+        format!("truncated: {file_len} bytes, shorter than the {HEADER_LEN}-byte header")
+    })?;
+    let h = Header::decode(&hb)?;
+    if h.key.executor != key.executor {
+        return Err(format!(
+            "file belongs to executor #{}, not #{}",
+            h.key.executor, key.executor
+        ));
+    }
+    if h.key.fingerprint != key.fingerprint {
+        return Err("file holds a different type (fingerprint mismatch)".into());
+    }
+    if h.key.generation != key.generation {
+        return Err(format!(
+            "stale file: generation {} on disk, {} expected",
+            h.key.generation, key.generation
+        ));
+    }
+    if file_len != HEADER_LEN as u64 + h.payload_len {
+        return Err(format!(
+            "length mismatch: header says {} payload bytes, file has {}",
+            h.payload_len,
+            file_len.saturating_sub(HEADER_LEN as u64)
+        ));
+    }
+    let tee = RefCell::new(TeeRead {
+        inner: r,
+        crc: crc32fast::Hasher::new(),
+        left: h.payload_len,
+    });
+    let value: T = {
+        let _budget = crate::pod::DecodeBudget::set(h.payload_len);
+        let _raw = crate::pod::RawReader::install(&tee);
+        decode_limited(&mut SharedRead(&tee), h.payload_len)?
+    };
+    let tee = tee.into_inner();
+    if tee.left != 0 {
+        return Err(format!("{} trailing payload bytes not decoded", tee.left));
+    }
+    if tee.crc.finalize() != h.payload_crc {
+        return Err("payload checksum mismatch (damaged data)".into());
+    }
+    Ok((value, file_len))
+}
+
+/// The directory holding the spill files.
+#[derive(Debug)]
+pub(crate) struct SpillStore {
+    dir: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl SpillStore {
+    /// Creates a private directory (mode 0700) inside `parent`, or inside
+    /// the system temporary directory. It is removed on drop.
+    pub(crate) fn new(parent: Option<&Path>) -> Result<SpillStore> {
+        let mut b = tempfile::Builder::new();
+        b.prefix("outcore-spill-");
+        let parent_dir = parent
+            .map(Path::to_path_buf)
+            .unwrap_or_else(std::env::temp_dir);
+        let meta = std::fs::metadata(&parent_dir).map_err(|source| Error::SpillDir {
+            dir: parent_dir.clone(),
+            source,
+        })?;
+        if !meta.is_dir() {
+            return Err(Error::SpillDir {
+                dir: parent_dir,
+                source: io::Error::other("not a directory"),
+            });
+        }
+        let tmp = b
+            .tempdir_in(&parent_dir)
+            .map_err(|source| Error::SpillDir {
+                dir: parent_dir.clone(),
+                source,
+            })?;
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o700)).map_err(
+            |source| Error::SpillDir {
+                dir: tmp.path().to_path_buf(),
+                source,
+            },
+        )?;
+        Ok(SpillStore {
+            dir: tmp.path().to_path_buf(),
+            _tmp: tmp,
+        })
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file of an executor: derived from its id only, never from user
+    /// input.
+    pub(crate) fn path_for(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("exec-{id:08}.spill"))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,119 @@
+//! Counters kept by the runtime and the allocator, and a serializable
+//! snapshot of them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use crate::alloc::COUNTERS;
+
+/// Live counters of one runtime (all relaxed atomics).
+#[derive(Default, Debug)]
+pub(crate) struct Counters {
+    pub evictions: AtomicU64,
+    pub trap_evictions: AtomicU64,
+    pub clean_evictions: AtomicU64,
+    pub failed_writes: AtomicU64,
+    pub loads: AtomicU64,
+    pub prefetches: AtomicU64,
+    pub prefetch_hits: AtomicU64,
+    pub demand_loads: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub tasks: AtomicU64,
+    pub load_wait_nanos: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// A snapshot of the runtime's and the allocator's counters.
+///
+/// Serializes to JSON with [`Stats::to_json`].
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Executors evicted (written or dropped clean), for any reason.
+    pub evictions: u64,
+    /// Of those, evictions made from inside the allocation trap.
+    pub trap_evictions: u64,
+    /// Of those, clean evictions: memory dropped with no write, because the
+    /// spill file from an earlier eviction was still valid.
+    pub clean_evictions: u64,
+    /// Spill writes that failed (the executor stayed in memory).
+    pub failed_writes: u64,
+    /// Executors loaded back from disk.
+    pub loads: u64,
+    /// Loads made ahead of time by the prefetcher.
+    pub prefetches: u64,
+    /// Tasks that found their executor already loaded by the prefetcher.
+    pub prefetch_hits: u64,
+    /// Loads a task had to wait for (the executor was not prefetched).
+    pub demand_loads: u64,
+    /// Bytes written to spill files.
+    pub bytes_written: u64,
+    /// Bytes read from spill files.
+    pub bytes_read: u64,
+    /// Tasks run.
+    pub tasks: u64,
+    /// Time tasks spent waiting for their executor to be loaded, in seconds.
+    pub load_wait_seconds: f64,
+    /// Highest accounted usage of the process, in bytes.
+    pub peak_bytes: u64,
+    /// Accounted usage of the process now, in bytes.
+    pub current_bytes: u64,
+    /// The soft cap in force, in bytes (absent when none).
+    pub mem_cap_bytes: Option<u64>,
+    /// Times an allocation took usage over the soft cap and trapped.
+    pub soft_traps: u64,
+    /// Times jemalloc returned null and the hard trap ran.
+    pub hard_traps: u64,
+    /// Soft traps that found nothing to evict (usage went over the cap).
+    pub overshoots: u64,
+    /// Allocations served from the reserve during evictions.
+    pub reserve_allocs: u64,
+    /// Allocations that failed for good (null returned).
+    pub alloc_failures: u64,
+    /// Time spent evicting inside the trap, in seconds.
+    pub trap_seconds: f64,
+    /// Time threads spent waiting for another thread's trap, in seconds.
+    pub wait_seconds: f64,
+}
+
+impl Stats {
+    pub(crate) fn collect(c: &Counters, cap: Option<u64>) -> Stats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            evictions: g(&c.evictions),
+            trap_evictions: g(&c.trap_evictions),
+            clean_evictions: g(&c.clean_evictions),
+            failed_writes: g(&c.failed_writes),
+            loads: g(&c.loads),
+            prefetches: g(&c.prefetches),
+            prefetch_hits: g(&c.prefetch_hits),
+            demand_loads: g(&c.demand_loads),
+            bytes_written: g(&c.bytes_written),
+            bytes_read: g(&c.bytes_read),
+            tasks: g(&c.tasks),
+            load_wait_seconds: g(&c.load_wait_nanos) as f64 * 1e-9,
+            peak_bytes: crate::alloc::peak_usage() as u64,
+            current_bytes: crate::alloc::current_usage() as u64,
+            mem_cap_bytes: cap,
+            soft_traps: g(&COUNTERS.soft_traps),
+            hard_traps: g(&COUNTERS.hard_traps),
+            overshoots: g(&COUNTERS.overshoots),
+            reserve_allocs: g(&COUNTERS.reserve_allocs),
+            alloc_failures: g(&COUNTERS.failures),
+            trap_seconds: g(&COUNTERS.trap_nanos) as f64 * 1e-9,
+            wait_seconds: g(&COUNTERS.wait_nanos) as f64 * 1e-9,
+        }
+    }
+
+    /// The snapshot as one line of JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
