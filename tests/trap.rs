@@ -1,0 +1,303 @@
+//! The allocation trap, end to end. Every scenario runs in a child process:
+//! the cap is process-wide, and hard limits (`RLIMIT_AS`) must be set
+//! before the allocator starts.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{is_child, run_child, run_job, Part};
+use outcore::{EvictionPolicy, MemoryCap, Runtime};
+
+const PARTS: usize = 16;
+const PART_BYTES: usize = 16 << 20;
+const SWEEPS: &str = "rwr";
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+fn job_child(cap: MemoryCap, policy: EvictionPolicy) {
+    let rt = Runtime::builder()
+        .mem_cap(cap)
+        .policy(policy)
+        .build()
+        .expect("runtime");
+    let digest = run_job(&rt, PARTS, PART_BYTES, SWEEPS);
+    let s = rt.stats();
+    println!("DIGEST={digest:x}");
+    println!("EVICTIONS={}", s.evictions);
+    println!("TRAP_EVICTIONS={}", s.trap_evictions);
+    println!("HARD_TRAPS={}", s.hard_traps);
+    println!("PEAK={}", s.peak_bytes);
+    println!("LOADS={}", s.loads);
+}
+
+fn ok(test: &str, limit: Option<u64>) -> common::ChildOutput {
+    let out = run_child(test, limit, TIMEOUT);
+    assert!(
+        out.status.success(),
+        "{test} failed: {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    out
+}
+
+fn num(out: &common::ChildOutput, key: &str) -> u64 {
+    out.value(key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {}", out.stdout))
+}
+
+#[test]
+fn uncapped_reference() {
+    if is_child("uncapped_reference") {
+        return job_child(MemoryCap::None, EvictionPolicy::Priority);
+    }
+    let out = ok("uncapped_reference", None);
+    assert_eq!(num(&out, "EVICTIONS"), 0);
+}
+
+/// Executors total 4x the soft cap: the job completes, evicts, and gives
+/// the same result as without a cap, under both policies.
+#[test]
+fn soft_cap_4x_matches_uncapped() {
+    if is_child("soft_cap_4x_matches_uncapped") {
+        let policy =
+            std::env::var("POLICY").map_or(EvictionPolicy::Priority, |_| EvictionPolicy::Lru);
+        return job_child(MemoryCap::Bytes((PARTS * PART_BYTES / 4) as u64), policy);
+    }
+    if is_child("uncapped_reference") {
+        return;
+    }
+    let reference = ok("uncapped_reference", None)
+        .value("DIGEST")
+        .expect("digest");
+    let capped = ok("soft_cap_4x_matches_uncapped", None);
+    assert_eq!(capped.value("DIGEST").as_deref(), Some(reference.as_str()));
+    assert!(num(&capped, "EVICTIONS") > 0);
+    // Peak accounted usage stays near the cap (the cap, plus one part being
+    // loaded, plus slack).
+    let cap = (PARTS * PART_BYTES / 4) as u64;
+    assert!(
+        num(&capped, "PEAK") < cap + 2 * PART_BYTES as u64,
+        "peak {} vs cap {cap}",
+        num(&capped, "PEAK")
+    );
+
+    std::env::set_var("POLICY", "lru");
+    let lru = ok("soft_cap_4x_matches_uncapped", None);
+    std::env::remove_var("POLICY");
+    assert_eq!(lru.value("DIGEST").as_deref(), Some(reference.as_str()));
+    assert!(num(&lru, "EVICTIONS") > 0);
+}
+
+/// Address space for the hard-limit children: start-up (about 230 MiB with
+/// the runtime's threads and reserve) plus 160 MiB, while the job holds
+/// 256 MiB of executors.
+const HARD_LIMIT: u64 = 400 << 20;
+
+/// Under `RLIMIT_AS` with the soft cap off, the hard trap evicts and the
+/// job completes with the uncapped result.
+#[test]
+fn hard_limit_trap_completes() {
+    if is_child("hard_limit_trap_completes") {
+        return job_child(MemoryCap::None, EvictionPolicy::Priority);
+    }
+    if is_child("uncapped_reference") {
+        return;
+    }
+    let reference = ok("uncapped_reference", None)
+        .value("DIGEST")
+        .expect("digest");
+    let out = ok("hard_limit_trap_completes", Some(HARD_LIMIT));
+    assert_eq!(out.value("DIGEST").as_deref(), Some(reference.as_str()));
+    assert!(
+        num(&out, "HARD_TRAPS") > 0,
+        "the hard trap never ran:\n{}",
+        out.stdout
+    );
+    assert!(num(&out, "TRAP_EVICTIONS") > 0);
+}
+
+/// Control for the test above: the same data, held in plain vectors beside
+/// an idle runtime (so start-up costs the same), does not fit under the
+/// same limit.
+#[test]
+fn hard_limit_is_too_small_without_the_runtime() {
+    if is_child("hard_limit_is_too_small_without_the_runtime") {
+        let _rt = Runtime::builder().build().expect("runtime");
+        let parts: Vec<Part> = (0..PARTS)
+            .map(|i| Part::new(i as u64, PART_BYTES / 4))
+            .collect();
+        println!("HELD={}", parts.len());
+        return;
+    }
+    let out = run_child(
+        "hard_limit_is_too_small_without_the_runtime",
+        Some(HARD_LIMIT),
+        TIMEOUT,
+    );
+    assert!(
+        !out.status.success(),
+        "the job fit without the runtime; the limit is too loose"
+    );
+}
+
+/// When everything is pinned, a failing allocation gives one diagnostic
+/// line and fails (no hang).
+#[test]
+fn all_pinned_fails_with_diagnostic() {
+    if is_child("all_pinned_fails_with_diagnostic") {
+        let rt = Runtime::builder().build().expect("runtime");
+        let h = rt.insert(Part::new(0, 1 << 20)).expect("insert");
+        let r = rt.write(&h, |p: &mut Part| {
+            // More than the whole address-space limit, while the only
+            // executor is pinned by this task.
+            let big: Vec<u8> = vec![1u8; 1 << 30];
+            p.updates = big[12345] as u32;
+        });
+        println!("UNEXPECTED={r:?}");
+        return;
+    }
+    let out = run_child(
+        "all_pinned_fails_with_diagnostic",
+        Some(HARD_LIMIT),
+        Duration::from_secs(120),
+    );
+    assert!(
+        !out.status.success(),
+        "allocation should have failed:\n{}",
+        out.stdout
+    );
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("outcore: out of memory"))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "expected one diagnostic line, stderr:\n{}",
+        out.stderr
+    );
+    assert!(lines[0].contains("1073741824 bytes"), "{}", lines[0]);
+    assert!(lines[0].contains("1 executor(s) pinned"), "{}", lines[0]);
+}
+
+/// Many threads allocating at once under a small cap, while tasks sweep
+/// the executors: no deadlock (the child has a watchdog timeout), no lost
+/// executor (every checksum preserved).
+#[test]
+fn many_threads_under_a_small_cap() {
+    const N: usize = 24;
+    const BYTES: usize = 2 << 20;
+    if is_child("many_threads_under_a_small_cap") {
+        let rt = Runtime::builder()
+            .mem_cap(MemoryCap::Bytes(24 << 20))
+            .build()
+            .expect("runtime");
+        let handles: Vec<_> = (0..N)
+            .map(|i| rt.insert(Part::new(i as u64, BYTES / 4)).expect("insert"))
+            .collect();
+        rt.hint_cycle(handles.iter().map(|h| h.id()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads: Vec<_> = (0..6)
+            .map(|t| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15 ^ t;
+                    let mut held: Vec<Vec<u8>> = Vec::new();
+                    let mut rounds = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        let size = 1 + (seed % (1 << 20)) as usize;
+                        let fill = (seed >> 32) as u8;
+                        let mut v = vec![fill; size];
+                        v[size / 2] = fill;
+                        held.push(v);
+                        if held.len() > 4 {
+                            let old = held.remove(0);
+                            let f = old[0];
+                            assert!(old.iter().all(|&b| b == f), "a buffer was corrupted");
+                        }
+                        rounds += 1;
+                    }
+                    rounds
+                })
+            })
+            .collect();
+        let mut updates = vec![0u32; N];
+        for round in 0..6 {
+            let mut b = rt.batch();
+            for (i, h) in handles.iter().enumerate() {
+                if (i + round) % 2 == 0 {
+                    updates[i] += 1;
+                    b.write(h, |p: &mut Part| {
+                        p.update();
+                        p.checksum()
+                    });
+                } else {
+                    b.read(h, |p: &Part| p.checksum());
+                }
+            }
+            b.run().expect("batch");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let rounds: u64 = threads
+            .into_iter()
+            .map(|t| t.join().expect("allocating thread"))
+            .sum();
+        // Every executor still holds exactly what its updates made of it.
+        let mut b = rt.batch();
+        for h in &handles {
+            b.read(h, |p: &Part| p.checksum());
+        }
+        let got = b.run().expect("final sweep");
+        for (i, c) in got.iter().enumerate() {
+            let mut want = Part::new(i as u64, BYTES / 4);
+            for _ in 0..updates[i] {
+                want.update();
+            }
+            assert_eq!(*c, want.checksum(), "executor {i} lost or damaged");
+        }
+        let s = rt.stats();
+        println!("ROUNDS={rounds}");
+        println!("EVICTIONS={}", s.evictions);
+        return;
+    }
+    let out = ok("many_threads_under_a_small_cap", None);
+    assert!(num(&out, "EVICTIONS") > 0);
+    assert!(num(&out, "ROUNDS") > 0);
+}
+
+/// Read-only sweeps write each executor at most once; clean evictions
+/// drop memory without writing.
+#[test]
+fn read_only_sweeps_write_each_executor_once() {
+    const N: usize = 16;
+    const BYTES: usize = 4 << 20;
+    if is_child("read_only_sweeps_write_each_executor_once") {
+        let rt = Runtime::builder()
+            .mem_cap(MemoryCap::Bytes(24 << 20))
+            .build()
+            .expect("runtime");
+        let digest = run_job(&rt, N, BYTES, "rrrr");
+        let s = rt.stats();
+        println!("DIGEST={digest:x}");
+        println!("WRITTEN={}", s.bytes_written);
+        println!("CLEAN={}", s.clean_evictions);
+        println!("EVICTIONS={}", s.evictions);
+        return;
+    }
+    let out = ok("read_only_sweeps_write_each_executor_once", None);
+    let written = num(&out, "WRITTEN");
+    let once = (N * (BYTES + 4096)) as u64;
+    assert!(
+        written <= once,
+        "wrote {written} bytes for {N} executors of {BYTES}"
+    );
+    assert!(num(&out, "CLEAN") > 0);
+    assert!(num(&out, "EVICTIONS") > num(&out, "CLEAN"));
+}
