@@ -228,7 +228,7 @@ fn many_threads_under_a_small_cap() {
                 })
             })
             .collect();
-        let mut updates = vec![0u32; N];
+        let mut updates = [0u32; N];
         for round in 0..6 {
             let mut b = rt.batch();
             for (i, h) in handles.iter().enumerate() {

@@ -156,7 +156,7 @@ fn account_free(size: usize) {
     let _ = account(-(size as isize));
 }
 
-// SAFETY (impl): every method forwards to jemalloc with the caller's layout
+// SAFETY: every method forwards to jemalloc with the caller's layout
 // (or to the reserve for pointers it owns), so the `GlobalAlloc` contract is
 // the one jemalloc already meets. None of the paths panics, takes a lock or
 // allocates through this allocator outside a bypass scope.

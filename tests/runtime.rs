@@ -1,0 +1,198 @@
+//! The runtime's public API, without a cap (so these tests can share one
+//! process).
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+
+use common::Part;
+use outcore::{Error, PodVec, Runtime, State};
+
+fn rt() -> Runtime {
+    Runtime::builder().workers(2).build().expect("runtime")
+}
+
+#[test]
+fn results_come_back_in_submission_order() {
+    let rt = rt();
+    let hs: Vec<_> = (0..8u64).map(|i| rt.insert(vec![i; 1000]).unwrap()).collect();
+    let mut b = rt.batch();
+    for round in 0..5u64 {
+        for h in &hs {
+            b.read(h, move |v: &Vec<u64>| v[0] * 100 + round);
+        }
+    }
+    let got = b.run().unwrap();
+    let want: Vec<u64> = (0..5u64).flat_map(|r| (0..8u64).map(move |i| i * 100 + r)).collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn tasks_on_one_executor_run_in_submission_order() {
+    let rt = rt();
+    let h = rt.insert(Vec::<u32>::new()).unwrap();
+    let other = rt.insert(Vec::<u32>::new()).unwrap();
+    let mut b = rt.batch();
+    for i in 0..200u32 {
+        b.write(&h, move |v: &mut Vec<u32>| v.push(i));
+        b.write(&other, move |v: &mut Vec<u32>| v.push(i));
+    }
+    b.run().unwrap();
+    let v = h.into_inner().unwrap();
+    assert_eq!(v, (0..200).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_panicking_write_task_poisons_only_its_executor() {
+    let rt = rt();
+    let bad = rt.insert(vec![1u8; 10]).unwrap();
+    let good = rt.insert(vec![2u8; 10]).unwrap();
+    let mut b = rt.batch();
+    b.write(&bad, |v: &mut Vec<u8>| {
+        v[0] = 99;
+        if v.len() == 10 {
+            panic!("boom in task");
+        }
+        0usize
+    });
+    b.read(&good, |v: &Vec<u8>| v.len());
+    b.read(&bad, |v: &Vec<u8>| v.len());
+    let r = b.run_each();
+    match &r[0] {
+        Err(Error::TaskPanicked { executor, message }) => {
+            assert!(executor.starts_with("executor #"));
+            assert!(message.contains("boom in task"));
+        }
+        other => panic!("expected TaskPanicked, got {other:?}"),
+    }
+    assert_eq!(r[1].as_ref().ok(), Some(&10));
+    assert!(matches!(r[2], Err(Error::Poisoned { .. })), "{:?}", r[2]);
+    assert_eq!(bad.state(), State::Poisoned);
+    // The runtime carries on.
+    assert_eq!(rt.read(&good, |v: &Vec<u8>| v[0]).unwrap(), 2);
+}
+
+#[test]
+fn a_panicking_read_task_leaves_the_executor_usable() {
+    let rt = rt();
+    let h = rt.insert(vec![5u8; 3]).unwrap();
+    let r = rt.read(&h, |v: &Vec<u8>| -> u8 { panic!("read failed {}", v[0]) });
+    assert!(matches!(r, Err(Error::TaskPanicked { .. })));
+    assert_eq!(rt.read(&h, |v: &Vec<u8>| v[2]).unwrap(), 5);
+}
+
+#[test]
+fn evicted_executors_load_back_and_clean_ones_are_not_rewritten() {
+    let rt = rt();
+    let h = rt.insert(Part::new(7, 100_000)).unwrap();
+    let sum = Part::new(7, 100_000).checksum();
+    assert_eq!(h.state(), State::Resident);
+    assert_eq!(rt.evict_all().unwrap(), 1);
+    assert_eq!(h.state(), State::Evicted);
+    let written = rt.stats().bytes_written;
+    assert!(written > 400_000);
+    assert_eq!(rt.read(&h, |p: &Part| p.checksum()).unwrap(), sum);
+    assert_eq!(h.state(), State::Resident);
+    // Read-only since the write: evicting again drops it clean.
+    rt.evict_all().unwrap();
+    let s = rt.stats();
+    assert_eq!(s.bytes_written, written, "a clean executor was written again");
+    assert_eq!(s.clean_evictions, 1);
+    // A write task makes it dirty: the next eviction writes.
+    rt.write(&h, |p: &mut Part| p.update()).unwrap();
+    rt.evict_all().unwrap();
+    assert!(rt.stats().bytes_written > written);
+    let mut want = Part::new(7, 100_000);
+    want.update();
+    assert_eq!(rt.read(&h, |p: &Part| p.checksum()).unwrap(), want.checksum());
+}
+
+#[test]
+fn dropping_a_handle_frees_its_file_and_into_inner_returns_the_value() {
+    let rt = rt();
+    let a = rt.insert(PodVec::from(vec![1.5f32; 50_000])).unwrap();
+    let b = rt.insert(PodVec::from(vec![2.5f32; 50_000])).unwrap();
+    rt.evict_all().unwrap();
+    let files = || std::fs::read_dir(rt.spill_dir()).unwrap().count();
+    assert_eq!(files(), 2);
+    drop(a);
+    assert_eq!(files(), 1);
+    let v = b.into_inner().unwrap();
+    assert_eq!(v.len(), 50_000);
+    assert!(v.iter().all(|&x| x == 2.5));
+    assert_eq!(files(), 0);
+}
+
+#[test]
+fn spill_dir_is_private_and_removed_with_the_runtime() {
+    let parent = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder().spill_dir(parent.path()).build().unwrap();
+    let dir = rt.spill_dir().to_path_buf();
+    assert!(dir.starts_with(parent.path()));
+    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+    let h = rt.insert(vec![1u32; 100]).unwrap();
+    rt.evict_all().unwrap();
+    let f = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
+    assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600);
+    drop(h);
+    drop(rt);
+    assert!(!dir.exists());
+}
+
+#[test]
+fn a_missing_spill_dir_is_a_clear_error() {
+    let err = Runtime::builder().spill_dir("/nonexistent/outcore/dir").build().err().expect("error");
+    assert!(matches!(err, Error::SpillDir { .. }));
+    assert!(err.to_string().contains("/nonexistent/outcore/dir"), "{err}");
+}
+
+#[test]
+fn a_damaged_spill_file_is_reported_never_used() {
+    let rt = rt();
+    let h = rt.insert_named(Some("shard-3"), Part::new(3, 10_000)).unwrap();
+    rt.evict_all().unwrap();
+    let f = std::fs::read_dir(rt.spill_dir()).unwrap().next().unwrap().unwrap().path();
+    let mut bytes = std::fs::read(&f).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x10;
+    std::fs::write(&f, bytes).unwrap();
+    let err = rt.read(&h, |p: &Part| p.checksum()).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::SpillRead { .. }), "{msg}");
+    assert!(msg.contains("shard-3") && msg.contains(&f.display().to_string()), "{msg}");
+    assert!(msg.contains("checksum"), "{msg}");
+    assert_eq!(h.state(), State::Damaged);
+}
+
+#[test]
+fn a_handle_from_another_runtime_is_rejected() {
+    let a = rt();
+    let b = rt();
+    let h = a.insert(1u64).unwrap();
+    let r = b.read(&h, |x: &u64| *x);
+    assert!(matches!(r, Err(Error::UnknownExecutor { .. })), "{r:?}");
+}
+
+#[test]
+fn stats_serialize_to_json() {
+    let rt = rt();
+    let h = rt.insert(vec![0u8; 10]).unwrap();
+    rt.read(&h, |v: &Vec<u8>| v.len()).unwrap();
+    let json = rt.stats().to_json();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    for key in [
+        "evictions",
+        "trap_evictions",
+        "clean_evictions",
+        "loads",
+        "prefetch_hits",
+        "bytes_written",
+        "bytes_read",
+        "peak_bytes",
+        "trap_seconds",
+        "wait_seconds",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key} in {json}");
+    }
+    assert_eq!(v["tasks"], 1);
+}
