@@ -15,7 +15,9 @@ fn rt() -> Runtime {
 #[test]
 fn results_come_back_in_submission_order() {
     let rt = rt();
-    let hs: Vec<_> = (0..8u64).map(|i| rt.insert(vec![i; 1000]).unwrap()).collect();
+    let hs: Vec<_> = (0..8u64)
+        .map(|i| rt.insert(vec![i; 1000]).unwrap())
+        .collect();
     let mut b = rt.batch();
     for round in 0..5u64 {
         for h in &hs {
@@ -23,7 +25,9 @@ fn results_come_back_in_submission_order() {
         }
     }
     let got = b.run().unwrap();
-    let want: Vec<u64> = (0..5u64).flat_map(|r| (0..8u64).map(move |i| i * 100 + r)).collect();
+    let want: Vec<u64> = (0..5u64)
+        .flat_map(|r| (0..8u64).map(move |i| i * 100 + r))
+        .collect();
     assert_eq!(got, want);
 }
 
@@ -96,7 +100,10 @@ fn evicted_executors_load_back_and_clean_ones_are_not_rewritten() {
     // Read-only since the write: evicting again drops it clean.
     rt.evict_all().unwrap();
     let s = rt.stats();
-    assert_eq!(s.bytes_written, written, "a clean executor was written again");
+    assert_eq!(
+        s.bytes_written, written,
+        "a clean executor was written again"
+    );
     assert_eq!(s.clean_evictions, 1);
     // A write task makes it dirty: the next eviction writes.
     rt.write(&h, |p: &mut Part| p.update()).unwrap();
@@ -104,7 +111,10 @@ fn evicted_executors_load_back_and_clean_ones_are_not_rewritten() {
     assert!(rt.stats().bytes_written > written);
     let mut want = Part::new(7, 100_000);
     want.update();
-    assert_eq!(rt.read(&h, |p: &Part| p.checksum()).unwrap(), want.checksum());
+    assert_eq!(
+        rt.read(&h, |p: &Part| p.checksum()).unwrap(),
+        want.checksum()
+    );
 }
 
 #[test]
@@ -129,11 +139,22 @@ fn spill_dir_is_private_and_removed_with_the_runtime() {
     let rt = Runtime::builder().spill_dir(parent.path()).build().unwrap();
     let dir = rt.spill_dir().to_path_buf();
     assert!(dir.starts_with(parent.path()));
-    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
     let h = rt.insert(vec![1u32; 100]).unwrap();
     rt.evict_all().unwrap();
-    let f = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
-    assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600);
+    let f = std::fs::read_dir(&dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert_eq!(
+        std::fs::metadata(&f).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     drop(h);
     drop(rt);
     assert!(!dir.exists());
@@ -141,17 +162,31 @@ fn spill_dir_is_private_and_removed_with_the_runtime() {
 
 #[test]
 fn a_missing_spill_dir_is_a_clear_error() {
-    let err = Runtime::builder().spill_dir("/nonexistent/outcore/dir").build().err().expect("error");
+    let err = Runtime::builder()
+        .spill_dir("/nonexistent/outcore/dir")
+        .build()
+        .err()
+        .expect("error");
     assert!(matches!(err, Error::SpillDir { .. }));
-    assert!(err.to_string().contains("/nonexistent/outcore/dir"), "{err}");
+    assert!(
+        err.to_string().contains("/nonexistent/outcore/dir"),
+        "{err}"
+    );
 }
 
 #[test]
 fn a_damaged_spill_file_is_reported_never_used() {
     let rt = rt();
-    let h = rt.insert_named(Some("shard-3"), Part::new(3, 10_000)).unwrap();
+    let h = rt
+        .insert_named(Some("shard-3"), Part::new(3, 10_000))
+        .unwrap();
     rt.evict_all().unwrap();
-    let f = std::fs::read_dir(rt.spill_dir()).unwrap().next().unwrap().unwrap().path();
+    let f = std::fs::read_dir(rt.spill_dir())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     let mut bytes = std::fs::read(&f).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x10;
@@ -159,7 +194,10 @@ fn a_damaged_spill_file_is_reported_never_used() {
     let err = rt.read(&h, |p: &Part| p.checksum()).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, Error::SpillRead { .. }), "{msg}");
-    assert!(msg.contains("shard-3") && msg.contains(&f.display().to_string()), "{msg}");
+    assert!(
+        msg.contains("shard-3") && msg.contains(&f.display().to_string()),
+        "{msg}"
+    );
     assert!(msg.contains("checksum"), "{msg}");
     assert_eq!(h.state(), State::Damaged);
 }
