@@ -79,6 +79,11 @@ pub use pod::{Plain, PodVec};
 pub use runtime::{Batch, Builder, Handle, Runtime};
 pub use stats::Stats;
 
+/// The README's example, run as a doctest so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(feature = "global-allocator")]
 #[global_allocator]
 static GLOBAL: TrapAlloc = TrapAlloc::new();

@@ -25,10 +25,13 @@ use tikv_jemallocator::Jemalloc;
 
 pub(crate) use trap::{register, Evictor, Registration};
 
-/// Per-thread deltas are flushed to the global counter once they pass this
-/// many bytes, so the shared cache line is touched about once per 64 KiB of
-/// allocation traffic instead of on every call.
-const FLUSH_THRESHOLD: isize = 64 * 1024;
+/// Per-thread deltas are flushed to the global counter once they pass the
+/// flush threshold, so the shared cache line is touched about once per
+/// threshold's worth of allocation traffic instead of on every call. The
+/// threshold is 1/256 of the cap, clamped to 64 KiB..4 MiB (4 MiB with no
+/// cap): small caps get precise accounting, large ones cheap accounting.
+const MIN_FLUSH: isize = 64 * 1024;
+const MAX_FLUSH: isize = 4 << 20;
 
 /// "No cap" is stored as `usize::MAX`.
 const NO_CAP: usize = usize::MAX;
@@ -45,12 +48,18 @@ thread_local! {
     static BYPASS: Cell<u32> = const { Cell::new(0) };
 }
 
+/// Keeps a hot counter on a cache line of its own (no false sharing).
+#[repr(align(128))]
+struct Line<T>(T);
+
 /// Accounted bytes in use by the whole process (sum of flushed deltas).
-static USED: AtomicIsize = AtomicIsize::new(0);
+static USED: Line<AtomicIsize> = Line(AtomicIsize::new(0));
 /// Highest value [`USED`] has reached.
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-/// Soft cap in bytes ([`NO_CAP`] when none).
-static CAP: AtomicUsize = AtomicUsize::new(NO_CAP);
+static PEAK: Line<AtomicUsize> = Line(AtomicUsize::new(0));
+/// Soft cap in bytes ([`NO_CAP`] when none), and the flush threshold; both
+/// read-mostly.
+static CAP: Line<AtomicUsize> = Line(AtomicUsize::new(NO_CAP));
+static FLUSH: Line<AtomicIsize> = Line(AtomicIsize::new(MAX_FLUSH));
 
 /// Process-wide trap counters (the runtime adds its own per-runtime ones).
 pub(crate) struct TrapCounters {
@@ -79,7 +88,7 @@ pub(crate) static COUNTERS: TrapCounters = TrapCounters {
 /// With the default `global-allocator` feature, the `outcore` crate installs
 /// it for you. Without that feature, install it yourself:
 ///
-/// ```ignore
+/// ```text
 /// #[global_allocator]
 /// static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 /// ```
@@ -115,9 +124,10 @@ fn bypassing() -> bool {
 #[inline]
 fn account(delta: isize) -> Option<usize> {
     let _ = NET.try_with(|n| n.set(n.get().wrapping_add(delta as i64)));
+    let threshold = FLUSH.0.load(Ordering::Relaxed);
     let flushed = PENDING.try_with(|p| {
         let v = p.get().wrapping_add(delta);
-        if (-FLUSH_THRESHOLD..FLUSH_THRESHOLD).contains(&v) {
+        if v > -threshold && v < threshold {
             p.set(v);
             None
         } else {
@@ -131,10 +141,11 @@ fn account(delta: isize) -> Option<usize> {
         // Thread-local storage unavailable: account directly.
         Err(_) => delta,
     };
-    let used = USED.fetch_add(v, Ordering::Relaxed).wrapping_add(v);
+    let used = USED.0.fetch_add(v, Ordering::Relaxed).wrapping_add(v);
     let used = if used < 0 { 0 } else { used as usize };
-    if v > 0 {
-        PEAK.fetch_max(used, Ordering::Relaxed);
+    // Read first: the peak line is only written when it really moves.
+    if v > 0 && used > PEAK.0.load(Ordering::Relaxed) {
+        PEAK.0.fetch_max(used, Ordering::Relaxed);
     }
     Some(used)
 }
@@ -144,7 +155,7 @@ fn account(delta: isize) -> Option<usize> {
 #[inline]
 fn account_alloc(size: usize) {
     if let Some(used) = account(size as isize) {
-        let cap = CAP.load(Ordering::Relaxed);
+        let cap = CAP.0.load(Ordering::Relaxed);
         if used > cap && !bypassing() {
             trap::soft(used, cap, size);
         }
@@ -306,20 +317,20 @@ impl Drop for BypassGuard {
 
 /// Bytes currently accounted as in use by the whole process.
 ///
-/// Accurate to within 64 KiB per thread (per-thread deltas are flushed
-/// lazily).
+/// Accurate to within [`flush_threshold`] bytes per thread (per-thread
+/// deltas are flushed lazily).
 pub fn current_usage() -> usize {
-    USED.load(Ordering::Relaxed).max(0) as usize
+    USED.0.load(Ordering::Relaxed).max(0) as usize
 }
 
 /// The highest [`current_usage`] seen so far.
 pub fn peak_usage() -> usize {
-    PEAK.load(Ordering::Relaxed)
+    PEAK.0.load(Ordering::Relaxed)
 }
 
 /// Resets the peak to the current usage (for measuring one phase of a job).
 pub fn reset_peak() {
-    PEAK.store(current_usage(), Ordering::Relaxed);
+    PEAK.0.store(current_usage(), Ordering::Relaxed);
 }
 
 /// Net bytes allocated by the calling thread since it started (exact, not
@@ -334,21 +345,31 @@ pub fn thread_net_allocated() -> i64 {
 pub fn flush_thread() {
     if let Ok(v) = PENDING.try_with(|p| p.replace(0)) {
         if v != 0 {
-            USED.fetch_add(v, Ordering::Relaxed);
+            USED.0.fetch_add(v, Ordering::Relaxed);
         }
     }
 }
 
 /// The soft cap currently enforced by the allocator, if any.
 pub fn soft_cap() -> Option<usize> {
-    match CAP.load(Ordering::Relaxed) {
+    match CAP.0.load(Ordering::Relaxed) {
         NO_CAP => None,
         c => Some(c),
     }
 }
 
 pub(crate) fn set_soft_cap(cap: Option<usize>) {
-    CAP.store(cap.unwrap_or(NO_CAP), Ordering::Relaxed);
+    CAP.0.store(cap.unwrap_or(NO_CAP), Ordering::Relaxed);
+    let t = cap.map_or(MAX_FLUSH, |c| {
+        (c / 256).clamp(MIN_FLUSH as usize, MAX_FLUSH as usize) as isize
+    });
+    FLUSH.0.store(t, Ordering::Relaxed);
+}
+
+/// The current flush threshold: [`current_usage`] is accurate to within
+/// this many bytes per thread.
+pub fn flush_threshold() -> usize {
+    FLUSH.0.load(Ordering::Relaxed) as usize
 }
 
 /// Asks jemalloc to return unused dirty pages to the operating system (all

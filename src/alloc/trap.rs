@@ -275,7 +275,7 @@ pub(super) fn hard(size: usize, retry: impl Fn() -> *mut u8, layout: Layout) -> 
         return std::ptr::null_mut();
     }
     COUNTERS.hard_traps.fetch_add(1, Ordering::Relaxed);
-    let cap = super::CAP.load(Ordering::Relaxed);
+    let cap = super::CAP.0.load(Ordering::Relaxed);
     let want = size
         .saturating_mul(2)
         .saturating_add(if cap == super::NO_CAP {

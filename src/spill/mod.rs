@@ -281,7 +281,7 @@ pub fn read_file<T: DeserializeOwned>(
             h.key.generation, key.generation
         ));
     }
-    if file_len != HEADER_LEN as u64 + h.payload_len {
+    if file_len.checked_sub(HEADER_LEN as u64) != Some(h.payload_len) {
         return Err(format!(
             "length mismatch: header says {} payload bytes, file has {}",
             h.payload_len,
