@@ -32,6 +32,9 @@ impl Counters {
 
 /// A snapshot of the runtime's and the allocator's counters.
 ///
+/// The executor counters (evictions, loads, bytes moved, tasks) belong to
+/// one runtime; the allocator's (`peak_bytes`, `current_bytes`, the trap
+/// counters and times) are process-wide, since the allocator is.
 /// Serializes to JSON with [`Stats::to_json`].
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 #[non_exhaustive]
