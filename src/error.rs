@@ -70,6 +70,10 @@ pub enum Error {
     },
     /// The runtime could not start (threads, registration).
     Runtime(String),
+    /// Bad input: a malformed or unreadable file, inconsistent options.
+    Input(String),
+    /// An output file could not be written.
+    Output(String),
     /// An I/O error outside the spill store.
     Io {
         /// What was being done.
@@ -119,6 +123,7 @@ impl fmt::Display for Error {
                 write!(f, "{executor} does not belong to this runtime")
             }
             Error::Runtime(msg) => write!(f, "runtime: {msg}"),
+            Error::Input(msg) | Error::Output(msg) => f.write_str(msg),
             Error::Io { context, source } => write!(f, "{context}: {source}"),
         }
     }

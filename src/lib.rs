@@ -65,6 +65,8 @@ pub mod cap;
 mod error;
 pub mod evict;
 pub mod executor;
+pub mod kmeans;
+pub mod npy;
 mod pod;
 mod runtime;
 pub mod spill;

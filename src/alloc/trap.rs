@@ -229,32 +229,40 @@ fn slack(cap: usize) -> usize {
 }
 
 /// The soft trap: usage `used` went over `cap` after accounting `size`
-/// bytes. Evicts (or waits for the thread that is evicting). If nothing can
-/// be evicted, the allocation goes ahead over the cap and the overshoot is
-/// counted.
+/// bytes. Evicts, or waits for the thread that is evicting and then checks
+/// again (the other thread may not have freed enough for both). If nothing
+/// can be evicted, the allocation goes ahead over the cap and the overshoot
+/// is counted.
 #[cold]
 pub(super) fn soft(used: usize, cap: usize, size: usize) {
     if !any_registered() {
         return;
     }
-    let epoch = EPOCH.load(Ordering::Acquire);
-    if try_take_token() {
-        let start = Instant::now();
-        COUNTERS.soft_traps.fetch_add(1, Ordering::Relaxed);
-        let want = used
-            .saturating_sub(cap)
-            .saturating_add(slack(cap))
-            .max(size);
-        let freed = evict(want, true);
-        if freed == 0 {
-            COUNTERS.overshoots.fetch_add(1, Ordering::Relaxed);
+    let mut used = used;
+    for _ in 0..8 {
+        let epoch = EPOCH.load(Ordering::Acquire);
+        if try_take_token() {
+            let start = Instant::now();
+            COUNTERS.soft_traps.fetch_add(1, Ordering::Relaxed);
+            let want = used
+                .saturating_sub(cap)
+                .saturating_add(slack(cap))
+                .max(size);
+            let freed = evict(want, true);
+            if freed == 0 {
+                COUNTERS.overshoots.fetch_add(1, Ordering::Relaxed);
+            }
+            COUNTERS
+                .trap_nanos
+                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            release_token();
+            return;
         }
-        COUNTERS
-            .trap_nanos
-            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        release_token();
-    } else {
         wait_for_token(epoch);
+        used = super::current_usage();
+        if used <= cap {
+            return;
+        }
     }
 }
 

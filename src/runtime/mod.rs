@@ -369,6 +369,16 @@ impl Runtime {
             .store(n.saturating_sub(1), Ordering::Relaxed);
     }
 
+    /// Evicts idle executors (those needed last first) until `bytes` more
+    /// fit under the cap with the runtime's headroom. Call it before a large
+    /// allocation the runtime cannot foresee, such as a task that builds a
+    /// big value, so that room is made ahead of time instead of in the
+    /// allocation trap. Returns whether the bytes fit (always true with no
+    /// cap).
+    pub fn make_room(&self, bytes: usize) -> bool {
+        self.shared.make_room(bytes, None)
+    }
+
     /// Evicts every idle executor now (writing the dirty ones). Returns how
     /// many were evicted.
     pub fn evict_all(&self) -> Result<usize> {

@@ -1,0 +1,557 @@
+//! Argument parsing and the subcommands.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use outcore::kmeans::data::{Blobs, Rows};
+use outcore::kmeans::{self, Algorithm, Config, Event, Init, Source};
+use outcore::npy::{self, NpyWriter};
+use outcore::{format_bytes, parse_size, Error, EvictionPolicy, MemoryCap, Result, Runtime, Stats};
+use serde::Serialize;
+
+/// outcore: memory-hungry iterative jobs under a memory cap.
+#[derive(Parser, Debug)]
+#[command(name = "outcore", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// K-means (mini-batch or Lloyd) on data larger than the memory cap.
+    ///
+    /// With no arguments: a demonstration on 2 GiB of synthetic data under a
+    /// 1 GiB cap, k = 100.
+    Kmeans(Box<KmeansArgs>),
+    /// Write a synthetic Gaussian-blob dataset to a .npy file.
+    Gen(GenArgs),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum AlgorithmArg {
+    Minibatch,
+    Lloyd,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PolicyArg {
+    Priority,
+    Lru,
+}
+
+/// Memory and runtime flags shared by the jobs.
+#[derive(Args, Debug, Clone)]
+struct MemoryArgs {
+    /// Memory cap: a size (512MiB, 2GiB, 1.5G), `auto` or `none`. Default:
+    /// 1GiB for synthetic data, `auto` for a file.
+    #[arg(long, value_name = "SIZE|auto|none")]
+    mem_cap: Option<String>,
+    /// Directory for spill files (a private subdirectory is made inside and
+    /// removed at exit). Default: the system temporary directory.
+    #[arg(long, value_name = "DIR")]
+    spill_dir: Option<PathBuf>,
+    /// Worker threads. Default: one per core.
+    #[arg(long, value_name = "N")]
+    workers: Option<usize>,
+    /// Number of data partitions (executors). Default: sized so a partition
+    /// is 1/16 of the cap.
+    #[arg(long, value_name = "P")]
+    partitions: Option<u64>,
+    /// Eviction policy.
+    #[arg(long, value_enum, default_value_t = PolicyArg::Priority)]
+    policy: PolicyArg,
+    /// Write run statistics as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    stats: Option<PathBuf>,
+}
+
+/// Data flags shared by the jobs.
+#[derive(Args, Debug, Clone)]
+struct DataArgs {
+    /// Input: .npy (2-D float32/float64, C order), .fvecs, or raw
+    /// little-endian float32 (with --dims). Without it, synthetic data.
+    #[arg(long, value_name = "FILE")]
+    input: Option<PathBuf>,
+    /// Size of the synthetic data.
+    #[arg(long, value_name = "SIZE", default_value = "2GiB")]
+    synthetic: String,
+    /// Dimensions of synthetic data, or columns of a raw input file.
+    #[arg(long, value_name = "D")]
+    dims: Option<usize>,
+    /// Number of blobs in synthetic data.
+    #[arg(long, value_name = "K", default_value_t = 100)]
+    true_k: usize,
+    /// Seed for the synthetic data and the initialisation.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+#[derive(Args, Debug)]
+struct KmeansArgs {
+    #[command(flatten)]
+    data: DataArgs,
+    #[command(flatten)]
+    mem: MemoryArgs,
+    /// Number of clusters. Default: 100, or the rows of an --init file.
+    #[arg(long, value_name = "K")]
+    k: Option<usize>,
+    /// Algorithm.
+    #[arg(long, value_enum, default_value_t = AlgorithmArg::Minibatch)]
+    algorithm: AlgorithmArg,
+    /// Initialisation: kmeans++, random, or a .npy file of k x D centres.
+    #[arg(
+        long,
+        default_value = "kmeans++",
+        value_name = "kmeans++|random|FILE.npy"
+    )]
+    init: String,
+    /// Mini-batch: sweeps over the data.
+    #[arg(long, default_value_t = 3)]
+    epochs: usize,
+    /// Lloyd: full passes.
+    #[arg(long, default_value_t = 10)]
+    iterations: usize,
+    /// Mini-batch: tasks per batch.
+    #[arg(long, default_value_t = 40)]
+    batch_tasks: usize,
+    /// Mini-batch: points per task.
+    #[arg(long, default_value_t = 1100)]
+    task_points: usize,
+    /// Write the centroids (float32, k x D) to this .npy file.
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Write each point's cluster (int32) to this .npy file.
+    #[arg(long, value_name = "FILE")]
+    labels: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct GenArgs {
+    /// Size of the data.
+    #[arg(long, value_name = "SIZE")]
+    synthetic: String,
+    /// Dimensions.
+    #[arg(long, default_value_t = 1000)]
+    dims: usize,
+    /// Number of blobs.
+    #[arg(long, default_value_t = 100)]
+    true_k: usize,
+    /// Seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// The .npy file to write.
+    #[arg(long, value_name = "FILE")]
+    output: PathBuf,
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Kmeans(a) => kmeans_cmd(*a),
+        Cmd::Gen(a) => gen_cmd(a),
+    }
+}
+
+/// Checks an output path can be written before any work is done.
+fn preflight(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if path.is_dir() {
+        return Err(Error::Output(format!("{}: is a directory", path.display())));
+    }
+    tempfile::Builder::new()
+        .prefix(".outcore-check-")
+        .tempfile_in(&dir)
+        .map(drop)
+        .map_err(|e| Error::Output(format!("{}: cannot write there: {e}", path.display())))
+}
+
+fn positive(name: &str, v: usize) -> Result<usize> {
+    if v == 0 {
+        return Err(Error::Input(format!("{name} must be at least 1")));
+    }
+    Ok(v)
+}
+
+/// A source and its shape, read up front.
+fn open_source(d: &DataArgs) -> Result<(Source, u64, usize)> {
+    let src = match &d.input {
+        Some(p) => Source::from_path(p, d.dims)?,
+        None => {
+            let bytes = parse_size(&d.synthetic)?;
+            let dims = positive("--dims", d.dims.unwrap_or(1000))?;
+            positive("--true-k", d.true_k)?;
+            if bytes < 4 * dims as u64 {
+                return Err(Error::Input(format!(
+                    "--synthetic {} is smaller than one point of {dims} dimensions",
+                    d.synthetic
+                )));
+            }
+            Source::synthetic(bytes, dims, d.true_k, d.seed)
+        }
+    };
+    let rows = Rows::open(&src)?;
+    Ok((src, rows.rows(), rows.dims()))
+}
+
+/// Builds the runtime from the memory flags; returns it and the partition
+/// size in bytes.
+fn runtime(m: &MemoryArgs, synthetic: bool, data_bytes: u64) -> Result<(Runtime, u64)> {
+    let cap = match &m.mem_cap {
+        Some(s) => MemoryCap::parse(s)?,
+        None if synthetic => MemoryCap::Bytes(1 << 30),
+        None => MemoryCap::Auto,
+    };
+    let mut b = Runtime::builder().mem_cap(cap).policy(match m.policy {
+        PolicyArg::Priority => EvictionPolicy::Priority,
+        PolicyArg::Lru => EvictionPolicy::Lru,
+    });
+    if let Some(w) = m.workers {
+        b = b.workers(positive("--workers", w)?);
+    }
+    if let Some(d) = &m.spill_dir {
+        b = b.spill_dir(d);
+    }
+    let rt = b.build()?;
+    let part_bytes = match (m.partitions, rt.cap()) {
+        (Some(0), _) => return Err(Error::Input("--partitions must be at least 1".into())),
+        (Some(p), _) => data_bytes.div_ceil(p).max(1),
+        (None, Some(cap)) => (cap / 16).clamp(1 << 20, 256 << 20),
+        (None, None) => 64 << 20,
+    };
+    Ok((rt, part_bytes))
+}
+
+/// Progress on stderr: a bar on a terminal, summary lines otherwise.
+struct Feedback {
+    bar: Option<ProgressBar>,
+}
+
+impl Feedback {
+    fn new() -> Feedback {
+        Feedback { bar: None }
+    }
+
+    fn stage(&mut self, what: &str, total: u64) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+        if std::io::stderr().is_terminal() {
+            let b = ProgressBar::new(total);
+            let style = ProgressStyle::with_template(
+                "{msg:>12} [{bar:40}] {percent:>3}% {elapsed_precise} eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+            b.set_style(style);
+            b.set_message(what.to_string());
+            self.bar = Some(b);
+        }
+    }
+
+    fn progress(&self, done: u64) {
+        if let Some(b) = &self.bar {
+            b.set_position(done);
+        }
+    }
+
+    fn line(&self, msg: &str) {
+        match &self.bar {
+            Some(b) => b.println(msg),
+            None => eprintln!("{msg}"),
+        }
+    }
+
+    fn done(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct KmeansStats<'a> {
+    algorithm: &'a str,
+    k: usize,
+    rows: u64,
+    dims: usize,
+    partitions: usize,
+    epoch_seconds: &'a [f64],
+    epoch_inertia: &'a [f64],
+    inertia: f64,
+    evictions: u64,
+    trap_evictions: u64,
+    clean_evictions: u64,
+    loads: u64,
+    prefetch_hits: u64,
+    bytes_written: u64,
+    bytes_read: u64,
+    peak_bytes: u64,
+    wall_seconds: f64,
+    load_seconds: f64,
+    mem_cap_bytes: Option<u64>,
+    policy: &'a str,
+    workers: usize,
+    runtime: &'a Stats,
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| Error::Output(e.to_string()))?;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let err = |e: String| Error::Output(format!("{}: cannot write: {e}", path.display()));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".outcore-partial-")
+        .tempfile_in(dir)
+        .map_err(|e| err(e.to_string()))?;
+    std::io::Write::write_all(&mut tmp, text.as_bytes()).map_err(|e| err(e.to_string()))?;
+    tmp.persist(path).map_err(|e| err(e.error.to_string()))?;
+    Ok(())
+}
+
+fn kmeans_cmd(a: KmeansArgs) -> Result<()> {
+    let wall = Instant::now();
+    for p in [&a.output, &a.labels, &a.mem.stats].into_iter().flatten() {
+        preflight(p)?;
+    }
+    positive("--task-points", a.task_points)?;
+    positive("--batch-tasks", a.batch_tasks)?;
+    let (src, rows, dims) = open_source(&a.data)?;
+    let (init, k) = match a.init.as_str() {
+        "kmeans++" | "k-means++" => (Init::KMeansPlusPlus, a.k.unwrap_or(100)),
+        "random" => (Init::Random, a.k.unwrap_or(100)),
+        file => {
+            let (v, r, c) = npy::read_matrix(Path::new(file))?;
+            if c != dims {
+                return Err(Error::Input(format!(
+                    "--init {file}: centres have {c} dimensions, the data has {dims}"
+                )));
+            }
+            if let Some(k) = a.k {
+                if k != r {
+                    return Err(Error::Input(format!(
+                        "--init {file}: holds {r} centres but --k is {k}"
+                    )));
+                }
+            }
+            (Init::Given(v), r)
+        }
+    };
+    if k == 0 {
+        return Err(Error::Input("--k must be at least 1".into()));
+    }
+    if k as u64 > rows {
+        return Err(Error::Input(format!(
+            "--k {k} is larger than the number of points ({rows})"
+        )));
+    }
+    let data_bytes = rows * dims as u64 * 4;
+    let (rt, part_bytes) = runtime(&a.mem, a.data.input.is_none(), data_bytes)?;
+    let mut fb = Feedback::new();
+    fb.line(&format!(
+        "outcore kmeans: {rows} points x {dims} dims ({}), k = {k}, {:?}, cap {}, {} workers, policy {:?}",
+        format_bytes(data_bytes),
+        a.algorithm,
+        rt.cap().map_or("none".into(), format_bytes),
+        rt.workers(),
+        rt.policy()
+    ));
+    fb.stage("loading", rows);
+    let t = Instant::now();
+    let ds = kmeans::load(&rt, &src, part_bytes, |done, _| fb.progress(done))?;
+    let load_seconds = t.elapsed().as_secs_f64();
+    fb.line(&format!(
+        "loaded {} partitions of {} in {:.1}s",
+        ds.parts.len(),
+        format_bytes(part_bytes.min(data_bytes)),
+        load_seconds
+    ));
+    let cfg = Config {
+        k,
+        algorithm: match a.algorithm {
+            AlgorithmArg::Minibatch => Algorithm::MiniBatch,
+            AlgorithmArg::Lloyd => Algorithm::Lloyd,
+        },
+        init,
+        epochs: a.epochs,
+        iterations: a.iterations,
+        batch_tasks: a.batch_tasks,
+        task_points: a.task_points,
+        seed: a.data.seed,
+        labels: a.labels.is_some(),
+    };
+    let passes = match cfg.algorithm {
+        Algorithm::MiniBatch => cfg.epochs,
+        Algorithm::Lloyd => cfg.iterations,
+    };
+    let word = if cfg.algorithm == Algorithm::Lloyd {
+        "iteration"
+    } else {
+        "epoch"
+    };
+    fb.stage(&format!("{word} 1/{passes}"), rows);
+    let mut last = rt.stats();
+    let out = kmeans::run(&rt, &ds, &cfg, |ev| match ev {
+        Event::Progress { done, .. } => fb.progress(done),
+        Event::Initialized { seconds } => {
+            let s = rt.stats();
+            fb.line(&format!(
+                "initialised in {seconds:.2}s: loads {}, read {}",
+                s.loads - last.loads,
+                format_bytes(s.bytes_read - last.bytes_read)
+            ));
+            last = s;
+        }
+        Event::Epoch {
+            index,
+            seconds,
+            inertia,
+        } => {
+            let s = rt.stats();
+            fb.line(&format!(
+                "{word} {}/{passes}: {seconds:.2}s, inertia {inertia:.6e}, evictions {} (clean {}), loads {}, read {}, written {}",
+                index + 1,
+                s.evictions - last.evictions,
+                s.clean_evictions - last.clean_evictions,
+                s.loads - last.loads,
+                format_bytes(s.bytes_read - last.bytes_read),
+                format_bytes(s.bytes_written - last.bytes_written),
+            ));
+            last = s;
+            if index + 1 < passes {
+                fb.stage(&format!("{word} {}/{passes}", index + 2), rows);
+            }
+        }
+    })?;
+    fb.done();
+    if let Some(p) = &a.output {
+        npy::write_array(p, &[k as u64, dims as u64], &out.centers.values)?;
+    }
+    if let (Some(p), Some(labels)) = (&a.labels, &out.labels) {
+        let mut w = NpyWriter::<i32>::create(p, &[labels.len() as u64])?;
+        let as_i32: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
+        w.write(&as_i32)?;
+        w.finish()?;
+    }
+    let s = rt.stats();
+    let wall_seconds = wall.elapsed().as_secs_f64();
+    if let Some(p) = &a.mem.stats {
+        write_json(
+            p,
+            &KmeansStats {
+                algorithm: match cfg.algorithm {
+                    Algorithm::MiniBatch => "minibatch",
+                    Algorithm::Lloyd => "lloyd",
+                },
+                k,
+                rows,
+                dims,
+                partitions: ds.parts.len(),
+                epoch_seconds: &out.epoch_seconds,
+                epoch_inertia: &out.epoch_inertia,
+                inertia: out.inertia,
+                evictions: s.evictions,
+                trap_evictions: s.trap_evictions,
+                clean_evictions: s.clean_evictions,
+                loads: s.loads,
+                prefetch_hits: s.prefetch_hits,
+                bytes_written: s.bytes_written,
+                bytes_read: s.bytes_read,
+                peak_bytes: s.peak_bytes,
+                wall_seconds,
+                load_seconds,
+                mem_cap_bytes: rt.cap(),
+                policy: match a.mem.policy {
+                    PolicyArg::Priority => "priority",
+                    PolicyArg::Lru => "lru",
+                },
+                workers: rt.workers(),
+                runtime: &s,
+            },
+        )?;
+    }
+    let cap = rt
+        .cap()
+        .map_or("no cap".into(), |c| format!("cap {}", format_bytes(c)));
+    eprintln!(
+        "done in {wall_seconds:.1}s: final inertia {:.6e}; peak {} ({cap}); evictions {} (clean {}, in the trap {}), loads {}, read {}, written {}",
+        out.inertia,
+        format_bytes(s.peak_bytes),
+        s.evictions,
+        s.clean_evictions,
+        s.trap_evictions,
+        s.loads,
+        format_bytes(s.bytes_read),
+        format_bytes(s.bytes_written),
+    );
+    Ok(())
+}
+
+fn gen_cmd(a: GenArgs) -> Result<()> {
+    preflight(&a.output)?;
+    let bytes = parse_size(&a.synthetic)?;
+    let dims = positive("--dims", a.dims)?;
+    let true_k = positive("--true-k", a.true_k)?;
+    if bytes < 4 * dims as u64 {
+        return Err(Error::Input(format!(
+            "--synthetic {} is smaller than one point of {dims} dimensions",
+            a.synthetic
+        )));
+    }
+    let rows = bytes / (4 * dims as u64);
+    let blobs = Blobs::new(dims, true_k, a.seed);
+    let mut w = NpyWriter::<f32>::create(&a.output, &[rows, dims as u64])?;
+    let mut fb = Feedback::new();
+    fb.stage("writing", rows);
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // Blocks of about 8 MiB per thread, generated in parallel, written in
+    // order.
+    let per = ((8 << 20) / (4 * dims as u64)).max(1);
+    let mut first = 0u64;
+    while first < rows {
+        let blocks: Vec<(u64, u64)> = (0..threads as u64)
+            .map(|t| first + t * per)
+            .filter(|&s| s < rows)
+            .map(|s| (s, per.min(rows - s)))
+            .collect();
+        let parts: Vec<Vec<f32>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = blocks
+                .iter()
+                .map(|&(s, n)| {
+                    let blobs = &blobs;
+                    sc.spawn(move || {
+                        let mut v = Vec::with_capacity(n as usize * dims);
+                        for i in s..s + n {
+                            blobs.point(i, &mut v);
+                        }
+                        v
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
+        for p in &parts {
+            w.write(p)?;
+        }
+        first += blocks.iter().map(|b| b.1).sum::<u64>();
+        fb.progress(first);
+    }
+    w.finish()?;
+    fb.done();
+    eprintln!(
+        "wrote {} ({rows} x {dims} float32) to {}",
+        format_bytes(rows * dims as u64 * 4),
+        a.output.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,602 @@
+//! Memory-capped K-means on the outcore runtime: mini-batch (the default)
+//! and Lloyd.
+//!
+//! The data lives in [`Partition`] executors, swept in a fixed cyclic
+//! order (declared to the runtime with `hint_cycle`), so the eviction queue
+//! keeps a fixed part of the data resident and prefetches the rest.
+//! Partitions are only read, so after their first write they are evicted
+//! clean (dropped, not rewritten).
+//!
+//! Distances use the GEMM identity `|x - c|^2 = |x|^2 - 2 x.c + |c|^2`
+//! (matrixmultiply's `sgemm`). Each task returns per-cluster sums and counts
+//! for its rows; the driver adds them up in submission order, so results
+//! are bit-for-bit the same whatever the cap, the policy or the timing.
+//!
+//! **Empty clusters**: a centre that receives no point in a step (a
+//! mini-batch or a Lloyd iteration) keeps its position.
+
+pub mod data;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
+
+pub use data::{load, Blobs, Dataset, Partition, Source};
+
+use crate::error::{Error, Result};
+use crate::Runtime;
+
+/// The centres, shared read-only with tasks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Centers {
+    /// Number of centres.
+    pub k: usize,
+    /// Dimensions.
+    pub dims: usize,
+    /// Row-major `k x dims`.
+    pub values: Vec<f32>,
+    norms: Vec<f32>,
+}
+
+impl Centers {
+    /// Centres from row-major values.
+    pub fn new(k: usize, dims: usize, values: Vec<f32>) -> Centers {
+        let norms = values
+            .chunks_exact(dims.max(1))
+            .map(|c| c.iter().map(|x| x * x).sum())
+            .collect();
+        Centers {
+            k,
+            dims,
+            values,
+            norms,
+        }
+    }
+
+    /// Centre `c`.
+    pub fn row(&self, c: usize) -> &[f32] {
+        &self.values[c * self.dims..(c + 1) * self.dims]
+    }
+}
+
+/// What one task returns.
+#[derive(Clone, Debug, Default)]
+pub struct Partial {
+    /// Per-cluster sums of the assigned points (`k x dims`), when asked.
+    pub sums: Vec<f64>,
+    /// Points assigned to each cluster.
+    pub counts: Vec<u64>,
+    /// Sum of squared distances to the assigned centres.
+    pub inertia: f64,
+    /// The label of each row, when asked.
+    pub labels: Vec<u32>,
+}
+
+/// Rows per GEMM block (keeps the distance block small for large k).
+const BLOCK: usize = 256;
+
+/// Assigns rows `start..start + len` of `p` to their nearest centres.
+pub fn assign(
+    p: &Partition,
+    start: usize,
+    len: usize,
+    c: &Centers,
+    want_sums: bool,
+    want_labels: bool,
+) -> Partial {
+    let d = c.dims;
+    let k = c.k;
+    let mut out = Partial {
+        sums: if want_sums {
+            vec![0.0; k * d]
+        } else {
+            Vec::new()
+        },
+        counts: vec![0; k],
+        inertia: 0.0,
+        labels: if want_labels {
+            Vec::with_capacity(len)
+        } else {
+            Vec::new()
+        },
+    };
+    let mut g = vec![0f32; BLOCK.min(len.max(1)) * k];
+    let mut row = start;
+    while row < start + len {
+        let n = BLOCK.min(start + len - row);
+        let x = &p.data[row * d..(row + n) * d];
+        // G = X (n x d) . C^T (d x k)
+        // SAFETY:
+        // - `x` holds n*d floats, row stride d, column stride 1;
+        // - C^T is read from `c.values` (k*d floats) with row stride 1 and
+        //   column stride d, so element (j, c) is values[c*d + j];
+        // - `g` holds at least n*k floats, row stride k, column stride 1;
+        // - beta = 0, so g's prior contents are not read; no aliasing.
+        unsafe {
+            matrixmultiply::sgemm(
+                n,
+                d,
+                k,
+                1.0,
+                x.as_ptr(),
+                d as isize,
+                1,
+                c.values.as_ptr(),
+                1,
+                d as isize,
+                0.0,
+                g.as_mut_ptr(),
+                k as isize,
+                1,
+            );
+        }
+        for i in 0..n {
+            let xn = p.norms[row + i];
+            let gi = &g[i * k..(i + 1) * k];
+            let mut best = 0usize;
+            let mut best_d = f32::INFINITY;
+            for (cj, (&dot, &cn)) in gi.iter().zip(&c.norms).enumerate() {
+                let dist = xn - 2.0 * dot + cn;
+                if dist < best_d {
+                    best_d = dist;
+                    best = cj;
+                }
+            }
+            out.counts[best] += 1;
+            out.inertia += f64::from(best_d.max(0.0));
+            if want_sums {
+                let s = &mut out.sums[best * d..(best + 1) * d];
+                for (acc, &v) in s.iter_mut().zip(&x[i * d..(i + 1) * d]) {
+                    *acc += f64::from(v);
+                }
+            }
+            if want_labels {
+                out.labels.push(best as u32);
+            }
+        }
+        row += n;
+    }
+    out
+}
+
+/// Which algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Mini-batch K-means: batches of tasks, centres updated after each
+    /// batch with per-centre learning rates 1/count.
+    MiniBatch,
+    /// Lloyd: full passes; centres become the means of their points.
+    Lloyd,
+}
+
+/// How the centres start.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Init {
+    /// k-means++ seeding on a sample of the data.
+    KMeansPlusPlus,
+    /// k distinct points of a sample, chosen at random.
+    Random,
+    /// Given centres (`k x dims`).
+    Given(Vec<f32>),
+}
+
+/// K-means settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Number of clusters.
+    pub k: usize,
+    /// Algorithm.
+    pub algorithm: Algorithm,
+    /// Initialisation.
+    pub init: Init,
+    /// Mini-batch: epochs (sweeps over the data).
+    pub epochs: usize,
+    /// Lloyd: iterations (full passes).
+    pub iterations: usize,
+    /// Mini-batch: tasks per batch.
+    pub batch_tasks: usize,
+    /// Mini-batch: points per task.
+    pub task_points: usize,
+    /// Seed for the initialisation.
+    pub seed: u64,
+    /// Compute labels in the final pass.
+    pub labels: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            k: 100,
+            algorithm: Algorithm::MiniBatch,
+            init: Init::KMeansPlusPlus,
+            epochs: 3,
+            iterations: 10,
+            batch_tasks: 40,
+            task_points: 1100,
+            seed: 0,
+            labels: false,
+        }
+    }
+}
+
+/// Progress events, for the command line's bar and summary lines.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// The initial centres are chosen.
+    Initialized {
+        /// Seconds it took.
+        seconds: f64,
+    },
+    /// Work within an epoch: `done` of `total` points.
+    Progress {
+        /// Points done.
+        done: u64,
+        /// Points in the epoch.
+        total: u64,
+    },
+    /// An epoch (or Lloyd iteration) finished.
+    Epoch {
+        /// Its index (from 0).
+        index: usize,
+        /// Seconds it took.
+        seconds: f64,
+        /// Inertia: for mini-batch the sum over the epoch's batches at
+        /// assignment time; for Lloyd the inertia before the update.
+        inertia: f64,
+    },
+}
+
+/// The outcome of a run.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// Final centres.
+    pub centers: Centers,
+    /// Inertia of the final centres over all the data.
+    pub inertia: f64,
+    /// Seconds per epoch or iteration.
+    pub epoch_seconds: Vec<f64>,
+    /// Inertia per epoch or iteration (see [`Event::Epoch`]).
+    pub epoch_inertia: Vec<f64>,
+    /// Labels, when asked.
+    pub labels: Option<Vec<u32>>,
+}
+
+/// A task: rows `start..start+len` of partition `part`.
+#[derive(Clone, Copy, Debug)]
+struct Chunk {
+    part: usize,
+    start: usize,
+    len: usize,
+}
+
+/// The chunks of one sweep, partition after partition.
+fn chunks(ds: &Dataset, task_points: usize) -> Vec<Chunk> {
+    let mut v = Vec::new();
+    for (part, &rows) in ds.part_rows.iter().enumerate() {
+        let mut start = 0usize;
+        while start < rows as usize {
+            let len = task_points.min(rows as usize - start);
+            v.push(Chunk { part, start, len });
+            start += len;
+        }
+    }
+    v
+}
+
+/// Runs K-means on a loaded dataset.
+pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) -> Result<Outcome> {
+    if cfg.k == 0 {
+        return Err(Error::Input("k must be at least 1".into()));
+    }
+    if cfg.k as u64 > ds.rows {
+        return Err(Error::Input(format!(
+            "k = {} is larger than the number of points ({})",
+            cfg.k, ds.rows
+        )));
+    }
+    if cfg.task_points == 0 || cfg.batch_tasks == 0 {
+        return Err(Error::Input(
+            "--task-points and --batch-tasks must be at least 1".into(),
+        ));
+    }
+    let t = Instant::now();
+    let mut centers = initial_centers(rt, ds, cfg)?;
+    on(Event::Initialized {
+        seconds: t.elapsed().as_secs_f64(),
+    });
+    let mut epoch_seconds = Vec::new();
+    let mut epoch_inertia = Vec::new();
+    match cfg.algorithm {
+        Algorithm::MiniBatch => {
+            let plan = chunks(ds, cfg.task_points);
+            let mut counts = vec![0u64; cfg.k];
+            for epoch in 0..cfg.epochs {
+                let t = Instant::now();
+                let mut inertia = 0.0;
+                let mut done = 0u64;
+                for batch in plan.chunks(cfg.batch_tasks) {
+                    // Room for the batch's partial sums.
+                    rt.make_room(batch.len() * cfg.k * ds.dims * 8);
+                    let shared = Arc::new(centers.clone());
+                    let parts = sweep(rt, ds, batch, &shared, true, false)?;
+                    let (sums, n, i) = reduce(&parts, cfg.k, ds.dims);
+                    inertia += i;
+                    minibatch_update(&mut centers, &mut counts, &sums, &n);
+                    done += batch.iter().map(|c| c.len as u64).sum::<u64>();
+                    on(Event::Progress {
+                        done,
+                        total: ds.rows,
+                    });
+                }
+                let secs = t.elapsed().as_secs_f64();
+                epoch_seconds.push(secs);
+                epoch_inertia.push(inertia);
+                on(Event::Epoch {
+                    index: epoch,
+                    seconds: secs,
+                    inertia,
+                });
+            }
+        }
+        Algorithm::Lloyd => {
+            let plan = per_partition(ds);
+            for it in 0..cfg.iterations {
+                let t = Instant::now();
+                let shared = Arc::new(centers.clone());
+                let mut sums = vec![0f64; cfg.k * ds.dims];
+                let mut n = vec![0u64; cfg.k];
+                let mut inertia = 0.0;
+                let mut done = 0u64;
+                // A few partitions per batch bounds the partial sums held
+                // at once; the declared cycle still tells the runtime what
+                // comes next.
+                for group in plan.chunks(rt.workers().max(1) * 2) {
+                    let parts = sweep(rt, ds, group, &shared, true, false)?;
+                    let (s, c, i) = reduce(&parts, cfg.k, ds.dims);
+                    for (a, b) in sums.iter_mut().zip(&s) {
+                        *a += b;
+                    }
+                    for (a, b) in n.iter_mut().zip(&c) {
+                        *a += b;
+                    }
+                    inertia += i;
+                    done += group.iter().map(|c| c.len as u64).sum::<u64>();
+                    on(Event::Progress {
+                        done,
+                        total: ds.rows,
+                    });
+                }
+                let mut values = centers.values.clone();
+                for c in 0..cfg.k {
+                    if n[c] > 0 {
+                        for j in 0..ds.dims {
+                            values[c * ds.dims + j] = (sums[c * ds.dims + j] / n[c] as f64) as f32;
+                        }
+                    }
+                }
+                centers = Centers::new(cfg.k, ds.dims, values);
+                let secs = t.elapsed().as_secs_f64();
+                epoch_seconds.push(secs);
+                epoch_inertia.push(inertia);
+                on(Event::Epoch {
+                    index: it,
+                    seconds: secs,
+                    inertia,
+                });
+            }
+        }
+    }
+    let (inertia, labels) = final_pass(rt, ds, &centers, cfg.labels)?;
+    Ok(Outcome {
+        centers,
+        inertia,
+        epoch_seconds,
+        epoch_inertia,
+        labels,
+    })
+}
+
+/// One chunk per partition (whole partitions).
+fn per_partition(ds: &Dataset) -> Vec<Chunk> {
+    ds.part_rows
+        .iter()
+        .enumerate()
+        .map(|(part, &rows)| Chunk {
+            part,
+            start: 0,
+            len: rows as usize,
+        })
+        .collect()
+}
+
+/// Runs one read-only assignment task per chunk; results in order.
+fn sweep(
+    rt: &Runtime,
+    ds: &Dataset,
+    plan: &[Chunk],
+    c: &Arc<Centers>,
+    sums: bool,
+    labels: bool,
+) -> Result<Vec<Partial>> {
+    let mut b = rt.batch();
+    for ch in plan {
+        let c = c.clone();
+        let ch = *ch;
+        b.read(&ds.parts[ch.part], move |p: &Partition| {
+            assign(p, ch.start, ch.len, &c, sums, labels)
+        });
+    }
+    b.run()
+}
+
+/// Adds partial results in order.
+fn reduce(parts: &[Partial], k: usize, d: usize) -> (Vec<f64>, Vec<u64>, f64) {
+    let mut sums = vec![0f64; k * d];
+    let mut counts = vec![0u64; k];
+    let mut inertia = 0.0;
+    for p in parts {
+        for (a, b) in sums.iter_mut().zip(&p.sums) {
+            *a += b;
+        }
+        for (a, b) in counts.iter_mut().zip(&p.counts) {
+            *a += b;
+        }
+        inertia += p.inertia;
+    }
+    (sums, counts, inertia)
+}
+
+/// The mini-batch step: each centre moves to the running mean of all the
+/// points it has been assigned so far (learning rate 1/count).
+fn minibatch_update(c: &mut Centers, counts: &mut [u64], sums: &[f64], n: &[u64]) {
+    let d = c.dims;
+    for j in 0..c.k {
+        if n[j] == 0 {
+            continue;
+        }
+        let old = counts[j] as f64;
+        counts[j] += n[j];
+        let new = counts[j] as f64;
+        for t in 0..d {
+            let v = f64::from(c.values[j * d + t]);
+            c.values[j * d + t] = ((v * old + sums[j * d + t]) / new) as f32;
+        }
+    }
+    *c = Centers::new(c.k, d, std::mem::take(&mut c.values));
+}
+
+/// Inertia of `c` over all the data, and the labels when asked.
+fn final_pass(
+    rt: &Runtime,
+    ds: &Dataset,
+    c: &Centers,
+    labels: bool,
+) -> Result<(f64, Option<Vec<u32>>)> {
+    let shared = Arc::new(c.clone());
+    let mut inertia = 0.0;
+    let mut all = labels.then(|| Vec::with_capacity(ds.rows as usize));
+    for group in per_partition(ds).chunks(rt.workers().max(1) * 2) {
+        for p in sweep(rt, ds, group, &shared, false, labels)? {
+            inertia += p.inertia;
+            if let Some(all) = all.as_mut() {
+                all.extend_from_slice(&p.labels);
+            }
+        }
+    }
+    Ok((inertia, all))
+}
+
+/// Points sampled for the initialisation: at least 10,000 and 20 per
+/// cluster, at most all of them.
+fn sample_size(rows: u64, k: usize) -> u64 {
+    rows.min((20 * k as u64).max(10_000))
+}
+
+/// A uniform sample of rows, chosen by hashing the row index with the seed
+/// (so it does not depend on the partitioning), in row order.
+fn sample(rt: &Runtime, ds: &Dataset, want: u64, seed: u64) -> Result<Vec<f32>> {
+    let threshold = if want >= ds.rows {
+        u64::MAX
+    } else {
+        ((want as u128 * (1u128 << 64)) / ds.rows as u128) as u64
+    };
+    let mut b = rt.batch();
+    for h in &ds.parts {
+        b.read(h, move |p: &Partition| {
+            let mut out = Vec::new();
+            for i in 0..p.rows as usize {
+                if threshold == u64::MAX
+                    || data::mix(seed ^ 0x5a3b_1e00, p.first_row + i as u64) < threshold
+                {
+                    out.extend_from_slice(p.row(i));
+                }
+            }
+            out
+        });
+    }
+    Ok(b.run()?.concat())
+}
+
+fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config) -> Result<Centers> {
+    let d = ds.dims;
+    let k = cfg.k;
+    if let Init::Given(v) = &cfg.init {
+        if v.len() != k * d {
+            return Err(Error::Input(format!(
+                "the initial centres hold {} values; k x dims = {k} x {d} needs {}",
+                v.len(),
+                k * d
+            )));
+        }
+        return Ok(Centers::new(k, d, v.clone()));
+    }
+    let want = sample_size(ds.rows, k);
+    // Room for the sample, its pieces and the distances.
+    rt.make_room(want as usize * (d * 8 + 16));
+    let mut s = sample(rt, ds, want, cfg.seed)?;
+    let mut n = s.len() / d;
+    if n < k {
+        // A sparse hash sample can fall short for k close to the number of
+        // points: take every point then.
+        s = sample(rt, ds, ds.rows, cfg.seed)?;
+        n = s.len() / d;
+    }
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(cfg.seed ^ 0x1717_c0de);
+    let mut chosen: Vec<usize> = Vec::with_capacity(k);
+    match cfg.init {
+        Init::Random => {
+            let mut idx: Vec<usize> = (0..n).collect();
+            for i in 0..k {
+                let j = i + (rng.random::<u64>() % (n - i) as u64) as usize;
+                idx.swap(i, j);
+                chosen.push(idx[i]);
+            }
+        }
+        _ => {
+            // k-means++: each next centre is drawn with probability
+            // proportional to its squared distance to the nearest chosen one.
+            let dist2 = |a: usize, b: usize| -> f64 {
+                s[a * d..(a + 1) * d]
+                    .iter()
+                    .zip(&s[b * d..(b + 1) * d])
+                    .map(|(x, y)| f64::from(x - y) * f64::from(x - y))
+                    .sum()
+            };
+            let first = (rng.random::<u64>() % n as u64) as usize;
+            chosen.push(first);
+            let mut best: Vec<f64> = (0..n).map(|i| dist2(i, first)).collect();
+            while chosen.len() < k {
+                let total: f64 = best.iter().sum();
+                let next = if total <= 0.0 {
+                    // Every remaining point coincides with a centre.
+                    (0..n).find(|i| !chosen.contains(i)).unwrap_or(0)
+                } else {
+                    let mut r = rng.random::<f64>() * total;
+                    let mut pick = n - 1;
+                    for (i, &b) in best.iter().enumerate() {
+                        if r < b {
+                            pick = i;
+                            break;
+                        }
+                        r -= b;
+                    }
+                    pick
+                };
+                chosen.push(next);
+                for (i, b) in best.iter_mut().enumerate() {
+                    let dn = dist2(i, next);
+                    if dn < *b {
+                        *b = dn;
+                    }
+                }
+            }
+        }
+    }
+    let mut values = Vec::with_capacity(k * d);
+    for &i in &chosen {
+        values.extend_from_slice(&s[i * d..(i + 1) * d]);
+    }
+    Ok(Centers::new(k, d, values))
+}
