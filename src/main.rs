@@ -1,14 +1,34 @@
-//! The `outcore` command line: memory-capped K-means (`outcore kmeans`),
-//! synthetic data (`outcore gen`) and a training job (`outcore train`).
+//! The `outcore` command line: memory-capped K-means (`outcore kmeans`) and
+//! synthetic data (`outcore gen`).
 
 mod cli;
 
 use std::process::ExitCode;
 
+use clap::error::ErrorKind;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let args = match cli::Cli::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                // No subcommand: show the help, but as an error.
+                eprint!("{}", e.render());
+                return ExitCode::from(2);
+            }
+            // One readable line, not clap's usage block.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("outcore: error: {first} (see 'outcore --help')");
+            return ExitCode::from(2);
+        }
+    };
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
