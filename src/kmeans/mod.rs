@@ -519,6 +519,24 @@ fn sample(rt: &Runtime, ds: &Dataset, want: u64, seed: u64) -> Result<Vec<f32>> 
     Ok(b.run()?.concat())
 }
 
+/// Squared Euclidean distance, with eight accumulators so it vectorises.
+fn sq_dist(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for t in 0..8 {
+            let v = x[t] - y[t];
+            acc[t] += v * v;
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        tail += (x - y) * (x - y);
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
 fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config) -> Result<Centers> {
     let d = ds.dims;
     let k = cfg.k;
@@ -555,42 +573,49 @@ fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config) -> Result<Centers> 
             }
         }
         _ => {
-            // k-means++: each next centre is drawn with probability
-            // proportional to its squared distance to the nearest chosen one.
-            let dist2 = |a: usize, b: usize| -> f64 {
-                s[a * d..(a + 1) * d]
-                    .iter()
-                    .zip(&s[b * d..(b + 1) * d])
-                    .map(|(x, y)| f64::from(x - y) * f64::from(x - y))
-                    .sum()
-            };
+            // Greedy k-means++: each next centre is drawn with probability
+            // proportional to the squared distance to the nearest chosen
+            // one; of 2 + ln(k) such draws, the one that lowers the total
+            // most is kept.
+            let row = |i: usize| &s[i * d..(i + 1) * d];
+            let trials = 2 + (k as f64).ln() as usize;
             let first = (rng.random::<u64>() % n as u64) as usize;
             chosen.push(first);
-            let mut best: Vec<f64> = (0..n).map(|i| dist2(i, first)).collect();
+            let mut best: Vec<f32> = (0..n).map(|i| sq_dist(row(i), row(first))).collect();
+            let mut cand_d = vec![0f32; n];
+            let mut keep_d = vec![0f32; n];
             while chosen.len() < k {
-                let total: f64 = best.iter().sum();
-                let next = if total <= 0.0 {
+                let total: f64 = best.iter().map(|&v| f64::from(v)).sum();
+                if total <= 0.0 {
                     // Every remaining point coincides with a centre.
-                    (0..n).find(|i| !chosen.contains(i)).unwrap_or(0)
-                } else {
+                    let next = (0..n).find(|i| !chosen.contains(i)).unwrap_or(0);
+                    chosen.push(next);
+                    continue;
+                }
+                let mut winner: Option<(f64, usize)> = None;
+                for _ in 0..trials {
                     let mut r = rng.random::<f64>() * total;
                     let mut pick = n - 1;
                     for (i, &b) in best.iter().enumerate() {
-                        if r < b {
+                        if r < f64::from(b) {
                             pick = i;
                             break;
                         }
-                        r -= b;
+                        r -= f64::from(b);
                     }
-                    pick
-                };
-                chosen.push(next);
-                for (i, b) in best.iter_mut().enumerate() {
-                    let dn = dist2(i, next);
-                    if dn < *b {
-                        *b = dn;
+                    let mut pot = 0f64;
+                    for (i, c) in cand_d.iter_mut().enumerate() {
+                        *c = best[i].min(sq_dist(row(i), row(pick)));
+                        pot += f64::from(*c);
+                    }
+                    if winner.is_none_or(|(w, _)| pot < w) {
+                        winner = Some((pot, pick));
+                        std::mem::swap(&mut keep_d, &mut cand_d);
                     }
                 }
+                let Some((_, pick)) = winner else { break };
+                chosen.push(pick);
+                std::mem::swap(&mut best, &mut keep_d);
             }
         }
     }

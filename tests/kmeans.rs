@@ -1,0 +1,303 @@
+//! K-means correctness: Lloyd against an independent reference, results
+//! independent of the cap and the policy, mini-batch close to Lloyd, empty
+//! clusters.
+
+use std::path::Path;
+use std::process::Command;
+
+use outcore::kmeans::{self, Algorithm, Config, Init, Source};
+use outcore::npy;
+use outcore::Runtime;
+
+/// Test data from the test's own generator (not the library's): `n`
+/// points around `centres`, with Box-Muller noise of scale `sd`.
+fn blobs(n: usize, centres: &[Vec<f64>], sd: f64, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    let mut uniform = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let mut out = Vec::new();
+    for i in 0..n {
+        let c = &centres[i % centres.len()];
+        for &m in c {
+            let (u1, u2) = (uniform(), uniform());
+            let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+            out.push((m + sd * z) as f32);
+        }
+    }
+    out
+}
+
+/// A plain Lloyd in f64: assign each point to the nearest centre by direct
+/// distance, move each centre to the mean of its points, keep a centre with
+/// no point where it is.
+fn reference_lloyd(x: &[f32], d: usize, init: &[f32], iters: usize) -> Vec<f64> {
+    let n = x.len() / d;
+    let k = init.len() / d;
+    let mut c: Vec<f64> = init.iter().map(|&v| f64::from(v)).collect();
+    for _ in 0..iters {
+        let mut sums = vec![0f64; k * d];
+        let mut counts = vec![0usize; k];
+        for i in 0..n {
+            let p = &x[i * d..(i + 1) * d];
+            let mut best = (f64::INFINITY, 0);
+            for j in 0..k {
+                let dist: f64 = (0..d)
+                    .map(|t| (f64::from(p[t]) - c[j * d + t]).powi(2))
+                    .sum();
+                if dist < best.0 {
+                    best = (dist, j);
+                }
+            }
+            counts[best.1] += 1;
+            for t in 0..d {
+                sums[best.1 * d + t] += f64::from(p[t]);
+            }
+        }
+        for j in 0..k {
+            if counts[j] > 0 {
+                for t in 0..d {
+                    c[j * d + t] = sums[j * d + t] / counts[j] as f64;
+                }
+            }
+        }
+    }
+    c
+}
+
+fn write_data(dir: &Path, x: &[f32], d: usize) -> std::path::PathBuf {
+    let p = dir.join("data.npy");
+    npy::write_array(&p, &[(x.len() / d) as u64, d as u64], x).unwrap();
+    p
+}
+
+fn centres() -> Vec<Vec<f64>> {
+    vec![
+        vec![0.0, 0.0, 0.0, 5.0, 1.0, -2.0],
+        vec![8.0, 1.0, -3.0, 0.0, 2.0, 4.0],
+        vec![-6.0, 7.0, 2.0, -1.0, -5.0, 0.5],
+        vec![3.0, -8.0, 6.0, 2.0, 0.0, -6.0],
+        vec![-4.0, -3.0, -7.0, 6.0, 5.0, 3.0],
+    ]
+}
+
+#[test]
+fn lloyd_matches_an_independent_reference() {
+    let d = 6;
+    let x = blobs(5000, &centres(), 1.5, 7);
+    // Initial centres: deliberately poor (points of only some blobs, one
+    // far away), so several iterations do real work.
+    let mut init: Vec<f32> = Vec::new();
+    for i in [0usize, 5, 10, 1, 3] {
+        init.extend_from_slice(&x[i * d..(i + 1) * d]);
+    }
+    init[4 * d] += 3.0;
+    let want = reference_lloyd(&x, d, &init, 8);
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_data(dir.path(), &x, d);
+    let rt = Runtime::builder().workers(2).build().unwrap();
+    // Small partitions, so the data spans several executors.
+    let ds = kmeans::load(&rt, &Source::Npy(path), 16 << 10, |_, _| {}).unwrap();
+    assert!(ds.parts.len() > 5);
+    let cfg = Config {
+        k: 5,
+        algorithm: Algorithm::Lloyd,
+        init: Init::Given(init.clone()),
+        iterations: 8,
+        ..Config::default()
+    };
+    let out = kmeans::run(&rt, &ds, &cfg, |_| {}).unwrap();
+    assert_eq!(out.centers.values.len(), want.len());
+    for (i, (&got, &w)) in out.centers.values.iter().zip(&want).enumerate() {
+        let rel = (f64::from(got) - w).abs() / w.abs().max(1.0);
+        assert!(rel < 1e-4, "centre value {i}: got {got}, reference {w}");
+    }
+    // The centres moved away from the poor start.
+    assert_ne!(out.centers.values, init);
+}
+
+#[test]
+fn an_empty_cluster_keeps_its_position() {
+    let d = 6;
+    let x = blobs(600, &centres(), 1.0, 3);
+    let mut init: Vec<f32> = x[..4 * d].to_vec();
+    let far = vec![1.0e6f32; d];
+    init.extend_from_slice(&far);
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_data(dir.path(), &x, d);
+    let rt = Runtime::builder().build().unwrap();
+    let ds = kmeans::load(&rt, &Source::Npy(path), 1 << 20, |_, _| {}).unwrap();
+    for algorithm in [Algorithm::Lloyd, Algorithm::MiniBatch] {
+        let cfg = Config {
+            k: 5,
+            algorithm,
+            init: Init::Given(init.clone()),
+            iterations: 3,
+            epochs: 2,
+            ..Config::default()
+        };
+        let out = kmeans::run(&rt, &ds, &cfg, |_| {}).unwrap();
+        assert_eq!(
+            out.centers.row(4),
+            &far[..],
+            "{algorithm:?}: the empty cluster moved"
+        );
+        assert!(out.inertia.is_finite());
+    }
+}
+
+#[test]
+fn k_larger_than_the_data_is_an_error() {
+    let rt = Runtime::builder().build().unwrap();
+    let ds = kmeans::load(
+        &rt,
+        &Source::synthetic(4 * 8 * 10, 8, 2, 1),
+        1 << 20,
+        |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(ds.rows, 10);
+    let cfg = Config {
+        k: 11,
+        ..Config::default()
+    };
+    let err = kmeans::run(&rt, &ds, &cfg, |_| {}).unwrap_err().to_string();
+    assert!(err.contains("larger than the number of points"), "{err}");
+    let cfg = Config {
+        k: 0,
+        ..Config::default()
+    };
+    assert!(kmeans::run(&rt, &ds, &cfg, |_| {}).is_err());
+}
+
+#[test]
+fn minibatch_inertia_is_within_two_percent_of_lloyd() {
+    let rt = Runtime::builder().build().unwrap();
+    // Well-separated blobs from the library's generator: 30,000 points,
+    // 16 dimensions, 8 blobs.
+    let src = Source::synthetic(30_000 * 16 * 4, 16, 8, 11);
+    let ds = kmeans::load(&rt, &src, 256 << 10, |_, _| {}).unwrap();
+    let base = Config {
+        k: 8,
+        seed: 5,
+        batch_tasks: 10,
+        task_points: 500,
+        ..Config::default()
+    };
+    let lloyd = kmeans::run(
+        &rt,
+        &ds,
+        &Config {
+            algorithm: Algorithm::Lloyd,
+            iterations: 20,
+            ..base.clone()
+        },
+        |_| {},
+    )
+    .unwrap();
+    let mb = kmeans::run(
+        &rt,
+        &ds,
+        &Config {
+            algorithm: Algorithm::MiniBatch,
+            epochs: 5,
+            ..base
+        },
+        |_| {},
+    )
+    .unwrap();
+    let ratio = mb.inertia / lloyd.inertia;
+    assert!(
+        ratio <= 1.02,
+        "mini-batch inertia {} vs Lloyd {} (ratio {ratio})",
+        mb.inertia,
+        lloyd.inertia
+    );
+    // Sanity: each point is about 16 unit variances from its blob centre.
+    let per_point = lloyd.inertia / 30_000.0;
+    assert!(
+        per_point < 20.0,
+        "Lloyd did not find the blobs: {per_point} per point"
+    );
+}
+
+fn run_cli(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Same seed and worker count: identical centroids with and without a cap,
+/// and under either policy, for both algorithms.
+#[test]
+fn results_are_identical_with_and_without_a_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    for algo in ["minibatch", "lloyd"] {
+        let mut outputs = Vec::new();
+        for (name, extra) in [
+            ("none", vec!["--mem-cap", "none"]),
+            ("capped", vec!["--mem-cap", "4MiB"]),
+            ("lru", vec!["--mem-cap", "4MiB", "--policy", "lru"]),
+        ] {
+            let out = dir.path().join(format!("{algo}-{name}.npy"));
+            let stats = dir.path().join(format!("{algo}-{name}.json"));
+            let mut args = vec![
+                "kmeans",
+                "--synthetic",
+                "8MiB",
+                "--dims",
+                "16",
+                "--true-k",
+                "6",
+                "--k",
+                "6",
+                "--epochs",
+                "2",
+                "--iterations",
+                "3",
+                "--batch-tasks",
+                "8",
+                "--task-points",
+                "300",
+                "--partitions",
+                "16",
+                "--workers",
+                "2",
+                "--algorithm",
+                algo,
+                "--output",
+                out.to_str().unwrap(),
+                "--stats",
+                stats.to_str().unwrap(),
+            ];
+            args.extend(extra.iter());
+            let (ok, err) = run_cli(&args);
+            assert!(ok, "{algo} {name} failed: {err}");
+            let s: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+            if name != "none" {
+                assert!(
+                    s["evictions"].as_u64().unwrap() > 0,
+                    "{algo} {name}: no eviction under the cap"
+                );
+                assert!(s["loads"].as_u64().unwrap() > 0);
+            }
+            outputs.push((name, std::fs::read(&out).unwrap()));
+        }
+        for (name, bytes) in &outputs[1..] {
+            assert!(
+                bytes == &outputs[0].1,
+                "{algo}: centroids with {name} differ from the uncapped run"
+            );
+        }
+    }
+}
