@@ -29,6 +29,12 @@ enum Cmd {
     Kmeans(Box<KmeansArgs>),
     /// Write a synthetic Gaussian-blob dataset to a .npy file.
     Gen(GenArgs),
+    /// Multinomial logistic regression by local SGD with model averaging,
+    /// each shard's model replica held in its executor.
+    ///
+    /// With no arguments: 512 MiB of synthetic data (10 classes) under a
+    /// 256 MiB cap.
+    Train(Box<TrainArgs>),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -130,6 +136,51 @@ struct KmeansArgs {
 }
 
 #[derive(Args, Debug)]
+struct TrainArgs {
+    /// Inputs: .npy (2-D float32/float64), .fvecs, or raw float32 (with
+    /// --dims). Without it, synthetic data.
+    #[arg(long, value_name = "FILE", requires = "targets")]
+    input: Option<PathBuf>,
+    /// Labels for --input: a 1-D int32/int64 .npy file, one per row.
+    #[arg(long, value_name = "FILE", requires = "input")]
+    targets: Option<PathBuf>,
+    /// Size of the synthetic data.
+    #[arg(long, value_name = "SIZE", default_value = "512MiB")]
+    synthetic: String,
+    /// Dimensions of synthetic data, or columns of a raw input file.
+    #[arg(long, value_name = "D")]
+    dims: Option<usize>,
+    /// Classes (synthetic data: one Gaussian blob each). Default for a file:
+    /// the largest label + 1.
+    #[arg(long, value_name = "C")]
+    classes: Option<usize>,
+    /// Seed for the synthetic data and the held-out split.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    #[command(flatten)]
+    mem: MemoryArgs,
+    /// Rounds of local SGD followed by model averaging.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Local epochs per round.
+    #[arg(long, default_value_t = 1)]
+    local_epochs: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = 0.05)]
+    lr: f32,
+    /// Mini-batch size of the local SGD.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Fraction of the rows held out for the accuracy report.
+    #[arg(long, default_value_t = 0.1)]
+    holdout: f64,
+    /// Write the model (float32, classes x (D + 1), bias last) to this .npy
+    /// file.
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
 struct GenArgs {
     /// Size of the data.
     #[arg(long, value_name = "SIZE")]
@@ -153,6 +204,7 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Kmeans(a) => kmeans_cmd(*a),
         Cmd::Gen(a) => gen_cmd(a),
+        Cmd::Train(a) => train_cmd(*a),
     }
 }
 
@@ -202,11 +254,11 @@ fn open_source(d: &DataArgs) -> Result<(Source, u64, usize)> {
 
 /// Builds the runtime from the memory flags; returns it and the partition
 /// size in bytes.
-fn runtime(m: &MemoryArgs, synthetic: bool, data_bytes: u64) -> Result<(Runtime, u64)> {
-    let cap = match &m.mem_cap {
-        Some(s) => MemoryCap::parse(s)?,
-        None if synthetic => MemoryCap::Bytes(1 << 30),
-        None => MemoryCap::Auto,
+fn runtime(m: &MemoryArgs, synthetic_cap: Option<u64>, data_bytes: u64) -> Result<(Runtime, u64)> {
+    let cap = match (&m.mem_cap, synthetic_cap) {
+        (Some(s), _) => MemoryCap::parse(s)?,
+        (None, Some(c)) => MemoryCap::Bytes(c),
+        (None, None) => MemoryCap::Auto,
     };
     let mut b = Runtime::builder().mem_cap(cap).policy(match m.policy {
         PolicyArg::Priority => EvictionPolicy::Priority,
@@ -324,6 +376,8 @@ fn kmeans_cmd(a: KmeansArgs) -> Result<()> {
     }
     positive("--task-points", a.task_points)?;
     positive("--batch-tasks", a.batch_tasks)?;
+    positive("--epochs", a.epochs)?;
+    positive("--iterations", a.iterations)?;
     let (src, rows, dims) = open_source(&a.data)?;
     let (init, k) = match a.init.as_str() {
         "kmeans++" | "k-means++" => (Init::KMeansPlusPlus, a.k.unwrap_or(100)),
@@ -354,8 +408,18 @@ fn kmeans_cmd(a: KmeansArgs) -> Result<()> {
         )));
     }
     let data_bytes = rows * dims as u64 * 4;
-    let (rt, part_bytes) = runtime(&a.mem, a.data.input.is_none(), data_bytes)?;
+    let (rt, part_bytes) = runtime(
+        &a.mem,
+        a.data.input.is_none().then_some(1 << 30),
+        data_bytes,
+    )?;
     let mut fb = Feedback::new();
+    fb.stage("loading", rows);
+    let t = Instant::now();
+    let ds = kmeans::load(&rt, &src, part_bytes, |done, _| fb.progress(done))?;
+    let load_seconds = t.elapsed().as_secs_f64();
+    // Printed once the data is in: an input error found while streaming
+    // is then the only line the user sees.
     fb.line(&format!(
         "outcore kmeans: {rows} points x {dims} dims ({}), k = {k}, {:?}, cap {}, {} workers, policy {:?}",
         format_bytes(data_bytes),
@@ -364,10 +428,6 @@ fn kmeans_cmd(a: KmeansArgs) -> Result<()> {
         rt.workers(),
         rt.policy()
     ));
-    fb.stage("loading", rows);
-    let t = Instant::now();
-    let ds = kmeans::load(&rt, &src, part_bytes, |done, _| fb.progress(done))?;
-    let load_seconds = t.elapsed().as_secs_f64();
     fb.line(&format!(
         "loaded {} partitions of {} in {:.1}s",
         ds.parts.len(),
@@ -552,6 +612,147 @@ fn gen_cmd(a: GenArgs) -> Result<()> {
         "wrote {} ({rows} x {dims} float32) to {}",
         format_bytes(rows * dims as u64 * 4),
         a.output.display()
+    );
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct TrainStats<'a> {
+    rows: u64,
+    dims: usize,
+    classes: usize,
+    shards: usize,
+    round_seconds: Vec<f64>,
+    accuracy: Vec<f64>,
+    evictions: u64,
+    trap_evictions: u64,
+    clean_evictions: u64,
+    loads: u64,
+    bytes_written: u64,
+    bytes_read: u64,
+    peak_bytes: u64,
+    wall_seconds: f64,
+    mem_cap_bytes: Option<u64>,
+    runtime: &'a Stats,
+}
+
+fn train_cmd(a: TrainArgs) -> Result<()> {
+    use outcore::train::{self, Labels, TrainConfig};
+    let wall = Instant::now();
+    for p in [&a.output, &a.mem.stats].into_iter().flatten() {
+        preflight(p)?;
+    }
+    positive("--batch", a.batch)?;
+    positive("--local-epochs", a.local_epochs)?;
+    positive("--rounds", a.rounds)?;
+    if !(a.lr.is_finite() && a.lr > 0.0) {
+        return Err(Error::Input(format!(
+            "--lr must be a positive number, not {}",
+            a.lr
+        )));
+    }
+    let (src, labels, classes) = match (&a.input, &a.targets) {
+        (Some(x), Some(y)) => (
+            Source::from_path(x, a.dims)?,
+            Labels::File(y.clone()),
+            a.classes,
+        ),
+        _ => {
+            let classes = positive("--classes", a.classes.unwrap_or(10))?;
+            let dims = positive("--dims", a.dims.unwrap_or(256))?;
+            let bytes = parse_size(&a.synthetic)?;
+            if bytes < 4 * dims as u64 {
+                return Err(Error::Input(format!(
+                    "--synthetic {} is smaller than one point of {dims} dimensions",
+                    a.synthetic
+                )));
+            }
+            let src = Source::synthetic(bytes, dims, classes, a.seed);
+            (
+                src,
+                Labels::Blobs(Blobs::new(dims, classes, a.seed)),
+                Some(classes),
+            )
+        }
+    };
+    let probe = Rows::open(&src)?;
+    let data_bytes = probe.rows() * probe.dims() as u64 * 4;
+    drop(probe);
+    let (rt, shard_bytes) = runtime(&a.mem, a.input.is_none().then_some(256 << 20), data_bytes)?;
+    let cfg = TrainConfig {
+        rounds: a.rounds,
+        local_epochs: a.local_epochs,
+        lr: a.lr,
+        batch: a.batch,
+        holdout: a.holdout,
+        seed: a.seed,
+    };
+    let mut fb = Feedback::new();
+    fb.stage("loading", 1);
+    let job = train::load(&rt, &src, &labels, classes, shard_bytes, &cfg)?;
+    fb.done();
+    eprintln!(
+        "outcore train: {} rows x {} dims ({}), {} classes, {} shards, cap {}, {} workers",
+        job.rows,
+        job.dims,
+        format_bytes(data_bytes),
+        job.classes,
+        job.shards.len(),
+        rt.cap().map_or("none".into(), format_bytes),
+        rt.workers()
+    );
+    let mut last = rt.stats();
+    let out = train::train(&rt, &job, &cfg, |r| {
+        let s = rt.stats();
+        eprintln!(
+            "round {}/{}: {:.2}s, held-out accuracy {:.2}%, evictions {}, loads {}, read {}, written {}",
+            r.index + 1,
+            cfg.rounds,
+            r.seconds,
+            r.accuracy * 100.0,
+            s.evictions - last.evictions,
+            s.loads - last.loads,
+            format_bytes(s.bytes_read - last.bytes_read),
+            format_bytes(s.bytes_written - last.bytes_written),
+        );
+        last = s;
+    })?;
+    if let Some(p) = &a.output {
+        npy::write_array(p, &[job.classes as u64, job.dims as u64 + 1], &out.model.w)?;
+    }
+    let s = rt.stats();
+    let wall_seconds = wall.elapsed().as_secs_f64();
+    if let Some(p) = &a.mem.stats {
+        write_json(
+            p,
+            &TrainStats {
+                rows: job.rows,
+                dims: job.dims,
+                classes: job.classes,
+                shards: job.shards.len(),
+                round_seconds: out.rounds.iter().map(|r| r.seconds).collect(),
+                accuracy: out.rounds.iter().map(|r| r.accuracy).collect(),
+                evictions: s.evictions,
+                trap_evictions: s.trap_evictions,
+                clean_evictions: s.clean_evictions,
+                loads: s.loads,
+                bytes_written: s.bytes_written,
+                bytes_read: s.bytes_read,
+                peak_bytes: s.peak_bytes,
+                wall_seconds,
+                mem_cap_bytes: rt.cap(),
+                runtime: &s,
+            },
+        )?;
+    }
+    eprintln!(
+        "done in {wall_seconds:.1}s: held-out accuracy {:.2}%; peak {}; evictions {}, loads {}, read {}, written {}",
+        out.rounds.last().map_or(0.0, |r| r.accuracy * 100.0),
+        format_bytes(s.peak_bytes),
+        s.evictions,
+        s.loads,
+        format_bytes(s.bytes_read),
+        format_bytes(s.bytes_written)
     );
     Ok(())
 }

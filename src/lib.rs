@@ -71,6 +71,7 @@ mod pod;
 mod runtime;
 pub mod spill;
 pub mod stats;
+pub mod train;
 
 pub use alloc::TrapAlloc;
 pub use cap::{format_bytes, parse_size, MemoryCap};

@@ -145,6 +145,9 @@ impl NpyRows {
     /// Opens `path`, checks it is a 2-D float32/float64 C-order array and
     /// that the file holds all of its data.
     pub fn open(path: &Path) -> Result<NpyRows> {
+        if path.is_dir() {
+            return Err(bad(path, "is a directory"));
+        }
         let file = File::open(path).map_err(|e| bad(path, format!("cannot open: {e}")))?;
         let len = file.metadata().map_err(|e| bad(path, e.to_string()))?.len();
         let mut reader = BufReader::with_capacity(1 << 20, file);
@@ -221,6 +224,108 @@ impl NpyRows {
         }
         self.done += n as u64;
         Ok(())
+    }
+}
+
+/// A 1-D integer array (`int32` or `int64`) in a `.npy` file, read in
+/// blocks as `u32` labels.
+pub struct NpyInts {
+    path: PathBuf,
+    reader: BufReader<File>,
+    dtype: Dtype,
+    len: u64,
+    buf: Vec<u8>,
+}
+
+impl NpyInts {
+    /// Opens `path`, checks it is a 1-D int32/int64 array held in full.
+    pub fn open(path: &Path) -> Result<NpyInts> {
+        if path.is_dir() {
+            return Err(bad(path, "is a directory"));
+        }
+        let file = File::open(path).map_err(|e| bad(path, format!("cannot open: {e}")))?;
+        let flen = file.metadata().map_err(|e| bad(path, e.to_string()))?.len();
+        let mut reader = BufReader::with_capacity(1 << 20, file);
+        let h = read_header(path, &mut reader)?;
+        if !matches!(h.dtype, Dtype::I32 | Dtype::I64) {
+            return Err(bad(
+                path,
+                format!("labels must be int32 or int64, not {}", h.dtype.descr()),
+            ));
+        }
+        if h.shape.len() != 1 {
+            return Err(bad(
+                path,
+                format!(
+                    "labels must be a 1-D array, this one has shape {:?}",
+                    h.shape
+                ),
+            ));
+        }
+        let len = h.shape[0];
+        let need = len
+            .saturating_mul(h.dtype.size() as u64)
+            .saturating_add(h.data_offset);
+        if flen < need {
+            return Err(bad(
+                path,
+                format!("truncated: {flen} bytes, the header promises {need}"),
+            ));
+        }
+        Ok(NpyInts {
+            path: path.to_path_buf(),
+            reader,
+            dtype: h.dtype,
+            len,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Number of labels.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether there is no label.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Reads the next `n` labels; negative or huge values are errors.
+    pub fn read(&mut self, n: usize) -> Result<Vec<u32>> {
+        self.buf.resize(n * self.dtype.size(), 0);
+        self.reader
+            .read_exact(&mut self.buf)
+            .map_err(|e| bad(&self.path, format!("read failed: {e}")))?;
+        let vals: Vec<i64> = match self.dtype {
+            Dtype::I32 => self
+                .buf
+                .chunks_exact(4)
+                .map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                .collect(),
+            _ => self
+                .buf
+                .chunks_exact(8)
+                .map(|b| {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(b);
+                    i64::from_le_bytes(a)
+                })
+                .collect(),
+        };
+        vals.into_iter()
+            .map(|v| {
+                u32::try_from(v)
+                    .ok()
+                    .filter(|&u| u < 1 << 24)
+                    .ok_or_else(|| {
+                        bad(
+                            &self.path,
+                            format!("label {v} is not a class index (0 .. 16777215)"),
+                        )
+                    })
+            })
+            .collect()
     }
 }
 

@@ -153,7 +153,12 @@ impl Rows {
                 }
                 Ok(Rows::Synthetic(Blobs::new(*dims, *true_k, *seed), *rows))
             }
-            Source::Npy(p) => Ok(Rows::Npy(NpyRows::open(p)?)),
+            Source::Npy(p) => {
+                if p.is_dir() {
+                    return Err(Error::Input(format!("{}: is a directory", p.display())));
+                }
+                Ok(Rows::Npy(NpyRows::open(p)?))
+            }
             Source::Fvecs(p) => {
                 let (file, len) = open_len(p)?;
                 let mut reader = BufReader::with_capacity(1 << 20, file);
@@ -280,6 +285,9 @@ impl Rows {
 }
 
 fn open_len(p: &Path) -> Result<(File, u64)> {
+    if p.is_dir() {
+        return Err(Error::Input(format!("{}: is a directory", p.display())));
+    }
     let f =
         File::open(p).map_err(|e| Error::Input(format!("{}: cannot open: {e}", p.display())))?;
     let len = f
@@ -311,6 +319,12 @@ impl Blobs {
             true_k,
             seed,
         }
+    }
+
+    /// The blob point `i` belongs to.
+    pub fn label(&self, i: u64) -> usize {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(mix(self.seed, i));
+        (rng.random::<u64>() % self.true_k as u64) as usize
     }
 
     /// Appends point `i`.
