@@ -1,0 +1,104 @@
+//! K-means on your own executors: the data lives in executors you define,
+//! and each Lloyd iteration is one batch of read-only tasks whose partial
+//! sums are added up in submission order.
+//!
+//! ```text
+//! cargo run --release --example kmeans_executors -- 256MiB 64MiB
+//! ```
+//! (data size, memory cap; defaults 256MiB and 64MiB)
+
+use outcore::{format_bytes, parse_size, MemoryCap, PodVec, Runtime};
+use serde::{Deserialize, Serialize};
+
+/// Your executor: a block of 2-D points.
+#[derive(Serialize, Deserialize)]
+struct Block {
+    points: PodVec<f32>, // x0, y0, x1, y1, ...
+}
+
+/// Per-cluster sums (x, y), counts and the squared-distance total.
+type Partial = (Vec<[f64; 2]>, Vec<u64>, f64);
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let data = parse_size(args.get(1).map_or("256MiB", String::as_str))?;
+    let cap = MemoryCap::parse(args.get(2).map_or("64MiB", String::as_str))?;
+    let rt = Runtime::builder().mem_cap(cap).build()?;
+
+    // Points on four rings of clusters; 4 MiB per executor.
+    let per_block = (4 << 20) / 8;
+    let blocks = (data / (4 << 20)).max(1) as usize;
+    let truth = [[0.0f32, 0.0], [10.0, 0.0], [0.0, 10.0], [10.0, 10.0]];
+    let mut handles = Vec::new();
+    for b in 0..blocks {
+        let mut v = Vec::with_capacity(per_block * 2);
+        for i in 0..per_block {
+            let c = truth[(b + i) % 4];
+            let t = ((b * per_block + i) as f32) * 0.618;
+            v.push(c[0] + t.sin());
+            v.push(c[1] + t.cos());
+        }
+        handles.push(rt.insert(Block { points: PodVec::from(v) })?);
+    }
+    // Tell the runtime the sweep order, so it evicts the block used last
+    // and prefetches the next ones.
+    rt.hint_cycle(handles.iter().map(|h| h.id()));
+
+    let mut centres: Vec<[f32; 2]> = vec![[1.0, 1.0], [9.0, 1.0], [1.0, 9.0], [9.0, 9.0]];
+    for it in 0..5 {
+        let mut batch = rt.batch::<Partial>();
+        for h in &handles {
+            let c = centres.clone();
+            batch.read(h, move |b: &Block| {
+                let mut sums = vec![[0f64; 2]; c.len()];
+                let mut counts = vec![0u64; c.len()];
+                let mut inertia = 0.0;
+                for p in b.points.chunks_exact(2) {
+                    let (j, d) = c
+                        .iter()
+                        .map(|q| (p[0] - q[0]).powi(2) + (p[1] - q[1]).powi(2))
+                        .enumerate()
+                        .fold((0, f32::INFINITY), |a, (j, d)| if d < a.1 { (j, d) } else { a });
+                    sums[j][0] += f64::from(p[0]);
+                    sums[j][1] += f64::from(p[1]);
+                    counts[j] += 1;
+                    inertia += f64::from(d);
+                }
+                (sums, counts, inertia)
+            });
+        }
+        // Add the partial results in submission order: deterministic.
+        let mut sums = vec![[0f64; 2]; centres.len()];
+        let mut counts = vec![0u64; centres.len()];
+        let mut inertia = 0.0;
+        for (s, n, i) in batch.run()? {
+            for j in 0..centres.len() {
+                sums[j][0] += s[j][0];
+                sums[j][1] += s[j][1];
+                counts[j] += n[j];
+            }
+            inertia += i;
+        }
+        for j in 0..centres.len() {
+            if counts[j] > 0 {
+                centres[j] = [(sums[j][0] / counts[j] as f64) as f32, (sums[j][1] / counts[j] as f64) as f32];
+            }
+        }
+        let s = rt.stats();
+        println!(
+            "iteration {}: inertia {inertia:.4e}, centres {centres:?}, evictions {}, loads {}",
+            it + 1,
+            s.evictions,
+            s.loads
+        );
+    }
+    let s = rt.stats();
+    println!(
+        "{} of points in {blocks} executors under cap {cap}: read {}, written {} (clean evictions {})",
+        format_bytes(data),
+        format_bytes(s.bytes_read),
+        format_bytes(s.bytes_written),
+        s.clean_evictions
+    );
+    Ok(())
+}
