@@ -38,7 +38,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             v.push(c[0] + t.sin());
             v.push(c[1] + t.cos());
         }
-        handles.push(rt.insert(Block { points: PodVec::from(v) })?);
+        handles.push(rt.insert(Block {
+            points: PodVec::from(v),
+        })?);
     }
     // Tell the runtime the sweep order, so it evicts the block used last
     // and prefetches the next ones.
@@ -58,7 +60,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         .iter()
                         .map(|q| (p[0] - q[0]).powi(2) + (p[1] - q[1]).powi(2))
                         .enumerate()
-                        .fold((0, f32::INFINITY), |a, (j, d)| if d < a.1 { (j, d) } else { a });
+                        .fold(
+                            (0, f32::INFINITY),
+                            |a, (j, d)| if d < a.1 { (j, d) } else { a },
+                        );
                     sums[j][0] += f64::from(p[0]);
                     sums[j][1] += f64::from(p[1]);
                     counts[j] += 1;
@@ -81,7 +86,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         for j in 0..centres.len() {
             if counts[j] > 0 {
-                centres[j] = [(sums[j][0] / counts[j] as f64) as f32, (sums[j][1] / counts[j] as f64) as f32];
+                centres[j] = [
+                    (sums[j][0] / counts[j] as f64) as f32,
+                    (sums[j][1] / counts[j] as f64) as f32,
+                ];
             }
         }
         let s = rt.stats();

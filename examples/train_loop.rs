@@ -11,15 +11,24 @@ use outcore::train::{self, Labels, TrainConfig};
 use outcore::{format_bytes, MemoryCap, Runtime};
 
 fn main() -> Result<(), outcore::Error> {
-    let rt = Runtime::builder().mem_cap(MemoryCap::parse("96MiB")?).build()?;
+    let rt = Runtime::builder()
+        .mem_cap(MemoryCap::parse("96MiB")?)
+        .build()?;
     let (dims, classes, seed) = (64, 8, 7);
     // 256 MiB of labelled points: eight Gaussian blobs, one per class.
     let src = Source::synthetic(256 << 20, dims, classes, seed);
     let labels = Labels::Blobs(Blobs::new(dims, classes, seed));
-    let cfg = TrainConfig { rounds: 4, ..TrainConfig::default() };
+    let cfg = TrainConfig {
+        rounds: 4,
+        ..TrainConfig::default()
+    };
     // Shards of 8 MiB: 32 of them under a 96 MiB cap.
     let job = train::load(&rt, &src, &labels, Some(classes), 8 << 20, &cfg)?;
-    println!("{} rows in {} shards; global model in its own executor", job.rows, job.shards.len());
+    println!(
+        "{} rows in {} shards; global model in its own executor",
+        job.rows,
+        job.shards.len()
+    );
     let out = train::train(&rt, &job, &cfg, |r| {
         let s = rt.stats();
         println!(
@@ -31,6 +40,10 @@ fn main() -> Result<(), outcore::Error> {
             format_bytes(s.bytes_read)
         );
     })?;
-    println!("model: {} x {} weights", out.model.classes, out.model.dims + 1);
+    println!(
+        "model: {} x {} weights",
+        out.model.classes,
+        out.model.dims + 1
+    );
     Ok(())
 }

@@ -698,9 +698,12 @@ impl Shared {
                 Evicted::Skipped | Evicted::Failed => skip.push(v.id),
             }
         };
-        if evicted {
-            alloc::purge();
-        }
+        // No purge here: jemalloc reuses the freed extents for the loads
+        // that follow. Purging on every proactive eviction made each task's
+        // fresh buffers fault in zeroed pages again (with TLB shootdowns
+        // across the workers). The trap, where memory must go back to the
+        // system now, still purges.
+        let _ = evicted;
         fits
     }
 
