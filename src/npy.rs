@@ -526,16 +526,20 @@ mod tests {
         check(t, "truncated");
         check(header_bytes(Dtype::I32, &[2, 2]), "float32 or float64");
         check(header_bytes(Dtype::F32, &[8]), "2-D");
-        let mut f = header_bytes(Dtype::F32, &[1, 1]);
-        let s = String::from_utf8_lossy(&f)
-            .replace("False", "True ")
-            .into_bytes();
-        f = s;
+        // Byte-level substitution: the magic is not UTF-8.
+        let replace = |mut b: Vec<u8>, from: &[u8], to: &[u8]| {
+            let at = b
+                .windows(from.len())
+                .position(|w| w == from)
+                .expect("pattern");
+            b[at..at + from.len()].copy_from_slice(to);
+            b
+        };
+        let mut f = replace(header_bytes(Dtype::F32, &[1, 1]), b"False", b"True ");
         f.extend_from_slice(&[0u8; 4]);
         check(f, "Fortran");
-        let be = String::from_utf8_lossy(&header_bytes(Dtype::F32, &[1, 1]))
-            .replace("<f4", ">f4")
-            .into_bytes();
+        let mut be = replace(header_bytes(Dtype::F32, &[1, 1]), b"<f4", b">f4");
+        be.extend_from_slice(&[0u8; 4]);
         check(be, "unsupported dtype");
     }
 
