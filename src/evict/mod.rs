@@ -54,7 +54,7 @@ pub struct UseInfo {
 pub struct Cycle {
     /// Executors in the cycle.
     pub len: u64,
-    /// Position of the last dispatched executor of the cycle.
+    /// Position of the executor the sweep is on (the last one dispatched).
     pub cursor: u64,
 }
 
@@ -76,14 +76,58 @@ impl EvictionPolicy {
                 if let Some(seq) = u.next_task {
                     seq.min(PENDING_TOP - 1)
                 } else if let (Some(pos), true) = (u.cycle_pos, cycle.len > 0) {
-                    // Distance to its next turn: the executor after the
-                    // cursor comes next (0), the one at the cursor last.
-                    let d = (pos + cycle.len - cycle.cursor % cycle.len - 1) % cycle.len;
+                    // Distance to its next turn. The cursor's executor is
+                    // the one the sweep is on (a batch may stop part-way
+                    // through it and the next one go on with it): 0. The
+                    // executor before it was used last and comes back last.
+                    let d = (pos + cycle.len - cycle.cursor % cycle.len) % cycle.len;
                     CYCLE_BASE + d.min(PENDING_TOP - 1)
                 } else {
                     IDLE_BASE + age
                 }
             }
+        }
+    }
+}
+
+impl EvictionPolicy {
+    /// Whether the prefetcher may load an executor of rank `rank` now:
+    /// one with a pending task, or (under `Priority`) one whose turn in the
+    /// declared cycle is within the next `window` positions.
+    ///
+    /// Loading further ahead would cost more than it saves. On a full cache,
+    /// each early load evicts an executor used recently, and doing that
+    /// for every executor in turn turns the resident set into a sliding
+    /// window that reloads the whole cycle every time, while Belady's rule
+    /// keeps all but about one load per miss resident.
+    pub fn prefetch_target(self, rank: u64, cycle: Cycle, window: u64) -> bool {
+        match self {
+            EvictionPolicy::Lru => false,
+            EvictionPolicy::Priority => {
+                rank < CYCLE_BASE || (cycle.len > 0 && rank < CYCLE_BASE + window)
+            }
+        }
+    }
+
+    /// The lowest rank the prefetcher may evict to load an executor ahead
+    /// of time (it also never evicts anything ranked at or before the
+    /// executor it loads).
+    ///
+    /// Under `Priority` with a declared cycle: only executors used within
+    /// the last `window` positions of the cycle, and idle executors outside
+    /// it. On a cyclic plan Belady's rule evicts only the executor just
+    /// used and keeps the rest resident; letting the prefetcher displace
+    /// that resident set for executors needed a little sooner would turn it
+    /// into a sliding window that reloads every executor each cycle.
+    /// Without a cycle: any executor with no pending task. Under `Lru`: any
+    /// executor ranked after the one loaded.
+    pub fn prefetch_floor(self, cycle: Cycle, window: u64) -> u64 {
+        match self {
+            EvictionPolicy::Lru => 0,
+            EvictionPolicy::Priority if cycle.len > 0 => {
+                CYCLE_BASE + cycle.len.saturating_sub(window.max(1))
+            }
+            EvictionPolicy::Priority => CYCLE_BASE,
         }
     }
 }
@@ -108,7 +152,7 @@ mod tests {
         let soon = p.rank(u(Some(10), Some(3), 5), c);
         let later = p.rank(u(Some(20), None, 99), c);
         let next_in_cycle = p.rank(u(None, Some(2), 1), c);
-        let just_used = p.rank(u(None, Some(1), 100), c);
+        let just_used = p.rank(u(None, Some(0), 100), c);
         let idle_old = p.rank(u(None, None, 1), c);
         let idle_new = p.rank(u(None, None, 50), c);
         assert!(soon < later);
@@ -128,6 +172,54 @@ mod tests {
         assert!(p.rank(u(Some(1), None, 3), c) > p.rank(u(None, None, 7), c));
     }
 
+    #[test]
+    fn the_prefetcher_looks_only_a_short_way_ahead() {
+        let p = EvictionPolicy::Priority;
+        let c = Cycle {
+            len: 30,
+            cursor: 10,
+        };
+        let rank_at = |pos: u64| p.rank(u(None, Some(pos), 0), c);
+        assert!(p.prefetch_target(rank_at(11), c, 3));
+        assert!(p.prefetch_target(rank_at(12), c, 3));
+        assert!(!p.prefetch_target(rank_at(13), c, 3));
+        assert!(!p.prefetch_target(rank_at(9), c, 3));
+        assert!(
+            p.prefetch_target(p.rank(u(Some(500), None, 0), c), c, 3),
+            "pending tasks always"
+        );
+        assert!(
+            !p.prefetch_target(p.rank(u(None, None, 0), c), c, 3),
+            "idle, outside the cycle"
+        );
+    }
+
+    #[test]
+    fn the_prefetcher_only_displaces_recently_used_executors() {
+        let p = EvictionPolicy::Priority;
+        let c = Cycle {
+            len: 30,
+            cursor: 10,
+        };
+        let floor = p.prefetch_floor(c, 4);
+        let rank_at = |pos: u64| p.rank(u(None, Some(pos), 0), c);
+        // Used up to 4 positions before the cursor: may be displaced.
+        for pos in [9, 8, 7, 6] {
+            assert!(rank_at(pos) >= floor, "pos {pos}");
+        }
+        // The one in progress, and ones needed later but used longer ago:
+        // kept.
+        for pos in [10, 5, 20, 11, 12] {
+            assert!(rank_at(pos) < floor, "pos {pos}");
+        }
+        // Idle executors outside the cycle may always go.
+        assert!(p.rank(u(None, None, 5), c) >= floor);
+        // Without a cycle: anything with no pending task.
+        let none = Cycle::default();
+        assert!(p.rank(u(None, None, 5), none) >= p.prefetch_floor(none, 4));
+        assert!(p.rank(u(Some(9), None, 5), none) < p.prefetch_floor(none, 4));
+    }
+
     proptest! {
         /// Under Priority, an executor with a pending task always ranks
         /// below (is kept longer than) any executor without one, and
@@ -145,8 +237,8 @@ mod tests {
             prop_assert_eq!(a < b, pend < p.rank(u(Some(b), None, lu2), c));
         }
 
-        /// In a cycle, the executor used last has the highest rank and the
-        /// one after it the lowest.
+        /// In a cycle, the executor before the cursor (done with) has the
+        /// highest rank and the one at the cursor (in progress) the lowest.
         #[test]
         fn cycle_distance(len in 2u64..100, cur in 0u64..1000) {
             let p = EvictionPolicy::Priority;
@@ -154,8 +246,8 @@ mod tests {
             let ranks: Vec<u64> = (0..len).map(|i| p.rank(u(None, Some(i), 0), c)).collect();
             let max = ranks.iter().enumerate().max_by_key(|(_, r)| **r).map(|(i, _)| i as u64);
             let min = ranks.iter().enumerate().min_by_key(|(_, r)| **r).map(|(i, _)| i as u64);
-            prop_assert_eq!(max, Some(cur % len));
-            prop_assert_eq!(min, Some((cur + 1) % len));
+            prop_assert_eq!(max, Some((cur + len - 1) % len));
+            prop_assert_eq!(min, Some(cur % len));
         }
     }
 }

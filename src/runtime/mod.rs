@@ -31,7 +31,7 @@ pub use batch::Batch;
 use crate::alloc::{self, BypassGuard, Evictor, Registration};
 use crate::cap::MemoryCap;
 use crate::error::{Error, ExecutorId, Result};
-use crate::evict::{Cycle, EvictionPolicy, UseInfo, IDLE_RANK};
+use crate::evict::{Cycle, EvictionPolicy, UseInfo};
 use crate::executor::{EvictStep, PinStep, Slot, State, NONE};
 use crate::spill::SpillStore;
 use crate::stats::{Counters, Stats};
@@ -134,6 +134,7 @@ impl Builder {
             pool: pool::Pool::default(),
             prefetch_on: self.prefetch,
             prefetch_signal: pool::Signal::default(),
+            workers,
             shutdown: AtomicBool::new(false),
             last_write_error: Mutex::new(None),
         });
@@ -485,6 +486,7 @@ pub(crate) struct Shared {
     pub(crate) pool: pool::Pool,
     prefetch_on: bool,
     pub(crate) prefetch_signal: pool::Signal,
+    workers: usize,
     pub(crate) shutdown: AtomicBool,
     last_write_error: Mutex<Option<String>>,
 }
@@ -874,20 +876,21 @@ impl Shared {
         let _ = std::fs::remove_file(self.store.path_for(slot.id));
     }
 
-    /// The prefetcher's one step: loads the evicted executor with the
-    /// earliest pending task if it fits, evicting only idle executors (no
-    /// pending task) ranked after it: evicting a pending executor to load
-    /// another one early would only trade one load for another. With no task pending, brings idle executors back while usage
-    /// is below 90% of the cap. Returns whether it loaded something.
+    /// The prefetcher's one step: loads the evicted executor needed soonest
+    /// (lowest rank: a pending task, or the next turn in the declared
+    /// cycle) if it fits, evicting only executors ranked after it, that is,
+    /// needed later. Each step swaps a later executor for a sooner one, so
+    /// the resident set slides along the plan ahead of the workers (Belady's
+    /// rule applied ahead of time). Without a plan for an executor (idle,
+    /// outside any cycle), it comes back only when no work is pending and
+    /// usage is below 90% of the low watermark. Returns whether it loaded
+    /// something.
     fn prefetch_step(&self) -> bool {
         let cycle = self.cycle();
-        let (target, any_pending) = {
+        let target = {
             let reg = self.registry_lock();
             let mut best: Option<(u64, &Arc<Slot>)> = None;
-            let mut any_pending = false;
             for s in reg.values() {
-                let pending = s.next_task.load(Ordering::Relaxed) != NONE;
-                any_pending |= pending;
                 if s.state_hint() != State::Evicted {
                     continue;
                 }
@@ -896,29 +899,30 @@ impl Shared {
                     best = Some((r, s));
                 }
             }
-            (best.map(|(r, s)| (r, s.clone())), any_pending)
+            best.map(|(r, s)| (r, s.clone()))
         };
         let Some((rank, slot)) = target else {
             return false;
         };
-        let pending = slot.next_task.load(Ordering::Relaxed) != NONE;
         let size = slot.size.load(Ordering::Relaxed);
-        if pending {
-            let floor = match self.policy {
-                EvictionPolicy::Priority => rank.max(IDLE_RANK - 1),
-                EvictionPolicy::Lru => rank,
-            };
-            if !self.make_room(size, Some(floor)) {
+        let window = 2 * self.workers as u64;
+        let planned = slot.next_task.load(Ordering::Relaxed) != NONE
+            || slot.cycle_pos.load(Ordering::Relaxed) != NONE;
+        if planned {
+            if !self.policy.prefetch_target(rank, cycle, window)
+                && slot.next_task.load(Ordering::Relaxed) == NONE
+            {
+                return false;
+            }
+            let floor = self.policy.prefetch_floor(cycle, 2 * window);
+            if rank >= floor || !self.make_room(size, Some(floor.max(rank))) {
                 return false;
             }
         } else {
-            // Idle executors come back only when nothing is pending and
-            // there is headroom.
             let Some(cap) = self.cap else { return false };
-            if any_pending || !self.pool.is_idle() {
-                return false;
-            }
-            if (alloc::current_usage() + size) as u64 > low_watermark(cap) / 10 * 9 {
+            if !self.pool.is_idle()
+                || (alloc::current_usage() + size) as u64 > low_watermark(cap) / 10 * 9
+            {
                 return false;
             }
         }
