@@ -14,6 +14,7 @@
 //!                         fall back to the reserve when jemalloc fails)
 //! ```
 
+pub mod ffi;
 mod reserve;
 mod trap;
 

@@ -61,6 +61,7 @@ pub(crate) struct Registration {
 pub(crate) fn register(evictor: Arc<dyn Evictor>) -> Option<Registration> {
     reserve::init();
     super::touch_init();
+    super::ffi::announce_to_shim();
     let entry = Box::into_raw(Box::new(Entry {
         evictor,
         fruitless_at: AtomicU64::new(u64::MAX),
@@ -319,6 +320,29 @@ pub(super) fn hard(size: usize, retry: impl Fn() -> *mut u8, layout: Layout) -> 
     COUNTERS.failures.fetch_add(1, Ordering::Relaxed);
     diagnose(size);
     std::ptr::null_mut()
+}
+
+/// Eviction on behalf of C code (the LD_PRELOAD shim): evicts `bytes`
+/// with the allocator's token, or waits for the thread holding it. Returns
+/// the bytes freed (1 when another thread's eviction ran meanwhile, so the
+/// caller retries).
+pub(crate) fn evict_external(bytes: usize) -> usize {
+    if super::bypassing() || !any_registered() {
+        return 0;
+    }
+    let epoch = EPOCH.load(Ordering::Acquire);
+    if try_take_token() {
+        let start = Instant::now();
+        let freed = evict(bytes, false);
+        COUNTERS
+            .trap_nanos
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        release_token();
+        freed
+    } else {
+        wait_for_token(epoch);
+        1
+    }
 }
 
 /// Writes one line to stderr without allocating: the request, the usage,

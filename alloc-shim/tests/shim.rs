@@ -1,0 +1,328 @@
+//! The shim from the outside: C programs and real tools under LD_PRELOAD,
+//! and the trap across languages (outcore executors evicted to satisfy C
+//! allocations) in child processes.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use outcore::{MemoryCap, PodVec, Runtime};
+
+/// Builds (if needed) and returns the shim library of this profile.
+fn shim() -> PathBuf {
+    let exe = std::env::current_exe().expect("exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf();
+    let so = profile_dir.join("liboutcore_shim.so");
+    let mut args = vec!["build", "-p", "outcore-shim"];
+    if profile_dir.ends_with("release") {
+        args.push("--release");
+    }
+    let st = Command::new(env!("CARGO"))
+        .args(&args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("cargo build");
+    assert!(st.success(), "building the shim failed");
+    assert!(so.exists(), "{} missing", so.display());
+    so
+}
+
+fn cc(src: &str, out: &Path) {
+    let st = Command::new("cc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(out)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(src))
+        .status()
+        .expect("cc");
+    assert!(st.success(), "compiling {src} failed");
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("run")
+}
+
+#[test]
+fn a_million_random_operations_from_several_threads_keep_every_block_intact() {
+    let so = shim();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("stress");
+    cc("tests/stress.c", &bin);
+    let plain = run(&mut Command::new(&bin));
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    let shimmed = run(Command::new(&bin)
+        .env("LD_PRELOAD", &so)
+        .env("OUTCORE_SHIM_STATS", "1"));
+    let out = String::from_utf8_lossy(&shimmed.stdout);
+    let err = String::from_utf8_lossy(&shimmed.stderr);
+    assert!(shimmed.status.success(), "{out} {err}");
+    assert!(out.contains("OK 1000000 ops"), "{out}");
+    // The stats line proves the shim was in the path.
+    let calls: u64 = err
+        .split("calls ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(calls >= 500_000, "shim saw only {calls} calls: {err}");
+}
+
+#[test]
+fn real_programs_run_unchanged_under_the_shim() {
+    let so = shim();
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.txt");
+    let text: String = (0..200_000u64)
+        .map(|i| format!("{:x}\n", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+        .collect();
+    std::fs::write(&input, &text).unwrap();
+    let both = |prog: &str, args: &[&str]| {
+        let a = run(Command::new(prog).args(args));
+        let b = run(Command::new(prog).args(args).env("LD_PRELOAD", &so));
+        assert!(a.status.success() && b.status.success(), "{prog} failed");
+        assert!(a.stdout == b.stdout, "{prog} output differs under the shim");
+        assert!(!a.stdout.is_empty());
+        a.stdout
+    };
+    let sorted = both("sort", &[input.to_str().unwrap()]);
+    assert_eq!(sorted.len(), text.len());
+    let gz = both("gzip", &["-9", "-c", input.to_str().unwrap()]);
+    let gz_path = dir.path().join("in.gz");
+    std::fs::write(&gz_path, &gz).unwrap();
+    assert_eq!(
+        both("gzip", &["-dc", gz_path.to_str().unwrap()]),
+        text.as_bytes()
+    );
+    // Python: numpy when it is installed (CI installs it), a pure-Python
+    // allocation workload either way.
+    let py = r#"
+import json, random
+random.seed(7)
+d = {str(i): [random.random() for _ in range(20)] for i in range(20000)}
+s = json.dumps(d, sort_keys=True)
+print(len(s), sum(len(v) for v in json.loads(s).values()))
+try:
+    import numpy as np
+    a = np.arange(2_000_000, dtype=np.float64).reshape(1000, 2000)
+    b = (a @ a.T[:, :50]).sum()
+    print("numpy", np.__version__, float(b))
+except ImportError:
+    print("numpy not installed")
+"#;
+    let out = both("python3", &["-c", py]);
+    println!("{}", String::from_utf8_lossy(&out));
+}
+
+/// Runs this test binary's `test` in a child with LD_PRELOAD (optional)
+/// and RLIMIT_AS set before exec.
+fn child(
+    test: &str,
+    preload: Option<&Path>,
+    rlimit_as: Option<u64>,
+    env: &[(&str, &str)],
+) -> Output {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env("SHIM_CHILD", test);
+    if let Some(p) = preload {
+        cmd.env("LD_PRELOAD", p);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    if let Some(limit) = rlimit_as {
+        // SAFETY: only setrlimit (async-signal-safe) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: limit,
+                    rlim_max: limit,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let start = std::time::Instant::now();
+    let mut c = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    loop {
+        if c.try_wait().unwrap().is_some() {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(180) {
+            let _ = c.kill();
+            panic!("child {test} hung");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.wait_with_output().unwrap()
+}
+
+fn is_child(test: &str) -> bool {
+    std::env::var("SHIM_CHILD").is_ok_and(|v| v == test)
+}
+
+/// The job of the cross-language tests: executors holding `parts` x 16 MiB,
+/// then C allocations of `blocks` x `block` bytes that stay alive, then a
+/// check of every executor. Prints `C_MALLOC=ok|failed` and `SUMS=ok`.
+fn cross_language_job(cap: MemoryCap, parts: usize, blocks: usize, block: usize) {
+    let rt = Runtime::builder().mem_cap(cap).build().unwrap();
+    let hs: Vec<_> = (0..parts)
+        .map(|i| rt.insert(PodVec::from(vec![i as f32; 4 << 20])).unwrap())
+        .collect();
+    let mut held = Vec::new();
+    let mut ok = true;
+    for _ in 0..blocks {
+        // SAFETY: plain C malloc; the block is freed below.
+        let p = unsafe { libc::malloc(block) } as *mut u8;
+        if p.is_null() {
+            ok = false;
+            break;
+        }
+        // SAFETY: `p` has `block` writable bytes.
+        unsafe { std::ptr::write_bytes(p, 0xab, block) };
+        held.push(p);
+    }
+    println!("C_MALLOC={}", if ok { "ok" } else { "failed" });
+    let mut b = rt.batch();
+    for h in &hs {
+        b.read(h, |v: &PodVec<f32>| {
+            v.iter().map(|&x| f64::from(x)).sum::<f64>()
+        });
+    }
+    let sums = b.run().unwrap();
+    let good = sums
+        .iter()
+        .enumerate()
+        .all(|(i, &s)| s == i as f64 * (4 << 20) as f64);
+    println!("SUMS={}", if good { "ok" } else { "wrong" });
+    println!("EVICTIONS={}", rt.stats().trap_evictions);
+    for p in held {
+        // SAFETY: allocated by malloc above.
+        unsafe { libc::free(p.cast()) };
+    }
+}
+
+fn value(out: &Output, key: &str) -> Option<String> {
+    let prefix = format!("{key}=");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .find_map(|t| t.strip_prefix(&prefix).map(str::to_string))
+}
+
+const HARD_LIMIT: u64 = 700 << 20;
+
+#[test]
+fn hard_limit_c_allocation() {
+    if is_child("hard_limit_c_allocation") {
+        // 384 MiB of executors, then 320 MiB of C blocks: together over the
+        // limit (with start-up), each alone under it.
+        cross_language_job(MemoryCap::None, 24, 10, 32 << 20);
+    }
+}
+
+/// Under RLIMIT_AS, a C allocation fails without the shim; with it, the
+/// runtime evicts executors and the allocation succeeds, results intact.
+#[test]
+fn the_trap_works_across_languages() {
+    let so = shim();
+    let without = child("hard_limit_c_allocation", None, Some(HARD_LIMIT), &[]);
+    assert_eq!(
+        value(&without, "C_MALLOC").as_deref(),
+        Some("failed"),
+        "without the shim the C allocation should fail: {:?}",
+        without
+    );
+    let with = child(
+        "hard_limit_c_allocation",
+        Some(&so),
+        Some(HARD_LIMIT),
+        &[("OUTCORE_SHIM_STATS", "1")],
+    );
+    let err = String::from_utf8_lossy(&with.stderr);
+    assert!(with.status.success(), "{err}");
+    assert_eq!(value(&with, "C_MALLOC").as_deref(), Some("ok"), "{err}");
+    assert_eq!(value(&with, "SUMS").as_deref(), Some("ok"));
+    let ev: u64 = value(&with, "EVICTIONS")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(ev > 0, "no executor was evicted for the C allocation");
+    assert!(!err.contains("evictions requested 0,"), "{err}");
+}
+
+#[test]
+fn mem_cap_c_allocation() {
+    if is_child("mem_cap_c_allocation") {
+        // No soft cap on the Rust side: only the shim's OUTCORE_MEM_CAP on
+        // C allocations triggers evictions.
+        cross_language_job(MemoryCap::None, 8, 12, 8 << 20);
+    }
+}
+
+/// C allocations beyond OUTCORE_MEM_CAP make the runtime evict.
+#[test]
+fn c_allocations_over_the_cap_trigger_eviction() {
+    let so = shim();
+    let out = child(
+        "mem_cap_c_allocation",
+        Some(&so),
+        None,
+        &[("OUTCORE_MEM_CAP", "64MiB"), ("OUTCORE_SHIM_STATS", "1")],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(value(&out, "C_MALLOC").as_deref(), Some("ok"));
+    assert_eq!(value(&out, "SUMS").as_deref(), Some("ok"));
+    let ev: u64 = value(&out, "EVICTIONS")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(ev > 0, "no eviction for C allocations over the cap: {err}");
+    assert!(err.contains("cap 67108864"), "{err}");
+    // Control: the same job without the cap evicts nothing.
+    let plain = child("mem_cap_c_allocation", Some(&so), None, &[]);
+    assert_eq!(value(&plain, "EVICTIONS").as_deref(), Some("0"));
+}
+
+/// The C example builds against outcore.h and runs with and without the
+/// shim.
+#[test]
+fn the_c_example_builds_against_the_header() {
+    let so = shim();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("usage");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let st = Command::new("cc")
+        .arg("-I")
+        .arg(root.join("include"))
+        .arg("-o")
+        .arg(&bin)
+        .arg(root.join("examples/usage.c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let plain = run(&mut Command::new(&bin));
+    let out = String::from_utf8_lossy(&plain.stdout);
+    assert!(
+        out.contains("shim not loaded") && out.contains("no outcore runtime"),
+        "{out}"
+    );
+    let shimmed = run(Command::new(&bin)
+        .env("LD_PRELOAD", &so)
+        .env("OUTCORE_MEM_CAP", "64MiB"));
+    let out = String::from_utf8_lossy(&shimmed.stdout);
+    assert!(out.contains("shim loaded: 16"), "{out}");
+}
