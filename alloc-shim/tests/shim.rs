@@ -326,3 +326,27 @@ fn the_c_example_builds_against_the_header() {
     let out = String::from_utf8_lossy(&shimmed.stdout);
     assert!(out.contains("shim loaded: 16"), "{out}");
 }
+
+/// Failed allocations return NULL with errno = ENOMEM, in pass-through and
+/// in the checking path (stats on).
+#[test]
+fn failures_set_errno_to_enomem() {
+    let so = shim();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("enomem");
+    cc("tests/enomem.c", &bin);
+    for stats in ["0", "1"] {
+        let out = run(Command::new(&bin)
+            .env("LD_PRELOAD", &so)
+            .env("OUTCORE_SHIM_STATS", stats));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("ENOMEM OK"),
+            "stats={stats}: {text}"
+        );
+        if stats == "1" {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("failures 3,"), "{err}");
+        }
+    }
+}
