@@ -1,27 +1,31 @@
 //! Allocator overhead: TrapAlloc vs bare jemalloc vs the system allocator,
-//! measured side by side in one run, reported as ratios to jemalloc.
+//! measured side by side in one criterion run, with the ratio to jemalloc
+//! printed at the end.
 //!
 //! ```text
 //! cargo bench --bench alloc
 //! ```
 //!
 //! Each allocator's `GlobalAlloc` methods are called directly (the process's
-//! own global allocator is TrapAlloc either way), on three workloads: small
-//! mixed-size alloc/free, realloc growth, and large blocks; one thread and
-//! two. Every measurement is the best of several rounds, rounds interleaved
-//! across allocators so machine noise hits them alike.
+//! own global allocator is TrapAlloc either way), on three workloads (small
+//! mixed-size alloc/free, realloc growth, 1 MiB blocks), with one thread
+//! and with two. Target: TrapAlloc at most 1.05x jemalloc.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use criterion::Criterion;
 use outcore::TrapAlloc;
 use tikv_jemallocator::Jemalloc;
+
+#[path = "common.rs"]
+mod common;
 
 fn small_mixed<A: GlobalAlloc>(a: &A, seed: u64) {
     let mut s = seed | 1;
     let mut live: Vec<(*mut u8, Layout)> = Vec::with_capacity(512);
-    for _ in 0..2_000_000 {
+    for _ in 0..100_000 {
         s ^= s << 13;
         s ^= s >> 7;
         s ^= s << 17;
@@ -47,8 +51,8 @@ fn small_mixed<A: GlobalAlloc>(a: &A, seed: u64) {
     }
 }
 
-fn realloc_growth<A: GlobalAlloc>(a: &A) {
-    for _ in 0..2_000 {
+fn realloc_growth<A: GlobalAlloc>(a: &A, _seed: u64) {
+    for _ in 0..100 {
         let mut l = Layout::from_size_align(16, 8).expect("layout");
         // SAFETY: non-zero size.
         let mut p = unsafe { a.alloc(l) };
@@ -66,9 +70,9 @@ fn realloc_growth<A: GlobalAlloc>(a: &A) {
     }
 }
 
-fn large_blocks<A: GlobalAlloc>(a: &A) {
+fn large_blocks<A: GlobalAlloc>(a: &A, _seed: u64) {
     let l = Layout::from_size_align(1 << 20, 64).expect("layout");
-    for _ in 0..20_000 {
+    for _ in 0..1_000 {
         // SAFETY: non-zero size; freed right after.
         let p = unsafe { a.alloc(l) };
         assert!(!p.is_null());
@@ -80,67 +84,80 @@ fn large_blocks<A: GlobalAlloc>(a: &A) {
     }
 }
 
-fn time<F: Fn() + Sync>(threads: usize, f: &F) -> f64 {
+/// Runs `work` on `threads` threads, `iters` times each, and returns the
+/// wall time.
+fn timed(iters: u64, threads: usize, work: &(dyn Fn(u64) + Sync)) -> Duration {
     let t = Instant::now();
     std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(f);
+        for th in 0..threads {
+            s.spawn(move || {
+                for i in 0..iters {
+                    work(i * 7 + th as u64 + 1);
+                }
+            });
         }
     });
-    t.elapsed().as_secs_f64()
+    t.elapsed()
+}
+
+const WORKLOADS: [&str; 3] = ["small_mixed", "realloc_growth", "large_1MiB"];
+const ALLOCATORS: [&str; 3] = ["trapalloc", "jemalloc", "system"];
+
+fn run_one(name: &str, alloc: &str, seed: u64) {
+    macro_rules! with {
+        ($a:expr) => {
+            match name {
+                "small_mixed" => small_mixed($a, seed),
+                "realloc_growth" => realloc_growth($a, seed),
+                _ => large_blocks($a, seed),
+            }
+        };
+    }
+    match alloc {
+        "trapalloc" => with!(&TrapAlloc::new()),
+        "jemalloc" => with!(&Jemalloc),
+        _ => with!(&System),
+    }
 }
 
 fn main() {
-    let trap = TrapAlloc::new();
-    let je = Jemalloc;
-    let sys = System;
-    type Work<'a> = Box<dyn Fn(usize) + Sync + 'a>;
-    let workloads: Vec<(&str, Work, Work, Work)> = vec![
-        (
-            "small mixed",
-            Box::new(|t| small_mixed(&trap, t as u64 + 1)),
-            Box::new(|t| small_mixed(&je, t as u64 + 1)),
-            Box::new(|t| small_mixed(&sys, t as u64 + 1)),
-        ),
-        (
-            "realloc growth",
-            Box::new(|_| realloc_growth(&trap)),
-            Box::new(|_| realloc_growth(&je)),
-            Box::new(|_| realloc_growth(&sys)),
-        ),
-        (
-            "large 1 MiB",
-            Box::new(|_| large_blocks(&trap)),
-            Box::new(|_| large_blocks(&je)),
-            Box::new(|_| large_blocks(&sys)),
-        ),
-    ];
-    println!(
-        "{:<16} {:>7} {:>11} {:>11} {:>11} {:>13} {:>13}",
-        "workload",
-        "threads",
-        "trap ms",
-        "jemalloc ms",
-        "system ms",
-        "trap/jemalloc",
-        "system/jemalloc"
-    );
-    for (name, tw, jw, sw) in &workloads {
+    let mut c = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(3))
+        .configure_from_args();
+    for name in WORKLOADS {
         for threads in [1usize, 2] {
-            let (mut bt, mut bj, mut bs) = (f64::MAX, f64::MAX, f64::MAX);
-            for _ in 0..7 {
-                bt = bt.min(time(threads, &|| tw(threads)));
-                bj = bj.min(time(threads, &|| jw(threads)));
-                bs = bs.min(time(threads, &|| sw(threads)));
+            let group_name = format!("alloc_{name}_{threads}t");
+            let mut g = c.benchmark_group(&group_name);
+            for alloc in ALLOCATORS {
+                g.bench_function(alloc, |b| {
+                    b.iter_custom(|iters| timed(iters, threads, &|seed| run_one(name, alloc, seed)))
+                });
             }
-            println!(
-                "{name:<16} {threads:>7} {:>11.2} {:>11.2} {:>11.2} {:>13.3} {:>13.3}",
-                bt * 1e3,
-                bj * 1e3,
-                bs * 1e3,
-                bt / bj,
-                bs / bj
-            );
+            g.finish();
+        }
+    }
+    c.final_summary();
+    println!(
+        "\n{:<24} {:>14} {:>16}",
+        "workload", "trap/jemalloc", "system/jemalloc"
+    );
+    for name in WORKLOADS {
+        for threads in [1usize, 2] {
+            let g = format!("alloc_{name}_{threads}t");
+            if let (Some(t), Some(j), Some(s)) = (
+                common::mean_ns(&g, "trapalloc"),
+                common::mean_ns(&g, "jemalloc"),
+                common::mean_ns(&g, "system"),
+            ) {
+                println!(
+                    "{:<24} {:>14.3} {:>16.3}",
+                    format!("{name}, {threads} thread(s)"),
+                    t / j,
+                    s / j
+                );
+            }
         }
     }
 }

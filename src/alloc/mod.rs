@@ -37,13 +37,18 @@ const MAX_FLUSH: isize = 4 << 20;
 /// "No cap" is stored as `usize::MAX`.
 const NO_CAP: usize = usize::MAX;
 
-thread_local! {
+/// Per-thread accounting, in one thread-local so each call touches it once.
+struct Local {
     /// Bytes allocated (positive) or freed (negative) by this thread and not
     /// yet added to [`USED`].
-    static PENDING: Cell<isize> = const { Cell::new(0) };
+    pending: Cell<isize>,
     /// Net bytes allocated by this thread since it started (never flushed);
     /// used to measure the size of an executor while it is built or loaded.
-    static NET: Cell<i64> = const { Cell::new(0) };
+    net: Cell<i64>,
+}
+
+thread_local! {
+    static LOCAL: Local = const { Local { pending: Cell::new(0), net: Cell::new(0) } };
     /// Depth of "bypass" scopes on this thread: eviction in progress, or a
     /// runtime lock held. Allocations in such a scope never enter the trap.
     static BYPASS: Cell<u32> = const { Cell::new(0) };
@@ -124,15 +129,15 @@ fn bypassing() -> bool {
 /// threshold. Returns the new global usage when a flush happened.
 #[inline]
 fn account(delta: isize) -> Option<usize> {
-    let _ = NET.try_with(|n| n.set(n.get().wrapping_add(delta as i64)));
     let threshold = FLUSH.0.load(Ordering::Relaxed);
-    let flushed = PENDING.try_with(|p| {
-        let v = p.get().wrapping_add(delta);
+    let flushed = LOCAL.try_with(|l| {
+        l.net.set(l.net.get().wrapping_add(delta as i64));
+        let v = l.pending.get().wrapping_add(delta);
         if v > -threshold && v < threshold {
-            p.set(v);
+            l.pending.set(v);
             None
         } else {
-            p.set(0);
+            l.pending.set(0);
             Some(v)
         }
     });
@@ -338,13 +343,13 @@ pub fn reset_peak() {
 /// subject to the flush threshold). The difference of two readings measures
 /// what a piece of code left allocated.
 pub fn thread_net_allocated() -> i64 {
-    NET.try_with(|n| n.get()).unwrap_or(0)
+    LOCAL.try_with(|l| l.net.get()).unwrap_or(0)
 }
 
 /// Flushes the calling thread's pending delta into the global counter. Call
 /// before a thread exits so its last bytes are not lost from the count.
 pub fn flush_thread() {
-    if let Ok(v) = PENDING.try_with(|p| p.replace(0)) {
+    if let Ok(v) = LOCAL.try_with(|l| l.pending.replace(0)) {
         if v != 0 {
             USED.0.fetch_add(v, Ordering::Relaxed);
         }

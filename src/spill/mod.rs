@@ -42,8 +42,12 @@ pub const MAGIC: [u8; 8] = *b"OUTCORE\0";
 pub const VERSION: u32 = 1;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 56;
-/// Buffer size of the spill writer and reader.
+/// Buffer size of the spill writer.
 const IO_BUF: usize = 1 << 20;
+/// Buffer size of the spill reader. Small on purpose: `PodVec` reads its
+/// 1 MiB chunks straight into place, and a large buffer would be refilled
+/// by each 8-byte chunk header and then copied out again.
+const READ_BUF: usize = 64 << 10;
 
 /// Identifies what a spill file must contain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,7 +264,7 @@ pub fn read_file<T: DeserializeOwned>(
 ) -> std::result::Result<(T, u64), String> {
     let file = File::open(path).map_err(|e| format!("open: {e}"))?;
     let file_len = file.metadata().map_err(|e| format!("stat: {e}"))?.len();
-    let mut r = BufReader::with_capacity(IO_BUF, file);
+    let mut r = BufReader::with_capacity(READ_BUF, file);
     let mut hb = [0u8; HEADER_LEN];
     r.read_exact(&mut hb).map_err(|_| {
         format!("truncated: {file_len} bytes, shorter than the {HEADER_LEN}-byte header")

@@ -1,0 +1,286 @@
+"""Driver for benches/compare.sh: see that script for what it measures."""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUTCORE = os.path.join(ROOT, "target", "release", "outcore")
+CG = "/sys/fs/cgroup/memory/outcore-compare"
+GIB = 1 << 30
+
+
+def size(s):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    s = s.strip().replace("iB", "").replace("B", "")
+    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def drop_caches():
+    subprocess.run(["sync"], check=False)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def vmstat():
+    out = {}
+    with open("/proc/vmstat") as f:
+        for line in f:
+            k, v = line.split()
+            out[k] = int(v)
+    return out
+
+
+def cgroup_create(limit):
+    if not os.path.isdir(CG):
+        os.mkdir(CG)
+    for name, value in [("memory.limit_in_bytes", str(limit)), ("memory.swappiness", "60")]:
+        try:
+            with open(os.path.join(CG, name), "w") as f:
+                f.write(value)
+        except OSError:
+            pass
+    try:
+        with open(os.path.join(CG, "memory.max_usage_in_bytes"), "w") as f:
+            f.write("0")
+    except OSError:
+        pass
+
+
+def cgroup_remove():
+    if os.path.isdir(CG):
+        try:
+            with open(os.path.join(CG, "memory.force_empty"), "w") as f:
+                f.write("0")
+        except OSError:
+            pass
+        try:
+            os.rmdir(CG)
+        except OSError as e:
+            log(f"could not remove {CG}: {e}")
+
+
+def cgroup_peak():
+    try:
+        with open(os.path.join(CG, "memory.max_usage_in_bytes")) as f:
+            return int(f.read())
+    except OSError:
+        return None
+
+
+def run(cmd, cgroup_limit=None):
+    """Runs cmd (under /usr/bin/time -v), optionally inside the cgroup.
+    Returns (stdout, peak RSS in bytes, swap bytes in, swap bytes out,
+    cgroup peak)."""
+    drop_caches()
+    if cgroup_limit is not None:
+        cgroup_create(cgroup_limit)
+        cmd = ["sh", "-c", f'echo $$ > {CG}/cgroup.procs && exec "$@"', "sh"] + cmd
+    before = vmstat()
+    timed = ["/usr/bin/time", "-v"] + cmd
+    log("  $ " + " ".join(cmd[-12:]))
+    p = subprocess.run(timed, capture_output=True, text=True)
+    after = vmstat()
+    if p.returncode != 0:
+        log(p.stderr[-3000:])
+        raise SystemExit(f"run failed: {' '.join(cmd)}")
+    rss = None
+    for line in p.stderr.splitlines():
+        if "Maximum resident set size" in line:
+            rss = int(line.split()[-1]) * 1024
+    peak = cgroup_peak() if cgroup_limit is not None else None
+    if cgroup_limit is not None:
+        cgroup_remove()
+    page = 4096
+    return (p.stdout, rss,
+            (after.get("pswpin", 0) - before.get("pswpin", 0)) * page,
+            (after.get("pswpout", 0) - before.get("pswpout", 0)) * page,
+            peak)
+
+
+def steady(epochs):
+    """Steady-state seconds per epoch: the mean after the first epoch."""
+    rest = epochs[1:] or epochs
+    return sum(rest) / len(rest)
+
+
+def outcore_run(args, data, work, cap, policy="priority", cgroup=None, epochs=None):
+    stats = os.path.join(work, "stats.json")
+    cmd = [OUTCORE, "kmeans", "--input", data, "--k", str(args.k), "--epochs", str(epochs or args.epochs),
+           "--mem-cap", cap, "--policy", policy, "--spill-dir", work, "--stats", stats, "--seed", "1"]
+    _, rss, sin, sout, peak = run(cmd, cgroup)
+    with open(stats) as f:
+        s = json.load(f)
+    return {
+        "epochs": s["epoch_seconds"],
+        "steady": steady(s["epoch_seconds"]),
+        "read": s["bytes_read"] + sin,
+        "written": s["bytes_written"] + sout,
+        "rss": peak or rss,
+        "inertia": s["inertia"],
+    }
+
+
+def sklearn_run(args, py, data, cgroup=None):
+    script = os.path.join(ROOT, "benches", "sklearn_kmeans.py")
+    out, rss, sin, sout, peak = run([py, script, data, str(args.k), str(args.epochs), str(40 * 1100)], cgroup)
+    s = json.loads(out.strip().splitlines()[-1])
+    return {
+        "epochs": s["epoch_seconds"],
+        "steady": steady(s["epoch_seconds"]),
+        "read": s["bytes_read"] + sin,
+        "written": sout,
+        "rss": peak or rss,
+        "inertia": None,
+    }
+
+
+def fmt_bytes(b):
+    return f"{b / GIB:.2f} GiB"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="4GiB")
+    ap.add_argument("--cap", default="2GiB")
+    ap.add_argument("--k", type=int, default=100)
+    ap.add_argument("--dims", type=int, default=1000)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--out", default=os.path.join(ROOT, "benches", "RESULTS.md"))
+    ap.add_argument("--chart", default=os.path.join(ROOT, "benches", "compare.png"))
+    args = ap.parse_args()
+    data_bytes, cap = size(args.data), size(args.cap)
+    work = tempfile.mkdtemp(prefix="outcore-compare-", dir="/var/tmp")
+    swapfile = os.path.join(work, "swapfile")
+    swap_on = False
+    t_start = time.time()
+    try:
+        data = os.path.join(work, "data.npy")
+        log(f"writing {args.data} of {args.dims}-D data")
+        subprocess.run([OUTCORE, "gen", "--synthetic", args.data, "--dims", str(args.dims), "--true-k",
+                        str(args.k), "--output", data], check=True)
+        log("creating the swap file")
+        subprocess.run(["fallocate", "-l", str(data_bytes + 2 * GIB), swapfile], check=True)
+        os.chmod(swapfile, 0o600)
+        subprocess.run(["mkswap", "-q", swapfile], check=True, capture_output=True)
+        subprocess.run(["swapon", swapfile], check=True)
+        swap_on = True
+        runs = {}
+        log("1. outcore, no cap")
+        runs[1] = outcore_run(args, data, work, "none")
+        log("2. outcore, cap C (priority), in the cgroup")
+        runs[2] = outcore_run(args, data, work, "auto", "priority", cgroup=cap)
+        log("3. outcore, cap C (LRU), in the cgroup")
+        runs[3] = outcore_run(args, data, work, "auto", "lru", cgroup=cap)
+        log("4. OS swap: outcore, no cap, in the cgroup with swap")
+        runs[4] = outcore_run(args, data, work, "none", cgroup=cap)
+        py = sys.executable
+        log("5. scikit-learn over np.memmap, in the cgroup")
+        runs[5] = sklearn_run(args, py, data, cgroup=cap)
+        log("6. scikit-learn over np.memmap, no cgroup")
+        runs[6] = sklearn_run(args, py, data)
+        sweep = {}
+        if not args.no_sweep:
+            for over in (1, 2, 4):
+                c = data_bytes // over
+                if c == cap:
+                    sweep[over] = (runs[2]["steady"], runs[4]["steady"])
+                    continue
+                log(f"sweep: overcommit {over}x (C = {fmt_bytes(c)})")
+                a = outcore_run(args, data, work, "auto", "priority", cgroup=c)
+                b = outcore_run(args, data, work, "none", cgroup=c)
+                sweep[over] = (a["steady"], b["steady"])
+    finally:
+        if swap_on:
+            subprocess.run(["swapoff", swapfile], check=False)
+        cgroup_remove()
+        shutil.rmtree(work, ignore_errors=True)
+
+    names = {
+        1: "outcore, no cap (in-memory reference)",
+        2: "outcore, cap C, dispatch priority",
+        3: "outcore, cap C, LRU",
+        4: "OS swap (outcore, no cap, cgroup C + swap)",
+        5: "scikit-learn partial_fit over np.memmap, cgroup C",
+        6: "scikit-learn partial_fit over np.memmap, no cgroup",
+    }
+    ref = runs[1]["steady"]
+    excess = max(data_bytes - cap, 0)
+    lines = []
+    lines.append(f"# K-means under a memory limit: outcore vs OS swap vs scikit-learn\n")
+    lines.append(f"Run {datetime.date.today().isoformat()} on {platform.node() and 'the development machine'}: "
+                 f"{os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / GIB:.0f} GiB RAM, "
+                 f"{platform.processor() or platform.machine()}, Linux {platform.release()}.")
+    lines.append(f"Data {args.data} ({args.dims}-D float32 Gaussian blobs, `outcore gen`), memory limit C = {args.cap}, "
+                 f"k = {args.k}, {args.epochs} epochs, mini-batch batches of 40 x 1100 points. "
+                 f"Steady state = mean of the epochs after the first. Bytes include swap traffic. "
+                 f"Caches dropped before each run. Reproduce: `sudo bash benches/compare.sh`.\n")
+    lines.append("| run | s/epoch (steady) | ratio to run 1 | read | written | peak memory |")
+    lines.append("|---|---|---|---|---|---|")
+    for i in range(1, 7):
+        r = runs[i]
+        lines.append(f"| {i}. {names[i]} | {r['steady']:.2f} | {r['steady'] / ref:.2f} | {fmt_bytes(r['read'])} | "
+                     f"{fmt_bytes(r['written'])} | {fmt_bytes(r['rss'] or 0)} |")
+    lines.append("")
+    per_epoch_read = runs[2]["read"] / args.epochs
+    lines.append("Targets:\n")
+    lines.append(f"- run 2 / run 1 = {runs[2]['steady'] / ref:.2f} (target at most 1.15)")
+    lines.append(f"- run 4 / run 2 = {runs[4]['steady'] / runs[2]['steady']:.2f} (target at least 5)")
+    lines.append(f"- run 2 faster than run 5: {runs[2]['steady']:.2f} s vs {runs[5]['steady']:.2f} s "
+                 f"({'yes' if runs[2]['steady'] < runs[5]['steady'] else 'no'})")
+    lines.append(f"- run 2 reads {fmt_bytes(per_epoch_read)} per epoch (all reads, including the first load "
+                 f"and init, over {args.epochs} epochs), against data - cap = {fmt_bytes(excess)}; "
+                 f"LRU reads {fmt_bytes(runs[3]['read'] / args.epochs)} per epoch")
+    lines.append(f"- in-memory outcore (run 1) vs scikit-learn without a limit (run 6): "
+                 f"{ref:.2f} s vs {runs[6]['steady']:.2f} s per epoch\n")
+    if sweep:
+        lines.append("Overcommit sweep (data / C), steady-state s/epoch:\n")
+        lines.append("| data / C | outcore cap (run 2) | OS swap (run 4) | swap / outcore |")
+        lines.append("|---|---|---|---|")
+        for over in sorted(sweep):
+            a, b = sweep[over]
+            lines.append(f"| {over} | {a:.2f} | {b:.2f} | {b / a:.2f} |")
+        lines.append("")
+    lines.append(f"Total benchmark time: {(time.time() - t_start) / 60:.1f} min.\n")
+    text = "\n".join(lines)
+    print(text)
+    with open(args.out, "w") as f:
+        f.write(text)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, 2 if sweep else 1, figsize=(13 if sweep else 8, 4.5))
+        ax = axes[0] if sweep else axes
+        ax.barh([names[i] for i in range(6, 0, -1)], [runs[i]["steady"] for i in range(6, 0, -1)], color="#4c72b0")
+        ax.set_xlabel("seconds per epoch (steady state)")
+        ax.set_title(f"K-means, {args.data} under {args.cap}")
+        if sweep:
+            xs = sorted(sweep)
+            axes[1].plot(xs, [sweep[x][0] for x in xs], "o-", label="outcore cap")
+            axes[1].plot(xs, [sweep[x][1] for x in xs], "s-", label="OS swap")
+            axes[1].set_xlabel("overcommit (data / memory limit)")
+            axes[1].set_ylabel("seconds per epoch")
+            axes[1].set_xticks(xs)
+            axes[1].legend()
+            axes[1].set_title("overcommit sweep")
+        fig.tight_layout()
+        fig.savefig(args.chart, dpi=110)
+        log(f"chart: {args.chart}")
+    except Exception as e:  # the table is the result; the chart is a bonus
+        log(f"chart not written: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# K-means under a memory limit, side by side on the same data and the same
+# limit C: outcore (no cap, dispatch-priority cap, LRU cap), OS swap (outcore
+# with no cap in a cgroup limited to C, with a swap file), and scikit-learn
+# MiniBatchKMeans.partial_fit over np.memmap (in the cgroup and without).
+# Then a sweep over overcommit (data / C = 1, 2, 4) for the outcore cap and
+# OS swap. Writes a markdown table and a PNG chart, prints the table.
+#
+#   sudo bash benches/compare.sh                      # 4 GiB, C = 2 GiB, k = 100, 1000-D
+#   sudo bash benches/compare.sh --data 8GiB --cap 4GiB --epochs 4
+#   sudo bash benches/compare.sh --no-sweep --out /tmp/results.md
+#
+# Needs root (swap file, cgroup v1 memory controller, dropping caches); it
+# creates and removes its own swap file and cgroup. Installs numpy,
+# scikit-learn and matplotlib in a virtual environment (cached under
+# ~/.cache/outcore-bench-venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" -ne 0 ]; then
+  echo "compare.sh: run as root (it creates a swap file and a cgroup)" >&2
+  exit 2
+fi
+cargo build --release --bin outcore >&2
+venv="${OUTCORE_BENCH_VENV:-$HOME/.cache/outcore-bench-venv}"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import sklearn, matplotlib, numpy" 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q numpy scikit-learn matplotlib >&2
+fi
+exec "$venv/bin/python" benches/compare.py "$@"

@@ -1,0 +1,103 @@
+//! Spill throughput: evicting and loading a 256 MiB executor of f32 data
+//! through the runtime, against writing and reading the same bytes with
+//! plain file I/O, in one criterion run. The ratios printed at the end are
+//! throughput relative to plain I/O (target: at least 0.8 both ways).
+//!
+//! ```text
+//! cargo bench --bench spill
+//! ```
+
+use std::time::{Duration, Instant};
+
+use criterion::Criterion;
+use outcore::{PodVec, Runtime};
+
+#[path = "common.rs"]
+mod common;
+
+const ELEMS: usize = 64 << 20; // 256 MiB of f32
+
+fn main() {
+    let mut c = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(8))
+        .configure_from_args();
+    let rt = Runtime::builder()
+        .workers(1)
+        .prefetch(false)
+        .build()
+        .expect("runtime");
+    let h = rt
+        .insert(PodVec::from(
+            (0..ELEMS).map(|i| i as f32).collect::<Vec<f32>>(),
+        ))
+        .expect("insert");
+    let bytes: Vec<u8> = (0..ELEMS * 4).map(|i| i as u8).collect();
+    let plain = rt.spill_dir().join("plain.bin");
+    let mut g = c.benchmark_group("spill_256MiB");
+    g.bench_function("evict_write", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                // Make it dirty (untimed), then time the eviction.
+                rt.write(&h, |v: &mut PodVec<f32>| v[0] += 0.0)
+                    .expect("touch");
+                let t = Instant::now();
+                rt.evict_all().expect("evict");
+                total += t.elapsed();
+            }
+            total
+        })
+    });
+    g.bench_function("plain_write", |b| {
+        b.iter_custom(|iters| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                std::fs::write(&plain, &bytes).expect("write");
+            }
+            t.elapsed()
+        })
+    });
+    g.bench_function("load_read", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                // Evicted clean (untimed), then time the load.
+                rt.evict_all().expect("evict");
+                let t = Instant::now();
+                let n = rt.read(&h, |v: &PodVec<f32>| v.len()).expect("load");
+                total += t.elapsed();
+                assert_eq!(n, ELEMS);
+            }
+            total
+        })
+    });
+    g.bench_function("plain_read", |b| {
+        b.iter_custom(|iters| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                let v = std::fs::read(&plain).expect("read");
+                assert_eq!(v.len(), ELEMS * 4);
+            }
+            t.elapsed()
+        })
+    });
+    g.finish();
+    c.final_summary();
+    let m = |id| common::mean_ns("spill_256MiB", id).unwrap_or(f64::NAN);
+    let gb = |ns: f64| (ELEMS * 4) as f64 / ns;
+    println!("\nspill 256 MiB, GB/s (ratio to plain I/O):");
+    println!(
+        "  write: outcore {:.2}, plain {:.2} ({:.2}x)",
+        gb(m("evict_write")),
+        gb(m("plain_write")),
+        m("plain_write") / m("evict_write")
+    );
+    println!(
+        "  read:  outcore {:.2}, plain {:.2} ({:.2}x)",
+        gb(m("load_read")),
+        gb(m("plain_read")),
+        m("plain_read") / m("load_read")
+    );
+}
