@@ -336,6 +336,8 @@ struct KmeansStats<'a> {
     partitions: usize,
     epoch_seconds: &'a [f64],
     epoch_inertia: &'a [f64],
+    epoch_bytes_read: &'a [u64],
+    epoch_bytes_written: &'a [u64],
     inertia: f64,
     evictions: u64,
     trap_evictions: u64,
@@ -459,6 +461,8 @@ fn kmeans_cmd(a: KmeansArgs) -> Result<()> {
     };
     fb.stage(&format!("{word} 1/{passes}"), rows);
     let mut last = rt.stats();
+    let mut epoch_read = Vec::new();
+    let mut epoch_written = Vec::new();
     let out = kmeans::run(&rt, &ds, &cfg, |ev| match ev {
         Event::Progress { done, .. } => fb.progress(done),
         Event::Initialized { seconds } => {
@@ -485,6 +489,8 @@ fn kmeans_cmd(a: KmeansArgs) -> Result<()> {
                 format_bytes(s.bytes_read - last.bytes_read),
                 format_bytes(s.bytes_written - last.bytes_written),
             ));
+            epoch_read.push(s.bytes_read - last.bytes_read);
+            epoch_written.push(s.bytes_written - last.bytes_written);
             last = s;
             if index + 1 < passes {
                 fb.stage(&format!("{word} {}/{passes}", index + 2), rows);
@@ -517,6 +523,8 @@ fn kmeans_cmd(a: KmeansArgs) -> Result<()> {
                 partitions: ds.parts.len(),
                 epoch_seconds: &out.epoch_seconds,
                 epoch_inertia: &out.epoch_inertia,
+                epoch_bytes_read: &epoch_read,
+                epoch_bytes_written: &epoch_written,
                 inertia: out.inertia,
                 evictions: s.evictions,
                 trap_evictions: s.trap_evictions,
