@@ -199,8 +199,34 @@ struct GenArgs {
     output: PathBuf,
 }
 
+/// Spill directories to remove if the process is interrupted (SIGINT or
+/// SIGTERM): destructors do not run on a signal.
+static SPILL_DIRS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Installs the handler that removes the spill directories and exits with
+/// code 130 on Ctrl-C or SIGTERM.
+fn install_interrupt_cleanup() {
+    let _ = ctrlc::set_handler(|| {
+        let dirs = SPILL_DIRS.lock().map(|d| d.clone()).unwrap_or_default();
+        // Workers may still be writing a spill file: retry until the
+        // directory is gone (a file created after it goes fails to open).
+        for d in &dirs {
+            for _ in 0..50 {
+                let _ = std::fs::remove_dir_all(d);
+                if !d.exists() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        eprintln!("outcore: interrupted; spill files removed");
+        std::process::exit(130);
+    });
+}
+
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Result<()> {
+    install_interrupt_cleanup();
     match cli.cmd {
         Cmd::Kmeans(a) => kmeans_cmd(*a),
         Cmd::Gen(a) => gen_cmd(a),
@@ -271,6 +297,9 @@ fn runtime(m: &MemoryArgs, synthetic_cap: Option<u64>, data_bytes: u64) -> Resul
         b = b.spill_dir(d);
     }
     let rt = b.build()?;
+    if let Ok(mut d) = SPILL_DIRS.lock() {
+        d.push(rt.spill_dir().to_path_buf());
+    }
     let part_bytes = match (m.partitions, rt.cap()) {
         (Some(0), _) => return Err(Error::Input("--partitions must be at least 1".into())),
         (Some(p), _) => data_bytes.div_ceil(p).max(1),
