@@ -575,6 +575,7 @@ fn kmeans_cmd(a: KmeansArgs) -> Result<()> {
             },
         )?;
     }
+    warn_failed_writes(&rt, &s);
     let cap = rt
         .cap()
         .map_or("no cap".into(), |c| format!("cap {}", format_bytes(c)));
@@ -590,6 +591,21 @@ fn kmeans_cmd(a: KmeansArgs) -> Result<()> {
         format_bytes(s.bytes_written),
     );
     Ok(())
+}
+
+/// One line when spill writes failed: the run kept those executors in
+/// memory, over its cap.
+fn warn_failed_writes(rt: &Runtime, s: &Stats) {
+    if s.failed_writes > 0 {
+        let over = s.peak_bytes.saturating_sub(rt.cap().unwrap_or(u64::MAX));
+        eprintln!(
+            "outcore: warning: {} spill write(s) to {} failed ({}); those executors stayed in memory, {} over the cap at the peak; free space in the spill directory or choose another with --spill-dir",
+            s.failed_writes,
+            rt.spill_dir().display(),
+            rt.last_spill_error().unwrap_or_default(),
+            format_bytes(over)
+        );
+    }
 }
 
 fn gen_cmd(a: GenArgs) -> Result<()> {
@@ -758,6 +774,7 @@ fn train_cmd(a: TrainArgs) -> Result<()> {
         npy::write_array(p, &[job.classes as u64, job.dims as u64 + 1], &out.model.w)?;
     }
     let s = rt.stats();
+    warn_failed_writes(&rt, &s);
     let wall_seconds = wall.elapsed().as_secs_f64();
     if let Some(p) = &a.mem.stats {
         write_json(

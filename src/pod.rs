@@ -145,12 +145,15 @@ pub(crate) struct RawReader {
 impl RawReader {
     /// Installs `r` for the calling thread until the guard drops. The guard
     /// must not outlive `r` (the spill loader keeps both in one scope).
-    pub(crate) fn install(r: &RefCell<dyn Read>) -> RawReader {
-        let ptr: *const RefCell<dyn Read> = r;
-        // SAFETY: erasing the lifetime only; the guard is dropped before `r`
-        // goes out of scope (see `spill::read_file`), and the pointer is
-        // only dereferenced while the guard lives.
-        let ptr: *const RefCell<dyn Read> = unsafe { std::mem::transmute(ptr) };
+    pub(crate) fn install<'a>(r: &'a RefCell<dyn Read + 'a>) -> RawReader {
+        let ptr: *const RefCell<dyn Read + 'a> = r;
+        // SAFETY: erasing the lifetime only (same pointer, same layout); the
+        // guard is dropped before `r` goes out of scope (see
+        // `spill::read_from`), and the pointer is only dereferenced while
+        // the guard lives.
+        let ptr: *const RefCell<dyn Read> = unsafe {
+            std::mem::transmute::<*const RefCell<dyn Read + 'a>, *const RefCell<dyn Read>>(ptr)
+        };
         RawReader {
             prev: RAW.with(|c| c.replace(Some(ptr))),
         }
@@ -241,6 +244,13 @@ impl<'de, T: Plain> Visitor<'de> for PodVisitor<T> {
                 ))
             })?;
         let total = total as usize;
+        // The sequence must hold exactly the chunks the count implies.
+        let chunks = total.div_ceil(CHUNK);
+        if seq.size_hint().is_some_and(|h| h != chunks) {
+            return Err(de::Error::custom(
+                "PodVec: chunk count does not match the element count",
+            ));
+        }
         if let Some(raw) = read_raw::<T>(n as usize) {
             return raw
                 .map(PodVec)
@@ -331,11 +341,25 @@ mod tests {
 
     #[test]
     fn roundtrips() {
+        // Smaller under Miri (still more than one 1 MiB chunk for u8).
+        let big = if cfg!(miri) { (1 << 20) + 3 } else { 3_000_001 };
         roundtrip::<f32>(vec![]);
         roundtrip::<f32>((0..10).map(|i| i as f32 * 0.5).collect());
-        roundtrip::<f64>((0..400_000).map(|i| (i as f64).sin()).collect());
-        roundtrip::<u8>((0..3_000_001).map(|i| i as u8).collect());
+        roundtrip::<f64>((0..big / 8).map(|i| (i as f64).sin()).collect());
+        roundtrip::<u8>((0..big).map(|i| i as u8).collect());
         roundtrip::<i64>(vec![i64::MIN, -1, 0, i64::MAX]);
+    }
+
+    #[test]
+    fn rejects_a_sequence_length_that_disagrees_with_the_count() {
+        let p = PodVec(vec![1.0f32; 1000]);
+        let cfg = crate::spill::bincode_config();
+        let mut bytes = bincode::serde::encode_to_vec(&p, cfg).unwrap();
+        // One chunk: the sequence holds 2 elements (count + chunk).
+        assert_eq!(u64::from_le_bytes(bytes[0..8].try_into().unwrap()), 2);
+        bytes[0..8].copy_from_slice(&5u64.to_le_bytes());
+        let r: Result<(PodVec<f32>, usize), _> = bincode::serde::decode_from_slice(&bytes, cfg);
+        assert!(r.is_err());
     }
 
     #[test]

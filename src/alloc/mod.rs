@@ -372,6 +372,35 @@ pub(crate) fn set_soft_cap(cap: Option<usize>) {
     FLUSH.0.store(t, Ordering::Relaxed);
 }
 
+/// Set when a spill write fails (for the out-of-memory diagnostic).
+static SPILL_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// The spill directory, for the diagnostic (a leaked copy of the path
+/// bytes, set when a runtime starts).
+static SPILL_DIR: std::sync::atomic::AtomicPtr<Vec<u8>> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+pub(crate) fn note_failed_spill_write() {
+    SPILL_FAILED.store(true, Ordering::Relaxed);
+}
+
+pub(crate) fn set_spill_dir_for_diagnostics(dir: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let b = Box::into_raw(Box::new(dir.as_os_str().as_bytes().to_vec()));
+    // The previous one (another runtime's) is leaked on purpose: a trap on
+    // another thread may be printing it.
+    SPILL_DIR.swap(b, Ordering::AcqRel);
+}
+
+/// Whether a spill write has failed, and the spill directory (for the
+/// trap's diagnostic; reads only, never allocates).
+pub(crate) fn spill_diagnostics() -> (bool, Option<&'static [u8]>) {
+    let p = SPILL_DIR.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer came from `Box::into_raw` and is never
+    // freed (see `set_spill_dir_for_diagnostics`).
+    let dir = (!p.is_null()).then(|| unsafe { (*p).as_slice() });
+    (SPILL_FAILED.load(Ordering::Relaxed), dir)
+}
+
 /// The current flush threshold: [`current_usage`] is accurate to within
 /// this many bytes per thread.
 pub fn flush_threshold() -> usize {
@@ -433,6 +462,8 @@ extern "C" fn choose_malloc_conf() {
     }
 }
 
+// Not under Miri, which cannot run `getrlimit` (and never uses jemalloc).
+#[cfg(not(miri))]
 #[used]
 #[link_section = ".init_array"]
 static CHOOSE_MALLOC_CONF: extern "C" fn() = choose_malloc_conf;
@@ -441,7 +472,10 @@ static CHOOSE_MALLOC_CONF: extern "C" fn() = choose_malloc_conf;
 /// from the allocator so the linker cannot drop their object file.
 #[inline(never)]
 pub(crate) fn touch_init() -> usize {
+    #[cfg(not(miri))]
     let a = CHOOSE_MALLOC_CONF as usize;
+    #[cfg(miri)]
+    let a = choose_malloc_conf as usize;
     a ^ std::ptr::addr_of!(MALLOC_CONF) as usize
 }
 

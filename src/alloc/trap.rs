@@ -363,7 +363,14 @@ fn diagnose(size: usize) {
     }
     buf.push(b"); nothing left to evict, ");
     buf.num(pinned_total() as u64);
-    buf.push(b" executor(s) pinned by running tasks\n");
+    buf.push(b" executor(s) pinned by running tasks");
+    let (failed, dir) = super::spill_diagnostics();
+    if failed {
+        buf.push(b"; spill writes are failing (is the spill directory ");
+        buf.push(dir.unwrap_or(b"?"));
+        buf.push(b" full?)");
+    }
+    buf.push(b"\n");
     // SAFETY: writing an initialised stack buffer to fd 2.
     unsafe {
         libc::write(2, buf.bytes.as_ptr().cast(), buf.len);
@@ -372,14 +379,14 @@ fn diagnose(size: usize) {
 
 /// A fixed-size line buffer for messages written from the allocator.
 struct LineBuf {
-    bytes: [u8; 256],
+    bytes: [u8; 512],
     len: usize,
 }
 
 impl LineBuf {
     fn new() -> Self {
         LineBuf {
-            bytes: [0; 256],
+            bytes: [0; 512],
             len: 0,
         }
     }

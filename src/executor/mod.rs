@@ -87,6 +87,9 @@ pub(crate) struct Slot {
     pub cycle_pos: AtomicU64,
     /// Loaded by the prefetcher and not used since.
     pub prefetched: AtomicBool,
+    /// After a failed write: no new attempt before this time (ms since
+    /// the runtime started).
+    pub write_retry_at: AtomicU64,
 }
 
 /// The slot's mutex guard; allocations are kept out of the trap while it is
@@ -139,6 +142,7 @@ impl Slot {
             next_task: AtomicU64::new(NONE),
             cycle_pos: AtomicU64::new(NONE),
             prefetched: AtomicBool::new(false),
+            write_retry_at: AtomicU64::new(0),
         }
     }
 

@@ -137,7 +137,16 @@ impl Builder {
             workers,
             shutdown: AtomicBool::new(false),
             last_write_error: Mutex::new(None),
+            fault_every: std::env::var("OUTCORE_FAULT_WRITE_EVERY")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            fault_count: AtomicU64::new(0),
+            started: Instant::now(),
+            write_backoff_until: AtomicU64::new(0),
+            failures_in_a_row: AtomicU64::new(0),
         });
+        alloc::set_spill_dir_for_diagnostics(shared.store.dir());
         let registration =
             alloc::register(shared.clone() as Arc<dyn Evictor>).ok_or_else(|| {
                 Error::Runtime("too many runtimes alive in this process (64 at most)".into())
@@ -407,6 +416,12 @@ impl Runtime {
         Ok(n)
     }
 
+    /// The last spill write that failed (file and reason), if any: a full
+    /// or broken spill directory. The executor stayed in memory.
+    pub fn last_spill_error(&self) -> Option<String> {
+        self.shared.last_write_error()
+    }
+
     /// Number of executors currently in memory.
     pub fn resident_count(&self) -> usize {
         self.shared
@@ -489,6 +504,13 @@ pub(crate) struct Shared {
     workers: usize,
     pub(crate) shutdown: AtomicBool,
     last_write_error: Mutex<Option<String>>,
+    fault_every: u64,
+    fault_count: AtomicU64,
+    started: Instant,
+    /// No dirty write is attempted before this time (ms since `started`).
+    write_backoff_until: AtomicU64,
+    /// Spill writes that failed since the last one that succeeded.
+    failures_in_a_row: AtomicU64,
 }
 
 /// The registry's guard, with the trap bypassed while it is held.
@@ -624,6 +646,16 @@ impl Shared {
                 Evicted::Freed(size)
             }
             EvictStep::Write => {
+                // After a failed write, leave that executor alone for a while
+                // instead of serializing it again and again; after several
+                // failures in a row (a full disk), leave all dirty ones
+                // alone for a while. Clean evictions go on.
+                let now = self.epoch_ms();
+                if now < slot.write_retry_at.load(Ordering::Relaxed)
+                    || now < self.write_backoff_until.load(Ordering::Relaxed)
+                {
+                    return Evicted::Skipped;
+                }
                 let Some(v) = g.value.take() else {
                     return Evicted::Skipped;
                 };
@@ -633,10 +665,15 @@ impl Shared {
                 drop(g);
                 let _bypass = BypassGuard::new();
                 let path = self.store.path_for(slot.id);
-                let result = (slot.save)(&*v, &path, slot.key(gen));
+                let result = if self.inject_fault() {
+                    Err("injected fault (OUTCORE_FAULT_WRITE_EVERY)".to_string())
+                } else {
+                    (slot.save)(&*v, &path, slot.key(gen))
+                };
                 let mut g = slot.lock();
                 match result {
                     Ok(written) => {
+                        self.failures_in_a_row.store(0, Ordering::Relaxed);
                         g.file_gen = gen;
                         g.dirty = false;
                         slot.set_state(&mut g, State::Evicted);
@@ -651,6 +688,12 @@ impl Shared {
                         slot.set_state(&mut g, State::Resident);
                         drop(g);
                         Counters::add(&self.counters.failed_writes, 1);
+                        alloc::note_failed_spill_write();
+                        let now = self.epoch_ms();
+                        slot.write_retry_at.store(now + 500, Ordering::Relaxed);
+                        if self.failures_in_a_row.fetch_add(1, Ordering::Relaxed) + 1 >= 3 {
+                            self.write_backoff_until.store(now + 500, Ordering::Relaxed);
+                        }
                         let msg = format!("{}: {reason}", path.display());
                         if let Ok(mut e) = self.last_write_error.try_lock() {
                             *e = Some(msg);
@@ -659,6 +702,20 @@ impl Shared {
                     }
                 }
             }
+        }
+    }
+
+    /// Milliseconds since the runtime started.
+    fn epoch_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Test and soak hook: with `OUTCORE_FAULT_WRITE_EVERY=N`, every Nth
+    /// spill write fails as if the disk were full.
+    fn inject_fault(&self) -> bool {
+        match self.fault_every {
+            0 => false,
+            n => self.fault_count.fetch_add(1, Ordering::Relaxed) % n == n - 1,
         }
     }
 

@@ -256,15 +256,48 @@ fn decode_limited<T: DeserializeOwned, R: Read>(
     decode_bounded!(r, payload_len, 16 18 20 22 24 26 28 30 32 34 36 38 40 42 44 46)
 }
 
-/// Reads and verifies the file at `path`, which must hold `key`. Returns the
-/// value and the file length.
+/// Reads and verifies the file at `path`, which must hold `key`. Returns
+/// the value and the file length.
 pub fn read_file<T: DeserializeOwned>(
     path: &Path,
     key: FileKey,
 ) -> std::result::Result<(T, u64), String> {
     let file = File::open(path).map_err(|e| format!("open: {e}"))?;
     let file_len = file.metadata().map_err(|e| format!("stat: {e}"))?.len();
-    let mut r = BufReader::with_capacity(READ_BUF, file);
+    let value = read_from(BufReader::with_capacity(READ_BUF, file), file_len, key)?;
+    Ok((value, file_len))
+}
+
+/// Verifies and decodes a whole spill file held in memory (the same checks
+/// as [`read_file`]; used by the fuzz target).
+pub fn decode_bytes<T: DeserializeOwned>(
+    bytes: &[u8],
+    key: FileKey,
+) -> std::result::Result<T, String> {
+    read_from(bytes, bytes.len() as u64, key)
+}
+
+/// Encodes `value` as a whole spill file in memory (the inverse of
+/// [`decode_bytes`]).
+pub fn encode_bytes<T: Serialize>(key: FileKey, value: &T) -> std::result::Result<Vec<u8>, String> {
+    let payload = bincode::serde::encode_to_vec(value, bincode_config())
+        .map_err(|e| format!("encode: {e}"))?;
+    let header = Header {
+        key,
+        payload_len: payload.len() as u64,
+        payload_crc: crc32fast::hash(&payload),
+    };
+    let mut out = header.encode().to_vec();
+    out.extend_from_slice(&payload);
+    Ok(out)
+}
+
+/// The checks and the bounded decode, from a reader of `file_len` bytes.
+fn read_from<T: DeserializeOwned, R: Read>(
+    mut r: R,
+    file_len: u64,
+    key: FileKey,
+) -> std::result::Result<T, String> {
     let mut hb = [0u8; HEADER_LEN];
     r.read_exact(&mut hb).map_err(|_| {
         format!("truncated: {file_len} bytes, shorter than the {HEADER_LEN}-byte header")
@@ -309,7 +342,7 @@ pub fn read_file<T: DeserializeOwned>(
     if tee.crc.finalize() != h.payload_crc {
         return Err("payload checksum mismatch (damaged data)".into());
     }
-    Ok((value, file_len))
+    Ok(value)
 }
 
 /// The directory holding the spill files.

@@ -1,0 +1,264 @@
+//! Faults: a full spill filesystem, injected write failures, a read-only
+//! spill directory, damaged spill files, and stress under a hard limit.
+//! Scenarios with a cap or a limit run in child processes.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{is_child, run_child, run_job, Part};
+use outcore::{Error, MemoryCap, Runtime};
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A small tmpfs mounted for the test (root only, as CI runs), unmounted on
+/// drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(opts: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "outcore-test"])
+            .arg(dir.path())
+            .status()
+            .expect("mount");
+        assert!(
+            st.success(),
+            "mounting a tmpfs needs root (the CI runs as root)"
+        );
+        Tmpfs { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+fn job(spill: Option<&Path>, cap: MemoryCap) {
+    let mut b = Runtime::builder().mem_cap(cap);
+    if let Some(d) = spill {
+        b = b.spill_dir(d);
+    }
+    let rt = b.build().expect("runtime");
+    let digest = run_job(&rt, 12, 4 << 20, "rwr");
+    let s = rt.stats();
+    println!("DIGEST={digest:x}");
+    println!("FAILED={}", s.failed_writes);
+    println!("EVICTIONS={}", s.evictions);
+    println!(
+        "LASTERR={}",
+        rt.last_spill_error().unwrap_or_default().replace(' ', "_")
+    );
+}
+
+fn reference() -> String {
+    let out = run_child("fault_reference", None, TIMEOUT);
+    assert!(out.status.success(), "{}", out.stderr);
+    out.value("DIGEST").expect("digest")
+}
+
+#[test]
+fn fault_reference() {
+    if is_child("fault_reference") {
+        job(None, MemoryCap::None);
+    }
+}
+
+#[test]
+fn disk_full_keeps_executors_and_the_job_completes() {
+    if is_child("disk_full_keeps_executors_and_the_job_completes") {
+        let dir = std::env::var("SPILL").expect("SPILL");
+        return job(Some(Path::new(&dir)), MemoryCap::Bytes(20 << 20));
+    }
+    // 6 MiB of spill space for 48 MiB of executors under a 20 MiB cap.
+    let fs = Tmpfs::mount("size=6m");
+    std::env::set_var("SPILL", fs.path());
+    let out = run_child(
+        "disk_full_keeps_executors_and_the_job_completes",
+        None,
+        TIMEOUT,
+    );
+    std::env::remove_var("SPILL");
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(
+        out.value("DIGEST"),
+        Some(reference()),
+        "results differ after failed writes"
+    );
+    let failed: u64 = out.value("FAILED").unwrap().parse().unwrap();
+    assert!(failed > 0, "no write failed on a 6 MiB filesystem");
+    let err = out.value("LASTERR").unwrap();
+    assert!(err.contains("No_space_left"), "{err}");
+}
+
+#[test]
+fn injected_write_faults_lose_nothing() {
+    if is_child("injected_write_faults_lose_nothing") {
+        return job(None, MemoryCap::Bytes(20 << 20));
+    }
+    std::env::set_var("OUTCORE_FAULT_WRITE_EVERY", "3");
+    let out = run_child("injected_write_faults_lose_nothing", None, TIMEOUT);
+    std::env::remove_var("OUTCORE_FAULT_WRITE_EVERY");
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(out.value("DIGEST"), Some(reference()));
+    assert!(out.value("FAILED").unwrap().parse::<u64>().unwrap() > 0);
+    assert!(out.value("EVICTIONS").unwrap().parse::<u64>().unwrap() > 0);
+}
+
+#[test]
+fn the_command_line_warns_about_a_full_spill_directory() {
+    let fs = Tmpfs::mount("size=4m");
+    let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
+        .args([
+            "kmeans",
+            "--synthetic",
+            "64MiB",
+            "--dims",
+            "32",
+            "--k",
+            "8",
+            "--epochs",
+            "1",
+        ])
+        .args(["--mem-cap", "24MiB", "--spill-dir"])
+        .arg(fs.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let warn: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("outcore: warning:"))
+        .collect();
+    assert_eq!(warn.len(), 1, "{err}");
+    assert!(
+        warn[0].contains(&fs.path().display().to_string()) && warn[0].contains("No space left"),
+        "{}",
+        warn[0]
+    );
+}
+
+#[test]
+fn a_read_only_spill_directory_is_a_clear_error_at_build_time() {
+    let fs = Tmpfs::mount("size=1m,ro");
+    let err = Runtime::builder()
+        .spill_dir(fs.path())
+        .build()
+        .err()
+        .expect("error");
+    assert!(matches!(err, Error::SpillDir { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&fs.path().display().to_string()) && msg.contains("Read-only"),
+        "{msg}"
+    );
+    // A file where a directory is expected.
+    let f = tempfile::NamedTempFile::new().unwrap();
+    let err = Runtime::builder()
+        .spill_dir(f.path())
+        .build()
+        .err()
+        .expect("error");
+    assert!(err.to_string().contains("not a directory"), "{err}");
+}
+
+/// Many threads allocating under a hard RLIMIT_AS (no soft cap) while
+/// tasks sweep the executors: no deadlock (watchdog), no lost executor,
+/// and the accounting back near its baseline at the end.
+#[test]
+fn stress_under_a_hard_limit() {
+    const N: usize = 16;
+    const BYTES: usize = 8 << 20;
+    if is_child("stress_under_a_hard_limit") {
+        let rt = Runtime::builder().build().expect("runtime");
+        let baseline = outcore::alloc::current_usage();
+        let hs: Vec<_> = (0..N)
+            .map(|i| rt.insert(Part::new(i as u64, BYTES / 4)).expect("insert"))
+            .collect();
+        rt.hint_cycle(hs.iter().map(|h| h.id()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut s: u64 = 0x2545_f491_4f6c_dd1d ^ t;
+                    let mut held: Vec<Vec<u8>> = Vec::new();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        s ^= s << 13;
+                        s ^= s >> 7;
+                        s ^= s << 17;
+                        held.push(vec![(s >> 56) as u8; 1 + (s % (8 << 20)) as usize]);
+                        if held.len() > 3 {
+                            let v = held.remove(0);
+                            assert!(v.iter().all(|&b| b == v[0]));
+                        }
+                    }
+                    outcore::alloc::flush_thread();
+                })
+            })
+            .collect();
+        let mut updates = [0u32; N];
+        for round in 0..4 {
+            let mut b = rt.batch();
+            for (i, h) in hs.iter().enumerate() {
+                if (i + round) % 3 == 0 {
+                    updates[i] += 1;
+                    b.write(h, |p: &mut Part| p.update());
+                } else {
+                    b.read(h, |p: &Part| {
+                        std::hint::black_box(p.checksum());
+                    });
+                }
+            }
+            b.run().expect("batch");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in threads {
+            t.join().expect("thread");
+        }
+        let mut b = rt.batch();
+        for h in &hs {
+            b.read(h, |p: &Part| p.checksum());
+        }
+        for (i, c) in b.run().expect("final").into_iter().enumerate() {
+            let mut want = Part::new(i as u64, BYTES / 4);
+            for _ in 0..updates[i] {
+                want.update();
+            }
+            assert_eq!(c, want.checksum(), "executor {i} lost or damaged");
+        }
+        let s = rt.stats();
+        drop(hs);
+        outcore::alloc::flush_thread();
+        let end = outcore::alloc::current_usage();
+        println!("HARD={}", s.hard_traps);
+        println!("DRIFT={}", end.abs_diff(baseline));
+        println!("THRESHOLD={}", outcore::alloc::flush_threshold());
+        return;
+    }
+    let out = run_child("stress_under_a_hard_limit", Some(480 << 20), TIMEOUT);
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.value("HARD").unwrap().parse::<u64>().unwrap() > 0,
+        "the hard limit never bit: {}",
+        out.stdout
+    );
+    let drift: usize = out.value("DRIFT").unwrap().parse().unwrap();
+    let threshold: usize = out.value("THRESHOLD").unwrap().parse().unwrap();
+    // Worker, prefetcher and main threads may each hold one unflushed delta.
+    assert!(
+        drift <= 6 * threshold,
+        "accounting drifted by {drift} bytes"
+    );
+}
