@@ -54,7 +54,7 @@ enum PolicyArg {
 struct MemoryArgs {
     /// Memory cap: a size (512MiB, 2GiB, 1.5G), `auto` or `none`. Default:
     /// 1GiB for synthetic data, `auto` for a file.
-    #[arg(long, value_name = "SIZE|auto|none")]
+    #[arg(long, value_name = "SIZE|auto|none", allow_hyphen_values = true)]
     mem_cap: Option<String>,
     /// Directory for spill files (a private subdirectory is made inside and
     /// removed at exit). Default: the system temporary directory.
@@ -83,7 +83,12 @@ struct DataArgs {
     #[arg(long, value_name = "FILE")]
     input: Option<PathBuf>,
     /// Size of the synthetic data.
-    #[arg(long, value_name = "SIZE", default_value = "2GiB")]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value = "2GiB",
+        allow_hyphen_values = true
+    )]
     synthetic: String,
     /// Dimensions of synthetic data, or columns of a raw input file.
     #[arg(long, value_name = "D")]
@@ -145,7 +150,12 @@ struct TrainArgs {
     #[arg(long, value_name = "FILE", requires = "input")]
     targets: Option<PathBuf>,
     /// Size of the synthetic data.
-    #[arg(long, value_name = "SIZE", default_value = "512MiB")]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value = "512MiB",
+        allow_hyphen_values = true
+    )]
     synthetic: String,
     /// Dimensions of synthetic data, or columns of a raw input file.
     #[arg(long, value_name = "D")]
@@ -166,13 +176,13 @@ struct TrainArgs {
     #[arg(long, default_value_t = 1)]
     local_epochs: usize,
     /// Learning rate.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     lr: f32,
     /// Mini-batch size of the local SGD.
     #[arg(long, default_value_t = 64)]
     batch: usize,
     /// Fraction of the rows held out for the accuracy report.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     holdout: f64,
     /// Write the model (float32, classes x (D + 1), bias last) to this .npy
     /// file.
@@ -183,7 +193,7 @@ struct TrainArgs {
 #[derive(Args, Debug)]
 struct GenArgs {
     /// Size of the data.
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     synthetic: String,
     /// Dimensions.
     #[arg(long, default_value_t = 1000)]
