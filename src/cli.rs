@@ -213,10 +213,21 @@ struct GenArgs {
 /// SIGTERM): destructors do not run on a signal.
 static SPILL_DIRS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
+/// Set when SIGINT or SIGTERM arrives: an error that follows (the spill
+/// files vanishing under a running job) is the interruption, not a failure
+/// to report.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the run was interrupted by a signal.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// Installs the handler that removes the spill directories and exits with
 /// code 130 on Ctrl-C or SIGTERM.
 fn install_interrupt_cleanup() {
     let _ = ctrlc::set_handler(|| {
+        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
         let dirs = SPILL_DIRS.lock().map(|d| d.clone()).unwrap_or_default();
         // Workers may still be writing a spill file: retry until the
         // directory is gone (a file created after it goes fails to open).

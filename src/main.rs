@@ -31,6 +31,13 @@ fn main() -> ExitCode {
     };
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(_) if cli::interrupted() => {
+            // The signal handler is removing the spill files and exits the
+            // process with code 130.
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
         Err(e) => {
             eprintln!("outcore: error: {e}");
             ExitCode::from(2)
