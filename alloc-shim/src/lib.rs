@@ -646,63 +646,25 @@ pub extern "C" fn outcore_shim_usage() -> usize {
 
 // ---- stats at exit -----------------------------------------------------------
 
+#[path = "../../src/alloc/linebuf.rs"]
+mod linebuf;
+
 extern "C" fn print_stats() {
-    let mut b = Line::new();
-    b.s(b"outcore-shim: calls ");
-    b.n(CALLS.load(Ordering::Relaxed));
-    b.s(b", bytes ");
-    b.n(BYTES.load(Ordering::Relaxed));
-    b.s(b", failures ");
-    b.n(FAILURES.load(Ordering::Relaxed));
-    b.s(b", evictions requested ");
-    b.n(EVICT_REQUESTS.load(Ordering::Relaxed));
-    b.s(b", bytes freed ");
-    b.n(BYTES_FREED.load(Ordering::Relaxed));
-    b.s(b", bootstrap allocations ");
-    b.n(BOOTSTRAP_ALLOCS.load(Ordering::Relaxed));
-    b.s(b", cap ");
-    b.n(CAP.load(Ordering::Relaxed) as u64);
-    b.s(b"\n");
-    // SAFETY: writing an initialised stack buffer to fd 2.
-    unsafe { libc::write(2, b.buf.as_ptr().cast(), b.len) };
-}
-
-struct Line {
-    buf: [u8; 256],
-    len: usize,
-}
-
-impl Line {
-    fn new() -> Line {
-        Line {
-            buf: [0; 256],
-            len: 0,
-        }
-    }
-
-    fn s(&mut self, t: &[u8]) {
-        for &c in t {
-            if self.len < self.buf.len() {
-                self.buf[self.len] = c;
-                self.len += 1;
-            }
-        }
-    }
-
-    fn n(&mut self, mut v: u64) {
-        let mut d = [0u8; 20];
-        let mut i = d.len();
-        loop {
-            i -= 1;
-            d[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        let mut t = [0u8; 20];
-        let k = d.len() - i;
-        t[..k].copy_from_slice(&d[i..]);
-        self.s(&t[..k]);
-    }
+    let mut b = linebuf::LineBuf::new();
+    b.push(b"outcore-shim: calls ");
+    b.num(CALLS.load(Ordering::Relaxed));
+    b.push(b", bytes ");
+    b.num(BYTES.load(Ordering::Relaxed));
+    b.push(b", failures ");
+    b.num(FAILURES.load(Ordering::Relaxed));
+    b.push(b", evictions requested ");
+    b.num(EVICT_REQUESTS.load(Ordering::Relaxed));
+    b.push(b", bytes freed ");
+    b.num(BYTES_FREED.load(Ordering::Relaxed));
+    b.push(b", bootstrap allocations ");
+    b.num(BOOTSTRAP_ALLOCS.load(Ordering::Relaxed));
+    b.push(b", cap ");
+    b.num(CAP.load(Ordering::Relaxed) as u64);
+    b.push(b"\n");
+    b.write_stderr();
 }

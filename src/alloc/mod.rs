@@ -15,6 +15,7 @@
 //! ```
 
 pub mod ffi;
+mod linebuf;
 mod reserve;
 mod trap;
 

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::linebuf::LineBuf;
 use super::{reserve, BypassGuard, COUNTERS};
 
 /// Something that can free memory by evicting executors: implemented by the
@@ -371,64 +372,5 @@ fn diagnose(size: usize) {
         buf.push(b" full?)");
     }
     buf.push(b"\n");
-    // SAFETY: writing an initialised stack buffer to fd 2.
-    unsafe {
-        libc::write(2, buf.bytes.as_ptr().cast(), buf.len);
-    }
-}
-
-/// A fixed-size line buffer for messages written from the allocator.
-struct LineBuf {
-    bytes: [u8; 512],
-    len: usize,
-}
-
-impl LineBuf {
-    fn new() -> Self {
-        LineBuf {
-            bytes: [0; 512],
-            len: 0,
-        }
-    }
-
-    fn push(&mut self, s: &[u8]) {
-        for &b in s {
-            if self.len < self.bytes.len() {
-                self.bytes[self.len] = b;
-                self.len += 1;
-            }
-        }
-    }
-
-    fn num(&mut self, mut n: u64) {
-        let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        let mut tmp = [0u8; 20];
-        let k = digits.len() - i;
-        tmp[..k].copy_from_slice(&digits[i..]);
-        self.push(&tmp[..k]);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::LineBuf;
-
-    #[test]
-    fn line_buffer_formats_numbers() {
-        let mut b = LineBuf::new();
-        b.push(b"x=");
-        b.num(0);
-        b.push(b",");
-        b.num(18_446_744_073_709_551_615);
-        assert_eq!(&b.bytes[..b.len], b"x=0,18446744073709551615");
-    }
+    buf.write_stderr();
 }
