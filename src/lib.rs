@@ -53,12 +53,17 @@
 //!
 //! ## Modules
 //!
-//! - [`alloc`]: `TrapAlloc`, accounting, the trap and the reserve.
+//! - [`alloc`]: `TrapAlloc`, accounting, the trap and the reserve; the C
+//!   entry points for the `LD_PRELOAD` shim ([`alloc::ffi`]).
 //! - [`executor`]: the executor state machine.
 //! - [`evict`]: eviction policies.
 //! - [`spill`]: the spill file format.
 //! - [`cap`]: `MemoryCap` and limit detection.
 //! - [`stats`]: counters and the JSON snapshot.
+//! - [`kmeans`]: the memory-capped K-means job (`outcore kmeans`).
+//! - [`train`]: logistic regression with model state in executors
+//!   (`outcore train`).
+//! - [`npy`]: streaming `.npy` reading and writing.
 
 pub mod alloc;
 pub mod cap;
