@@ -2,7 +2,6 @@
 //! and the trap across languages (outcore executors evicted to satisfy C
 //! allocations) in child processes.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -121,59 +120,25 @@ except ImportError:
     println!("{}", String::from_utf8_lossy(&out));
 }
 
-/// Runs this test binary's `test` in a child with LD_PRELOAD (optional)
-/// and RLIMIT_AS set before exec.
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use common::{is_child, ChildOutput};
+
+/// Runs this test binary's `test` in a child, with LD_PRELOAD (optional),
+/// RLIMIT_AS set before exec, and extra environment variables.
 fn child(
     test: &str,
     preload: Option<&Path>,
     rlimit_as: Option<u64>,
     env: &[(&str, &str)],
-) -> Output {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env("SHIM_CHILD", test);
-    if let Some(p) = preload {
-        cmd.env("LD_PRELOAD", p);
+) -> ChildOutput {
+    let preload = preload.map(|p| p.to_string_lossy().into_owned());
+    let mut vars: Vec<(&str, &str)> = env.to_vec();
+    if let Some(p) = &preload {
+        vars.push(("LD_PRELOAD", p));
     }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    if let Some(limit) = rlimit_as {
-        // SAFETY: only setrlimit (async-signal-safe) between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let lim = libc::rlimit {
-                    rlim_cur: limit,
-                    rlim_max: limit,
-                };
-                if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    let start = std::time::Instant::now();
-    let mut c = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    loop {
-        if c.try_wait().unwrap().is_some() {
-            break;
-        }
-        if start.elapsed() > Duration::from_secs(180) {
-            let _ = c.kill();
-            panic!("child {test} hung");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    c.wait_with_output().unwrap()
-}
-
-fn is_child(test: &str) -> bool {
-    std::env::var("SHIM_CHILD").is_ok_and(|v| v == test)
+    common::run_child_with(test, rlimit_as, Duration::from_secs(180), &vars)
 }
 
 /// The job of the cross-language tests: executors holding `parts` x 16 MiB,
@@ -217,11 +182,8 @@ fn cross_language_job(cap: MemoryCap, parts: usize, blocks: usize, block: usize)
     }
 }
 
-fn value(out: &Output, key: &str) -> Option<String> {
-    let prefix = format!("{key}=");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .find_map(|t| t.strip_prefix(&prefix).map(str::to_string))
+fn value(out: &ChildOutput, key: &str) -> Option<String> {
+    out.value(key)
 }
 
 const HARD_LIMIT: u64 = 700 << 20;
@@ -253,7 +215,7 @@ fn the_trap_works_across_languages() {
         Some(HARD_LIMIT),
         &[("OUTCORE_SHIM_STATS", "1")],
     );
-    let err = String::from_utf8_lossy(&with.stderr);
+    let err = with.stderr.as_str();
     assert!(with.status.success(), "{err}");
     assert_eq!(value(&with, "C_MALLOC").as_deref(), Some("ok"), "{err}");
     assert_eq!(value(&with, "SUMS").as_deref(), Some("ok"));
@@ -283,7 +245,7 @@ fn c_allocations_over_the_cap_trigger_eviction() {
         None,
         &[("OUTCORE_MEM_CAP", "64MiB"), ("OUTCORE_SHIM_STATS", "1")],
     );
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = out.stderr.as_str();
     assert!(out.status.success(), "{err}");
     assert_eq!(value(&out, "C_MALLOC").as_deref(), Some("ok"));
     assert_eq!(value(&out, "SUMS").as_deref(), Some("ok"));

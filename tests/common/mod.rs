@@ -44,11 +44,22 @@ impl ChildOutput {
 /// starts under it). Kills the child and panics if it runs longer than
 /// `timeout`: a hang is a failure.
 pub fn run_child(test: &str, rlimit_as: Option<u64>, timeout: Duration) -> ChildOutput {
+    run_child_with(test, rlimit_as, timeout, &[])
+}
+
+/// [`run_child`] with extra environment variables (such as `LD_PRELOAD`).
+pub fn run_child_with(
+    test: &str,
+    rlimit_as: Option<u64>,
+    timeout: Duration,
+    env: &[(&str, &str)],
+) -> ChildOutput {
     let exe = std::env::current_exe().expect("current exe");
     let mut cmd = Command::new(exe);
     cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_VAR, test)
         .env("RUST_BACKTRACE", "0")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if let Some(limit) = rlimit_as {
