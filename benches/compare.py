@@ -150,6 +150,29 @@ def fmt_bytes(b):
     return f"{b / GIB:.2f} GiB"
 
 
+BEGIN = "<!-- compare.sh: generated section begins -->"
+END = "<!-- compare.sh: generated section ends -->"
+
+
+def write_results(path, text):
+    """Replaces the generated section of `path`, keeping the notes written
+    around it by hand (or writes the file when it has no such section)."""
+    block = f"{BEGIN}\n{text}\n{END}\n"
+    try:
+        with open(path) as f:
+            old = f.read()
+    except OSError:
+        old = ""
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1].lstrip("\n")
+        new = head + block + ("\n" + tail if tail else "")
+    else:
+        new = block
+    with open(path, "w") as f:
+        f.write(new)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="4GiB")
@@ -256,8 +279,7 @@ def main():
     lines.append(f"Total benchmark time: {(time.time() - t_start) / 60:.1f} min.\n")
     text = "\n".join(lines)
     print(text)
-    with open(args.out, "w") as f:
-        f.write(text)
+    write_results(args.out, text)
     try:
         import matplotlib
         matplotlib.use("Agg")

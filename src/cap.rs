@@ -162,8 +162,9 @@ pub fn detect_limits() -> Limits {
     }
 }
 
-/// The cap `auto` chooses for the given limits: memory limits less 10% (at
-/// least 64 MiB) for the runtime, its threads and allocator slack;
+/// The cap `auto` chooses for the given limits: memory limits less 5% (at
+/// least 64 MiB) for the runtime's code, its threads, allocator slack and
+/// the page cache a memory cgroup also charges;
 /// `RLIMIT_AS` less 25% (at least 256 MiB), since address space also holds
 /// code, stacks and mappings jemalloc keeps. At least 16 MiB.
 pub fn auto_cap(l: &Limits) -> u64 {
@@ -171,7 +172,7 @@ pub fn auto_cap(l: &Limits) -> u64 {
         .into_iter()
         .flatten()
         .min()
-        .map(|m| m.saturating_sub((m / 10).max(64 << 20)));
+        .map(|m| m.saturating_sub((m / 20).max(64 << 20)));
     let vm = l
         .rlimit_as
         .map(|v| v.saturating_sub((v / 4).max(256 << 20)));
@@ -282,7 +283,7 @@ mod tests {
             rlimit_as: None,
             physical: Some(24 << 30),
         };
-        assert_eq!(auto_cap(&l), (4u64 << 30) - (4u64 << 30) / 10);
+        assert_eq!(auto_cap(&l), (4u64 << 30) - (4u64 << 30) / 20);
         let l = Limits {
             cgroup: None,
             rlimit_as: Some(2 << 30),

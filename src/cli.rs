@@ -324,7 +324,7 @@ fn runtime(m: &MemoryArgs, synthetic_cap: Option<u64>, data_bytes: u64) -> Resul
     let part_bytes = match (m.partitions, rt.cap()) {
         (Some(0), _) => return Err(Error::Input("--partitions must be at least 1".into())),
         (Some(p), _) => data_bytes.div_ceil(p).max(1),
-        (None, Some(cap)) => (cap / 16).clamp(1 << 20, 256 << 20),
+        (None, Some(cap)) => (cap / 64).clamp(1 << 20, 256 << 20),
         (None, None) => 64 << 20,
     };
     Ok((rt, part_bytes))

@@ -148,7 +148,7 @@ fn all_pinned_fails_with_diagnostic() {
         let r = rt.write(&h, |p: &mut Part| {
             // More than the whole address-space limit, while the only
             // executor is pinned by this task.
-            let big: Vec<u8> = vec![1u8; 1 << 30];
+            let big: Vec<u8> = std::hint::black_box(vec![1u8; 1 << 30]);
             p.updates = big[12345] as u32;
         });
         println!("UNEXPECTED={r:?}");
@@ -353,7 +353,7 @@ fn executors_come_back_when_memory_frees_up() {
             .map(|i| rt.insert(Part::new(i, 1 << 20)).expect("insert"))
             .collect();
         // A big temporary allocation pushes executors out...
-        let big = vec![7u8; 56 << 20];
+        let big = std::hint::black_box(vec![7u8; 56 << 20]);
         let evicted_at_peak = 8 - rt.resident_count();
         drop(big);
         // ...and they come back once it is gone, with no task asking.

@@ -48,14 +48,17 @@ pub struct UseInfo {
     pub last_use: u64,
 }
 
-/// The declared cycle: its length and the position of the executor most
-/// recently dispatched.
+/// The declared cycle: its length, the position of the executor most
+/// recently dispatched, and how far ahead of it the prefetcher works.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Cycle {
     /// Executors in the cycle.
     pub len: u64,
     /// Position of the executor the sweep is on (the last one dispatched).
     pub cursor: u64,
+    /// Positions from the cursor (the cursor's own included) that count as
+    /// coming up: kept resident, and loaded ahead of time.
+    pub ahead: u64,
 }
 
 const PENDING_TOP: u64 = 1 << 62;
@@ -66,8 +69,31 @@ const IDLE_BASE: u64 = 1 << 63;
 /// executors with no pending task.
 pub const IDLE_RANK: u64 = CYCLE_BASE;
 
+/// The place of cycle position `pos` in the bit-reversal (van der Corput)
+/// order of `0..len`: any prefix of that order is spread evenly over the
+/// cycle. Smaller is kept longer.
+fn spread(pos: u64, len: u64) -> u64 {
+    let bits = 64 - len.saturating_sub(1).leading_zeros();
+    if bits == 0 {
+        return 0;
+    }
+    pos.reverse_bits() >> (64 - bits)
+}
+
 impl EvictionPolicy {
     /// The rank of an executor: the higher, the sooner it is evicted.
+    ///
+    /// Under `Priority`, executors in a declared cycle that are not coming
+    /// up within `cycle.ahead` positions rank by a fixed, evenly spread
+    /// order of their positions. On a cyclic plan that holds more data
+    /// than memory, every fixed resident set costs the same loads per
+    /// sweep (each executor outside it is loaded once); Belady's rule keeps
+    /// the executors at the start of the cycle, so all the loads come in
+    /// one run at its end, where they outpace the computation and the
+    /// workers wait. A resident set spread over the cycle puts a load
+    /// between every few resident executors, so the loads overlap the
+    /// work on the resident ones. The set is also stable: the executor just
+    /// used is evicted only when it is outside the set.
     pub fn rank(self, u: UseInfo, cycle: Cycle) -> u64 {
         let age = PENDING_TOP - 1 - u.last_use.min(PENDING_TOP - 1);
         match self {
@@ -78,10 +104,15 @@ impl EvictionPolicy {
                 } else if let (Some(pos), true) = (u.cycle_pos, cycle.len > 0) {
                     // Distance to its next turn. The cursor's executor is
                     // the one the sweep is on (a batch may stop part-way
-                    // through it and the next one go on with it): 0. The
-                    // executor before it was used last and comes back last.
-                    let d = (pos + cycle.len - cycle.cursor % cycle.len) % cycle.len;
-                    CYCLE_BASE + d.min(PENDING_TOP - 1)
+                    // through it and the next one go on with it): 0.
+                    let len = cycle.len;
+                    let d = (pos % len + len - cycle.cursor % len) % len;
+                    let ahead = cycle.ahead.min(len);
+                    if d < ahead {
+                        CYCLE_BASE + d
+                    } else {
+                        CYCLE_BASE + ahead + spread(pos % len, len)
+                    }
                 } else {
                     IDLE_BASE + age
                 }
@@ -92,19 +123,13 @@ impl EvictionPolicy {
 
 impl EvictionPolicy {
     /// Whether the prefetcher may load an executor of rank `rank` now:
-    /// one with a pending task, or (under `Priority`) one whose turn in the
-    /// declared cycle is within the next `window` positions.
-    ///
-    /// Loading further ahead would cost more than it saves. On a full cache,
-    /// each early load evicts an executor used recently, and doing that
-    /// for every executor in turn turns the resident set into a sliding
-    /// window that reloads the whole cycle every time, while Belady's rule
-    /// keeps all but about one load per miss resident.
-    pub fn prefetch_target(self, rank: u64, cycle: Cycle, window: u64) -> bool {
+    /// one with a pending task, or (under `Priority`) one coming up in the
+    /// declared cycle (within `cycle.ahead` positions).
+    pub fn prefetch_target(self, rank: u64, cycle: Cycle) -> bool {
         match self {
             EvictionPolicy::Lru => false,
             EvictionPolicy::Priority => {
-                rank < CYCLE_BASE || (cycle.len > 0 && rank < CYCLE_BASE + window)
+                rank < CYCLE_BASE || (cycle.len > 0 && rank < CYCLE_BASE + cycle.ahead)
             }
         }
     }
@@ -113,20 +138,13 @@ impl EvictionPolicy {
     /// of time (it also never evicts anything ranked at or before the
     /// executor it loads).
     ///
-    /// Under `Priority` with a declared cycle: only executors used within
-    /// the last `window` positions of the cycle, and idle executors outside
-    /// it. On a cyclic plan Belady's rule evicts only the executor just
-    /// used and keeps the rest resident; letting the prefetcher displace
-    /// that resident set for executors needed a little sooner would turn it
-    /// into a sliding window that reloads every executor each cycle.
-    /// Without a cycle: any executor with no pending task. Under `Lru`: any
-    /// executor ranked after the one loaded.
-    pub fn prefetch_floor(self, cycle: Cycle, window: u64) -> u64 {
+    /// Under `Priority`: any executor with no pending task that is not
+    /// coming up in the cycle; the spread order then decides which. Under
+    /// `Lru`: any executor ranked after the one loaded.
+    pub fn prefetch_floor(self, cycle: Cycle) -> u64 {
         match self {
             EvictionPolicy::Lru => 0,
-            EvictionPolicy::Priority if cycle.len > 0 => {
-                CYCLE_BASE + cycle.len.saturating_sub(window.max(1))
-            }
+            EvictionPolicy::Priority if cycle.len > 0 => CYCLE_BASE + cycle.ahead.min(cycle.len),
             EvictionPolicy::Priority => CYCLE_BASE,
         }
     }
@@ -145,20 +163,24 @@ mod tests {
         }
     }
 
+    fn c(len: u64, cursor: u64, ahead: u64) -> Cycle {
+        Cycle { len, cursor, ahead }
+    }
+
     #[test]
     fn pending_in_dispatch_order_then_cycle_then_idle() {
         let p = EvictionPolicy::Priority;
-        let c = Cycle { len: 4, cursor: 1 };
+        let c = c(4, 1, 2);
         let soon = p.rank(u(Some(10), Some(3), 5), c);
         let later = p.rank(u(Some(20), None, 99), c);
         let next_in_cycle = p.rank(u(None, Some(2), 1), c);
-        let just_used = p.rank(u(None, Some(0), 100), c);
+        let later_in_cycle = p.rank(u(None, Some(0), 100), c);
         let idle_old = p.rank(u(None, None, 1), c);
         let idle_new = p.rank(u(None, None, 50), c);
         assert!(soon < later);
         assert!(later < next_in_cycle);
-        assert!(next_in_cycle < just_used);
-        assert!(just_used < idle_new);
+        assert!(next_in_cycle < later_in_cycle);
+        assert!(later_in_cycle < idle_new);
         assert!(
             idle_new < idle_old,
             "among idle, least recently used goes first"
@@ -175,49 +197,73 @@ mod tests {
     #[test]
     fn the_prefetcher_looks_only_a_short_way_ahead() {
         let p = EvictionPolicy::Priority;
-        let c = Cycle {
-            len: 30,
-            cursor: 10,
-        };
+        let c = c(30, 10, 3);
         let rank_at = |pos: u64| p.rank(u(None, Some(pos), 0), c);
-        assert!(p.prefetch_target(rank_at(11), c, 3));
-        assert!(p.prefetch_target(rank_at(12), c, 3));
-        assert!(!p.prefetch_target(rank_at(13), c, 3));
-        assert!(!p.prefetch_target(rank_at(9), c, 3));
+        assert!(p.prefetch_target(rank_at(11), c));
+        assert!(p.prefetch_target(rank_at(12), c));
+        assert!(!p.prefetch_target(rank_at(13), c));
+        assert!(!p.prefetch_target(rank_at(9), c));
         assert!(
-            p.prefetch_target(p.rank(u(Some(500), None, 0), c), c, 3),
+            p.prefetch_target(p.rank(u(Some(500), None, 0), c), c),
             "pending tasks always"
         );
         assert!(
-            !p.prefetch_target(p.rank(u(None, None, 0), c), c, 3),
+            !p.prefetch_target(p.rank(u(None, None, 0), c), c),
             "idle, outside the cycle"
         );
     }
 
     #[test]
-    fn the_prefetcher_only_displaces_recently_used_executors() {
+    fn the_prefetcher_never_displaces_what_comes_up_next() {
         let p = EvictionPolicy::Priority;
-        let c = Cycle {
-            len: 30,
-            cursor: 10,
-        };
-        let floor = p.prefetch_floor(c, 4);
+        let c = c(30, 10, 4);
+        let floor = p.prefetch_floor(c);
         let rank_at = |pos: u64| p.rank(u(None, Some(pos), 0), c);
-        // Used up to 4 positions before the cursor: may be displaced.
-        for pos in [9, 8, 7, 6] {
-            assert!(rank_at(pos) >= floor, "pos {pos}");
-        }
-        // The one in progress, and ones needed later but used longer ago:
-        // kept.
-        for pos in [10, 5, 20, 11, 12] {
+        for pos in [10, 11, 12, 13] {
             assert!(rank_at(pos) < floor, "pos {pos}");
         }
-        // Idle executors outside the cycle may always go.
+        for pos in (0..10).chain(14..30) {
+            assert!(rank_at(pos) >= floor, "pos {pos}");
+        }
         assert!(p.rank(u(None, None, 5), c) >= floor);
-        // Without a cycle: anything with no pending task.
         let none = Cycle::default();
-        assert!(p.rank(u(None, None, 5), none) >= p.prefetch_floor(none, 4));
-        assert!(p.rank(u(Some(9), None, 5), none) < p.prefetch_floor(none, 4));
+        assert!(p.rank(u(None, None, 5), none) >= p.prefetch_floor(none));
+        assert!(p.rank(u(Some(9), None, 5), none) < p.prefetch_floor(none));
+    }
+
+    /// Which positions a cache of `keep` executors holds: the `keep`
+    /// lowest-ranked ones (those the policy evicts last).
+    fn kept(len: u64, cursor: u64, keep: usize) -> Vec<u64> {
+        let p = EvictionPolicy::Priority;
+        let c = c(len, cursor, 0);
+        let mut pos: Vec<u64> = (0..len).collect();
+        pos.sort_by_key(|&i| p.rank(u(None, Some(i), 0), c));
+        let mut k = pos[..keep].to_vec();
+        k.sort_unstable();
+        k
+    }
+
+    #[test]
+    fn the_resident_set_is_spread_over_the_cycle_and_stable() {
+        // Half of 16: every other position, wherever the sweep is.
+        for cursor in 0..16 {
+            assert_eq!(kept(16, cursor, 8), vec![0, 2, 4, 6, 8, 10, 12, 14]);
+        }
+        // A quarter of 16: every fourth.
+        assert_eq!(kept(16, 5, 4), vec![0, 4, 8, 12]);
+        // Not a power of two: no gap longer than twice the average.
+        for len in [10u64, 37, 100, 135] {
+            for keep in [len as usize / 3, len as usize / 2, 2 * len as usize / 3] {
+                let k = kept(len, 0, keep);
+                let mut gaps: Vec<u64> = k.windows(2).map(|w| w[1] - w[0]).collect();
+                gaps.push(k[0] + len - k[k.len() - 1]);
+                let max = *gaps.iter().max().unwrap_or(&0);
+                assert!(
+                    max * keep as u64 <= 2 * len + keep as u64,
+                    "len {len} keep {keep}: gaps {gaps:?}"
+                );
+            }
+        }
     }
 
     proptest! {
@@ -226,9 +272,10 @@ mod tests {
         /// pending executors keep dispatch order.
         #[test]
         fn pending_always_kept_longer(a in 0u64..1<<40, b in 0u64..1<<40, pos in 0u64..64,
-                                      len in 1u64..64, cur in 0u64..64, lu in any::<u64>(), lu2 in any::<u64>()) {
+                                      len in 1u64..64, cur in 0u64..64, ahead in 0u64..8,
+                                      lu in any::<u64>(), lu2 in any::<u64>()) {
             let p = EvictionPolicy::Priority;
-            let c = Cycle { len, cursor: cur };
+            let c = c(len, cur, ahead);
             let pend = p.rank(u(Some(a), Some(pos % len), lu), c);
             let idle = p.rank(u(None, Some(pos % len), lu2), c);
             let idle2 = p.rank(u(None, None, lu2), c);
@@ -237,17 +284,22 @@ mod tests {
             prop_assert_eq!(a < b, pend < p.rank(u(Some(b), None, lu2), c));
         }
 
-        /// In a cycle, the executor before the cursor (done with) has the
-        /// highest rank and the one at the cursor (in progress) the lowest.
+        /// In a cycle, the executors coming up rank lowest, in the order
+        /// they come, and every position has its own rank.
         #[test]
-        fn cycle_distance(len in 2u64..100, cur in 0u64..1000) {
+        fn upcoming_first_and_ranks_distinct(len in 2u64..200, cur in 0u64..1000, ahead in 0u64..10) {
             let p = EvictionPolicy::Priority;
-            let c = Cycle { len, cursor: cur };
+            let c = c(len, cur, ahead);
             let ranks: Vec<u64> = (0..len).map(|i| p.rank(u(None, Some(i), 0), c)).collect();
-            let max = ranks.iter().enumerate().max_by_key(|(_, r)| **r).map(|(i, _)| i as u64);
-            let min = ranks.iter().enumerate().min_by_key(|(_, r)| **r).map(|(i, _)| i as u64);
-            prop_assert_eq!(max, Some((cur + len - 1) % len));
-            prop_assert_eq!(min, Some(cur % len));
+            let mut by_rank: Vec<u64> = (0..len).collect();
+            by_rank.sort_by_key(|&i| ranks[i as usize]);
+            for (d, &i) in by_rank.iter().take(ahead.min(len) as usize).enumerate() {
+                prop_assert_eq!(i, (cur + d as u64) % len);
+            }
+            let mut sorted = ranks.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            prop_assert_eq!(sorted.len() as u64, len);
         }
     }
 }

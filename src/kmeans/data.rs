@@ -421,20 +421,32 @@ pub fn load(
             progress(done, rows);
         }
     } else {
-        let mut first = 0u64;
+        // Empty partitions first and the cycle declared, so that what the
+        // cap pushes out while the data streams in is already what the
+        // sweeps would evict (the resident set is spread over the cycle).
         for p in 0..nparts {
-            let n = rows_per_part.min(rows - first) as usize;
-            let mut data = Vec::with_capacity(n * dims);
-            rows_src.read(first, n, &mut data)?;
+            let first = p * rows_per_part;
             parts.push(rt.insert_named(
                 Some(&format!("partition {p}")),
-                Partition::new(first, dims, data),
+                Partition::new(first, dims, Vec::new()),
             )?);
-            part_rows.push(n as u32);
+            part_rows.push(rows_per_part.min(rows - first) as u32);
+        }
+        rt.hint_cycle(parts.iter().map(|h| h.id()));
+        let mut first = 0u64;
+        for (h, &n) in parts.iter().zip(&part_rows) {
+            let n = n as usize;
+            rt.make_room(n * dims * 4);
+            let mut data = Vec::with_capacity(n * dims);
+            rows_src.read(first, n, &mut data)?;
+            let mut b = rt.batch();
+            b.write(h, move |p: &mut Partition| {
+                *p = Partition::new(p.first_row, dims, data);
+            });
+            b.run()?;
             first += n as u64;
             progress(first, rows);
         }
-        rt.hint_cycle(parts.iter().map(|h| h.id()));
     }
     Ok(Dataset {
         parts,

@@ -357,9 +357,12 @@ impl Runtime {
     }
 
     /// Declares that the job sweeps these executors in this order, over and
-    /// over (an epoch of iterative training). Idle executors are then ranked
-    /// by their distance to their next turn, so the one used most recently
-    /// is evicted first and the next ones are prefetched.
+    /// over (an epoch of iterative training). The next few executors of the
+    /// cycle are then prefetched and kept, and the rest are ranked in a
+    /// fixed order spread over the cycle (see
+    /// [`EvictionPolicy::rank`](crate::EvictionPolicy::rank)), so the part
+    /// of the cycle that stays resident is the same every sweep and the
+    /// loads are spread between resident executors.
     pub fn hint_cycle(&self, order: impl IntoIterator<Item = ExecutorId>) {
         let sh = &self.shared;
         let order: Vec<ExecutorId> = order.into_iter().collect();
@@ -473,7 +476,7 @@ fn encoded_len<T: Serialize>(value: &T) -> usize {
 
 /// The level proactive eviction brings usage down to.
 fn low_watermark(cap: u64) -> u64 {
-    cap.saturating_sub((cap / 16).max(4 << 20).min(cap / 2))
+    cap.saturating_sub((cap / 32).max(4 << 20).min(cap / 2))
 }
 
 /// Outcome of one eviction attempt.
@@ -586,7 +589,14 @@ impl Shared {
         Cycle {
             len: self.cycle_len.load(Ordering::Relaxed),
             cursor: self.cycle_cursor.load(Ordering::Relaxed),
+            ahead: self.lookahead(),
         }
+    }
+
+    /// Cycle positions the prefetcher works ahead of the cursor: two per
+    /// worker.
+    fn lookahead(&self) -> u64 {
+        2 * self.workers as u64
     }
 
     pub(crate) fn rank(&self, s: &Slot, cycle: Cycle) -> u64 {
@@ -732,7 +742,7 @@ impl Shared {
     /// Evicts until `bytes` more fit under the low watermark, taking only
     /// victims ranked above `above` when given. Returns whether they fit.
     ///
-    /// The low watermark is the cap less 1/16 (at least 4 MiB): headroom
+    /// The low watermark is the cap less 1/32 (at least 4 MiB): headroom
     /// for the buffers of loads and for what tasks allocate, so that the
     /// trap stays the last resort.
     pub(crate) fn make_room(&self, bytes: usize, above: Option<u64>) -> bool {
@@ -934,11 +944,9 @@ impl Shared {
     }
 
     /// The prefetcher's one step: loads the evicted executor needed soonest
-    /// (lowest rank: a pending task, or the next turn in the declared
-    /// cycle) if it fits, evicting only executors ranked after it, that is,
-    /// needed later. Each step swaps a later executor for a sooner one, so
-    /// the resident set slides along the plan ahead of the workers (Belady's
-    /// rule applied ahead of time). Without a plan for an executor (idle,
+    /// (lowest rank: a pending task, or one of the next turns in the
+    /// declared cycle) if it fits, evicting only idle executors that are not
+    /// coming up, highest rank first. Without a plan for an executor (idle,
     /// outside any cycle), it comes back only when no work is pending and
     /// usage is below 90% of the low watermark. Returns whether it loaded
     /// something.
@@ -962,16 +970,15 @@ impl Shared {
             return false;
         };
         let size = slot.size.load(Ordering::Relaxed);
-        let window = 2 * self.workers as u64;
         let planned = slot.next_task.load(Ordering::Relaxed) != NONE
             || slot.cycle_pos.load(Ordering::Relaxed) != NONE;
         if planned {
-            if !self.policy.prefetch_target(rank, cycle, window)
+            if !self.policy.prefetch_target(rank, cycle)
                 && slot.next_task.load(Ordering::Relaxed) == NONE
             {
                 return false;
             }
-            let floor = self.policy.prefetch_floor(cycle, 2 * window);
+            let floor = self.policy.prefetch_floor(cycle);
             if rank >= floor || !self.make_room(size, Some(floor.max(rank))) {
                 return false;
             }
