@@ -24,6 +24,11 @@
 //! length (so a damaged length prefix cannot ask for a huge allocation), and
 //! checks the payload CRC and that every byte was consumed before handing the
 //! value back.
+//!
+//! After a write and after a load the file's pages are dropped from the page
+//! cache (`POSIX_FADV_DONTNEED`): a memory cgroup charges them to the job's
+//! limit, and dirty spill pages piling up there make the kernel swap out
+//! the job's own memory.
 
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
@@ -230,6 +235,7 @@ pub fn write_file<T: Serialize>(
         .map_err(|e| format!("seek: {e}"))?;
     file.write_all(&header.encode())
         .map_err(|e| format!("write: {e}"))?;
+    drop_cached(&file);
     Ok(HEADER_LEN as u64 + header.payload_len)
 }
 
@@ -264,8 +270,28 @@ pub fn read_file<T: DeserializeOwned>(
 ) -> std::result::Result<(T, u64), String> {
     let file = File::open(path).map_err(|e| format!("open: {e}"))?;
     let file_len = file.metadata().map_err(|e| format!("stat: {e}"))?.len();
-    let value = read_from(BufReader::with_capacity(READ_BUF, file), file_len, key)?;
-    Ok((value, file_len))
+    let mut reader = BufReader::with_capacity(READ_BUF, file);
+    let value = read_from(&mut reader, file_len, key);
+    drop_cached(reader.get_ref());
+    Ok((value?, file_len))
+}
+
+/// Asks the kernel to write the file's dirty pages back now and to drop
+/// its cached pages (those already clean; the rest become droppable as
+/// soon as they are written).
+///
+/// A spill file's pages are of no use in the page cache: the executor is
+/// either in memory or will be read back once, much later. Under a memory
+/// cgroup they are charged to the same limit as the job's memory, and when
+/// dirty pages pile up the kernel reclaims by swapping out the job's own
+/// memory instead (seen as major faults in the next sweep). Advice only:
+/// errors are ignored.
+fn drop_cached(file: &File) {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: a plain syscall on a descriptor we own; no memory is passed.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
 }
 
 /// Verifies and decodes a whole spill file held in memory (the same checks

@@ -1064,3 +1064,53 @@ fn fingerprints_are_stable() {
     );
     assert_eq!(fingerprint::<PodVec<f32>>(), h);
 }
+
+/// Pages of `path` in the page cache (mincore over a read-only mapping).
+fn cached_pages(path: &Path) -> usize {
+    use std::os::unix::io::AsRawFd;
+    let f = File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    let page = 4096;
+    let pages = len.div_ceil(page);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: a private read-only mapping of a file we keep open; unmapped
+    // before returning, and only its residency is queried.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        assert_eq!(libc::mincore(p, len, vec.as_mut_ptr()), 0);
+        libc::munmap(p, len);
+    }
+    vec.iter().filter(|&&b| b & 1 == 1).count()
+}
+
+/// Loading a spill file leaves none of it in the page cache (under a
+/// memory cgroup those pages would count against the job's limit); a
+/// plain read of the same file does leave it cached, which shows the
+/// measurement can see cached pages.
+#[test]
+fn loads_leave_nothing_in_the_page_cache() {
+    // Disk-backed, not tmpfs (whose pages cannot be dropped).
+    let dir = tempfile::tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/target")).unwrap();
+    let path = dir.path().join("e.spill");
+    let v = PodVec((0..(4 << 20) / 4).map(|i| i as f32).collect::<Vec<f32>>());
+    write_file(&path, key::<PodVec<f32>>(1, 1), &v).unwrap();
+    File::open(&path).unwrap().sync_all().unwrap();
+    let _ = std::fs::read(&path).unwrap();
+    let before = cached_pages(&path);
+    assert!(before > 0, "a plain read left nothing cached");
+    let (back, _) = read_file::<PodVec<f32>>(&path, key::<PodVec<f32>>(1, 1)).unwrap();
+    assert_eq!(back, v);
+    let after = cached_pages(&path);
+    assert!(
+        after * 10 < before,
+        "{after} of {before} pages still cached after the load"
+    );
+}
