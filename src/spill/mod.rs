@@ -270,6 +270,7 @@ pub fn read_file<T: DeserializeOwned>(
 ) -> std::result::Result<(T, u64), String> {
     let file = File::open(path).map_err(|e| format!("open: {e}"))?;
     let file_len = file.metadata().map_err(|e| format!("stat: {e}"))?.len();
+    advise(&file, libc::POSIX_FADV_SEQUENTIAL);
     let mut reader = BufReader::with_capacity(READ_BUF, file);
     let value = read_from(&mut reader, file_len, key);
     drop_cached(reader.get_ref());
@@ -287,10 +288,17 @@ pub fn read_file<T: DeserializeOwned>(
 /// memory instead (seen as major faults in the next sweep). Advice only:
 /// errors are ignored.
 fn drop_cached(file: &File) {
+    advise(file, libc::POSIX_FADV_DONTNEED);
+}
+
+/// `posix_fadvise` over the whole file; advice only, errors are ignored.
+/// (`POSIX_FADV_SEQUENTIAL` before a load doubles the kernel's readahead
+/// window for the file.)
+fn advise(file: &File, advice: libc::c_int) {
     use std::os::unix::io::AsRawFd;
     // SAFETY: a plain syscall on a descriptor we own; no memory is passed.
     unsafe {
-        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, advice);
     }
 }
 
