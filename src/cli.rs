@@ -64,7 +64,7 @@ struct MemoryArgs {
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
     /// Number of data partitions (executors). Default: sized so a partition
-    /// is 1/16 of the cap.
+    /// is 1/64 of the cap (64 MiB with no cap), rounded to whole tasks.
     #[arg(long, value_name = "P")]
     partitions: Option<u64>,
     /// Eviction policy.
@@ -465,6 +465,7 @@ fn kmeans_cmd(a: KmeansArgs) -> Result<()> {
         a.data.input.is_none().then_some(1 << 30),
         data_bytes,
     )?;
+    let part_bytes = kmeans::aligned_partition_bytes(part_bytes, dims, a.task_points);
     let mut fb = Feedback::new();
     fb.stage("loading", rows);
     let t = Instant::now();

@@ -237,16 +237,25 @@ fn run_cli(args: &[&str]) -> (bool, String) {
 }
 
 /// Same seed and worker count: identical centroids with and without a cap,
-/// and under either policy, for both algorithms.
+/// under either policy, and with the default partitioning (which depends on
+/// the cap) or another one, for both algorithms.
 #[test]
 fn results_are_identical_with_and_without_a_cap() {
     let dir = tempfile::tempdir().unwrap();
     for algo in ["minibatch", "lloyd"] {
         let mut outputs = Vec::new();
         for (name, extra) in [
-            ("none", vec!["--mem-cap", "none"]),
-            ("capped", vec!["--mem-cap", "4MiB"]),
-            ("lru", vec!["--mem-cap", "4MiB", "--policy", "lru"]),
+            ("none", vec!["--mem-cap", "none", "--partitions", "16"]),
+            ("capped", vec!["--mem-cap", "4MiB", "--partitions", "16"]),
+            (
+                "lru",
+                vec!["--mem-cap", "4MiB", "--policy", "lru", "--partitions", "16"],
+            ),
+            ("default partitions, capped", vec!["--mem-cap", "4MiB"]),
+            (
+                "5 partitions, no cap",
+                vec!["--mem-cap", "none", "--partitions", "5"],
+            ),
         ] {
             let out = dir.path().join(format!("{algo}-{name}.npy"));
             let stats = dir.path().join(format!("{algo}-{name}.json"));
@@ -268,8 +277,6 @@ fn results_are_identical_with_and_without_a_cap() {
                 "8",
                 "--task-points",
                 "300",
-                "--partitions",
-                "16",
                 "--workers",
                 "2",
                 "--algorithm",
@@ -284,7 +291,7 @@ fn results_are_identical_with_and_without_a_cap() {
             assert!(ok, "{algo} {name} failed: {err}");
             let s: serde_json::Value =
                 serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
-            if name != "none" {
+            if name.contains("capped") || name == "lru" {
                 assert!(
                     s["evictions"].as_u64().unwrap() > 0,
                     "{algo} {name}: no eviction under the cap"

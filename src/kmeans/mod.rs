@@ -74,6 +74,21 @@ pub struct Partial {
     pub labels: Vec<u32>,
 }
 
+/// Lloyd: tasks per batch (each holds a `k x dims` partial sum until the
+/// batch is reduced).
+const LLOYD_GROUP: usize = 32;
+
+/// Partition size in bytes for `part_bytes` of `dims`-wide rows, rounded to
+/// a whole number of tasks of `task_points` rows (at least one). Tasks then
+/// never straddle partitions, so the tasks, and the results, are the same
+/// whatever the partition size.
+pub fn aligned_partition_bytes(part_bytes: u64, dims: usize, task_points: usize) -> u64 {
+    let row = 4 * dims.max(1) as u64;
+    let tp = task_points.max(1) as u64;
+    let rows = (part_bytes / row).max(1);
+    (rows / tp).max(1) * tp * row
+}
+
 /// Rows per GEMM block (keeps the distance block small for large k).
 const BLOCK: usize = 256;
 
@@ -351,7 +366,11 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
             }
         }
         Algorithm::Lloyd => {
-            let plan = per_partition(ds);
+            // Tasks of `task_points` rows, reduced in fixed groups: with
+            // partitions a multiple of `task_points` rows (see
+            // `aligned_partition_bytes`), the arithmetic does not depend on
+            // how the data is partitioned, so the cap does not change it.
+            let plan = chunks(ds, cfg.task_points);
             for it in 0..cfg.iterations {
                 let t = Instant::now();
                 let shared = Arc::new(centers.clone());
@@ -359,10 +378,10 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
                 let mut n = vec![0u64; cfg.k];
                 let mut inertia = 0.0;
                 let mut done = 0u64;
-                // A few partitions per batch bounds the partial sums held
-                // at once; the declared cycle still tells the runtime what
-                // comes next.
-                for group in plan.chunks(rt.workers().max(1) * 2) {
+                // A bounded number of tasks per batch bounds the partial
+                // sums held at once; the declared cycle still tells the
+                // runtime what comes next.
+                for group in plan.chunks(LLOYD_GROUP) {
                     let parts = sweep(rt, ds, group, &shared, true, false)?;
                     let (s, c, i) = reduce(&parts, cfg.k, ds.dims);
                     for (a, b) in sums.iter_mut().zip(&s) {
@@ -398,7 +417,7 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
             }
         }
     }
-    let (inertia, labels) = final_pass(rt, ds, &centers, cfg.labels)?;
+    let (inertia, labels) = final_pass(rt, ds, &centers, cfg.labels, cfg.task_points)?;
     Ok(Outcome {
         centers,
         inertia,
@@ -406,19 +425,6 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
         epoch_inertia,
         labels,
     })
-}
-
-/// One chunk per partition (whole partitions).
-fn per_partition(ds: &Dataset) -> Vec<Chunk> {
-    ds.part_rows
-        .iter()
-        .enumerate()
-        .map(|(part, &rows)| Chunk {
-            part,
-            start: 0,
-            len: rows as usize,
-        })
-        .collect()
 }
 
 /// Runs one read-only assignment task per chunk; results in order.
@@ -483,11 +489,12 @@ fn final_pass(
     ds: &Dataset,
     c: &Centers,
     labels: bool,
+    task_points: usize,
 ) -> Result<(f64, Option<Vec<u32>>)> {
     let shared = Arc::new(c.clone());
     let mut inertia = 0.0;
     let mut all = labels.then(|| Vec::with_capacity(ds.rows as usize));
-    for group in per_partition(ds).chunks(rt.workers().max(1) * 2) {
+    for group in chunks(ds, task_points).chunks(LLOYD_GROUP) {
         for p in sweep(rt, ds, group, &shared, false, labels)? {
             inertia += p.inertia;
             if let Some(all) = all.as_mut() {

@@ -382,7 +382,7 @@ impl Runtime {
             .store(n.saturating_sub(1), Ordering::Relaxed);
     }
 
-    /// Evicts idle executors (those needed last first) until `bytes` more
+    /// Evicts idle executors (highest rank first) until `bytes` more
     /// fit under the cap with the runtime's headroom. Call it before a large
     /// allocation the runtime cannot foresee, such as a task that builds a
     /// big value, so that room is made ahead of time instead of in the
