@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{is_child, run_child, run_job, Part};
+use common::{is_child, run_child, run_child_with, run_job, Part};
 use outcore::{Error, MemoryCap, Runtime};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -83,13 +83,15 @@ fn disk_full_keeps_executors_and_the_job_completes() {
     }
     // 6 MiB of spill space for 48 MiB of executors under a 20 MiB cap.
     let fs = Tmpfs::mount("size=6m");
-    std::env::set_var("SPILL", fs.path());
-    let out = run_child(
+    // Through the child's environment only: `set_var` here would leak into
+    // the children of the tests running alongside.
+    let spill = fs.path().to_string_lossy().into_owned();
+    let out = run_child_with(
         "disk_full_keeps_executors_and_the_job_completes",
         None,
         TIMEOUT,
+        &[("SPILL", spill.as_str())],
     );
-    std::env::remove_var("SPILL");
     assert!(out.status.success(), "{}", out.stderr);
     assert_eq!(
         out.value("DIGEST"),
@@ -107,9 +109,12 @@ fn injected_write_faults_lose_nothing() {
     if is_child("injected_write_faults_lose_nothing") {
         return job(None, MemoryCap::Bytes(20 << 20));
     }
-    std::env::set_var("OUTCORE_FAULT_WRITE_EVERY", "3");
-    let out = run_child("injected_write_faults_lose_nothing", None, TIMEOUT);
-    std::env::remove_var("OUTCORE_FAULT_WRITE_EVERY");
+    let out = run_child_with(
+        "injected_write_faults_lose_nothing",
+        None,
+        TIMEOUT,
+        &[("OUTCORE_FAULT_WRITE_EVERY", "3")],
+    );
     assert!(out.status.success(), "{}", out.stderr);
     assert_eq!(out.value("DIGEST"), Some(reference()));
     assert!(out.value("FAILED").unwrap().parse::<u64>().unwrap() > 0);

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{is_child, run_child, run_job, Part};
+use common::{is_child, run_child, run_child_with, run_job, Part};
 use outcore::{EvictionPolicy, MemoryCap, Runtime};
 
 const PARTS: usize = 16;
@@ -32,7 +32,13 @@ fn job_child(cap: MemoryCap, policy: EvictionPolicy) {
 }
 
 fn ok(test: &str, limit: Option<u64>) -> common::ChildOutput {
-    let out = run_child(test, limit, TIMEOUT);
+    ok_with(test, limit, &[])
+}
+
+/// [`ok`] with extra environment variables for the child (never `set_var`:
+/// it would leak into the children of tests running alongside).
+fn ok_with(test: &str, limit: Option<u64>, env: &[(&str, &str)]) -> common::ChildOutput {
+    let out = run_child_with(test, limit, TIMEOUT, env);
     assert!(
         out.status.success(),
         "{test} failed: {:?}\nstdout:\n{}\nstderr:\n{}",
@@ -82,9 +88,7 @@ fn soft_cap_4x_matches_uncapped() {
         num(&capped, "PEAK")
     );
 
-    std::env::set_var("POLICY", "lru");
-    let lru = ok("soft_cap_4x_matches_uncapped", None);
-    std::env::remove_var("POLICY");
+    let lru = ok_with("soft_cap_4x_matches_uncapped", None, &[("POLICY", "lru")]);
     assert_eq!(lru.value("DIGEST").as_deref(), Some(reference.as_str()));
     assert!(num(&lru, "EVICTIONS") > 0);
 }
