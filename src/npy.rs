@@ -141,17 +141,40 @@ pub struct NpyRows {
     buf: Vec<u8>,
 }
 
+/// Opens a `.npy` file for reading: its reader (positioned after the
+/// header), its length and its header.
+fn open_with_header(path: &Path) -> Result<(BufReader<File>, u64, Header)> {
+    if path.is_dir() {
+        return Err(bad(path, "is a directory"));
+    }
+    let file = File::open(path).map_err(|e| bad(path, format!("cannot open: {e}")))?;
+    let len = file.metadata().map_err(|e| bad(path, e.to_string()))?.len();
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let h = read_header(path, &mut reader)?;
+    Ok((reader, len, h))
+}
+
+/// Checks that a file of `len` bytes holds the `elems` elements its header
+/// promises (`None`: a count that overflowed).
+fn check_length(path: &Path, len: u64, h: &Header, elems: Option<u64>) -> Result<()> {
+    let need = elems
+        .and_then(|n| n.checked_mul(h.dtype.size() as u64))
+        .and_then(|n| n.checked_add(h.data_offset))
+        .ok_or_else(|| bad(path, "shape too large"))?;
+    if len < need {
+        return Err(bad(
+            path,
+            format!("truncated: {len} bytes, the header promises {need}"),
+        ));
+    }
+    Ok(())
+}
+
 impl NpyRows {
     /// Opens `path`, checks it is a 2-D float32/float64 C-order array and
     /// that the file holds all of its data.
     pub fn open(path: &Path) -> Result<NpyRows> {
-        if path.is_dir() {
-            return Err(bad(path, "is a directory"));
-        }
-        let file = File::open(path).map_err(|e| bad(path, format!("cannot open: {e}")))?;
-        let len = file.metadata().map_err(|e| bad(path, e.to_string()))?.len();
-        let mut reader = BufReader::with_capacity(1 << 20, file);
-        let h = read_header(path, &mut reader)?;
+        let (reader, len, h) = open_with_header(path)?;
         if !matches!(h.dtype, Dtype::F32 | Dtype::F64) {
             return Err(bad(
                 path,
@@ -168,17 +191,7 @@ impl NpyRows {
         if cols == 0 {
             return Err(bad(path, "data has 0 columns"));
         }
-        let need = rows
-            .checked_mul(cols)
-            .and_then(|n| n.checked_mul(h.dtype.size() as u64))
-            .and_then(|n| n.checked_add(h.data_offset))
-            .ok_or_else(|| bad(path, "shape too large"))?;
-        if len < need {
-            return Err(bad(
-                path,
-                format!("truncated: {len} bytes, the header promises {need}"),
-            ));
-        }
+        check_length(path, len, &h, rows.checked_mul(cols))?;
         Ok(NpyRows {
             path: path.to_path_buf(),
             reader,
@@ -240,13 +253,7 @@ pub struct NpyInts {
 impl NpyInts {
     /// Opens `path`, checks it is a 1-D int32/int64 array held in full.
     pub fn open(path: &Path) -> Result<NpyInts> {
-        if path.is_dir() {
-            return Err(bad(path, "is a directory"));
-        }
-        let file = File::open(path).map_err(|e| bad(path, format!("cannot open: {e}")))?;
-        let flen = file.metadata().map_err(|e| bad(path, e.to_string()))?.len();
-        let mut reader = BufReader::with_capacity(1 << 20, file);
-        let h = read_header(path, &mut reader)?;
+        let (reader, flen, h) = open_with_header(path)?;
         if !matches!(h.dtype, Dtype::I32 | Dtype::I64) {
             return Err(bad(
                 path,
@@ -263,15 +270,7 @@ impl NpyInts {
             ));
         }
         let len = h.shape[0];
-        let need = len
-            .saturating_mul(h.dtype.size() as u64)
-            .saturating_add(h.data_offset);
-        if flen < need {
-            return Err(bad(
-                path,
-                format!("truncated: {flen} bytes, the header promises {need}"),
-            ));
-        }
+        check_length(path, flen, &h, Some(len))?;
         Ok(NpyInts {
             path: path.to_path_buf(),
             reader,

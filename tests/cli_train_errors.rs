@@ -2,18 +2,9 @@
 //! line, exit code 2, no backtrace, no output file left behind.
 
 use std::path::Path;
-use std::process::Command;
 
-fn run(args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+mod bin_common;
+use bin_common::outcore_cli as run;
 
 fn bad(args: &[&str], want: &str, out: &Path) {
     let (code, err) = run(args);

@@ -3,7 +3,8 @@
 //! clusters.
 
 use std::path::Path;
-use std::process::Command;
+
+mod bin_common;
 
 use outcore::kmeans::{self, Algorithm, Config, Init, Source};
 use outcore::npy;
@@ -225,17 +226,6 @@ fn minibatch_inertia_is_within_two_percent_of_lloyd() {
     );
 }
 
-fn run_cli(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// Same seed and worker count: identical centroids with and without a cap,
 /// under either policy, and with the default partitioning (which depends on
 /// the cap) or another one, for both algorithms.
@@ -287,8 +277,8 @@ fn results_are_identical_with_and_without_a_cap() {
                 stats.to_str().unwrap(),
             ];
             args.extend(extra.iter());
-            let (ok, err) = run_cli(&args);
-            assert!(ok, "{algo} {name} failed: {err}");
+            let (code, err) = bin_common::outcore_cli(&args);
+            assert_eq!(code, Some(0), "{algo} {name} failed: {err}");
             let s: serde_json::Value =
                 serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
             if name.contains("capped") || name == "lru" {

@@ -1,17 +1,12 @@
 //! The training job: accuracy on separable data, identical results with
 //! and without a cap, dirty model state written back.
 
-use std::process::Command;
+mod bin_common;
 
+/// Runs the binary; whether it succeeded, and its stderr.
 fn outcore(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let (code, err) = bin_common::outcore_cli(args);
+    (code == Some(0), err)
 }
 
 fn stats(path: &std::path::Path) -> serde_json::Value {
