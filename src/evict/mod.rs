@@ -134,19 +134,22 @@ impl EvictionPolicy {
         }
     }
 
-    /// The lowest rank the prefetcher may evict to load an executor ahead
-    /// of time (it also never evicts anything ranked at or before the
-    /// executor it loads).
+    /// What the prefetcher may evict to load an executor of rank `rank`
+    /// ahead of time: executors ranked above the returned value; `None`
+    /// when it should not load that executor early at all.
     ///
     /// Under `Priority`: any executor with no pending task that is not
-    /// coming up in the cycle; the spread order then decides which. Under
-    /// `Lru`: any executor ranked after the one loaded.
-    pub fn prefetch_floor(self, cycle: Cycle) -> u64 {
-        match self {
-            EvictionPolicy::Lru => 0,
+    /// coming up in the cycle (the spread order then decides which), and
+    /// only for an executor that is itself pending or coming up. Under
+    /// `Lru`: any executor ranked after (used longer ago than) the one
+    /// loaded.
+    pub fn prefetch_floor(self, cycle: Cycle, rank: u64) -> Option<u64> {
+        let floor = match self {
+            EvictionPolicy::Lru => return Some(rank),
             EvictionPolicy::Priority if cycle.len > 0 => CYCLE_BASE + cycle.ahead.min(cycle.len),
             EvictionPolicy::Priority => CYCLE_BASE,
-        }
+        };
+        (rank < floor).then_some(floor)
     }
 }
 
@@ -217,7 +220,7 @@ mod tests {
     fn the_prefetcher_never_displaces_what_comes_up_next() {
         let p = EvictionPolicy::Priority;
         let c = c(30, 10, 4);
-        let floor = p.prefetch_floor(c);
+        let floor = p.prefetch_floor(c, 0).unwrap();
         let rank_at = |pos: u64| p.rank(u(None, Some(pos), 0), c);
         for pos in [10, 11, 12, 13] {
             assert!(rank_at(pos) < floor, "pos {pos}");
@@ -226,9 +229,23 @@ mod tests {
             assert!(rank_at(pos) >= floor, "pos {pos}");
         }
         assert!(p.rank(u(None, None, 5), c) >= floor);
+        // What comes up may be loaded early; what does not, may not.
+        assert_eq!(p.prefetch_floor(c, rank_at(11)), Some(floor));
+        assert_eq!(p.prefetch_floor(c, rank_at(20)), None);
         let none = Cycle::default();
-        assert!(p.rank(u(None, None, 5), none) >= p.prefetch_floor(none));
-        assert!(p.rank(u(Some(9), None, 5), none) < p.prefetch_floor(none));
+        let none_floor = p.prefetch_floor(none, 0).unwrap();
+        assert!(p.rank(u(None, None, 5), none) >= none_floor);
+        assert!(p.rank(u(Some(9), None, 5), none) < none_floor);
+    }
+
+    #[test]
+    fn under_lru_the_prefetcher_displaces_only_older_executors() {
+        let p = EvictionPolicy::Lru;
+        let c = Cycle::default();
+        let loaded = p.rank(u(Some(3), None, 50), c);
+        let floor = p.prefetch_floor(c, loaded).expect("LRU prefetches");
+        assert!(p.rank(u(None, None, 10), c) > floor, "older: may go");
+        assert!(p.rank(u(None, None, 90), c) <= floor, "newer: stays");
     }
 
     /// Which positions a cache of `keep` executors holds: the `keep`

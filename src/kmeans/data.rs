@@ -380,20 +380,21 @@ pub fn load(
     let nparts = rows.div_ceil(rows_per_part);
     let mut parts = Vec::with_capacity(nparts as usize);
     let mut part_rows = Vec::with_capacity(nparts as usize);
+    // Empty partitions first and the cycle declared, so that what the cap
+    // pushes out while the data comes in is already what the sweeps would
+    // evict (the resident set is spread over the cycle).
+    for p in 0..nparts {
+        let first = p * rows_per_part;
+        parts.push(rt.insert_named(
+            Some(&format!("partition {p}")),
+            Partition::new(first, dims, Vec::new()),
+        )?);
+        part_rows.push(rows_per_part.min(rows - first) as u32);
+    }
+    rt.hint_cycle(parts.iter().map(|h| h.id()));
     if let Rows::Synthetic(blobs, _) = &rows_src {
-        // Empty partitions first, then one generating task each: the
-        // workers fill them in parallel and the runtime spills them as the
-        // cap requires.
-        for p in 0..nparts {
-            let first = p * rows_per_part;
-            let n = rows_per_part.min(rows - first);
-            parts.push(rt.insert_named(
-                Some(&format!("partition {p}")),
-                Partition::new(first, dims, Vec::new()),
-            )?);
-            part_rows.push(n as u32);
-        }
-        rt.hint_cycle(parts.iter().map(|h| h.id()));
+        // One generating task per partition: the workers fill them in
+        // parallel and the runtime spills them as the cap requires.
         let group = (rt.workers() * 2).max(1);
         let mut done = 0u64;
         for (hs, ns) in parts.chunks(group).zip(part_rows.chunks(group)) {
@@ -421,18 +422,8 @@ pub fn load(
             progress(done, rows);
         }
     } else {
-        // Empty partitions first and the cycle declared, so that what the
-        // cap pushes out while the data streams in is already what the
-        // sweeps would evict (the resident set is spread over the cycle).
-        for p in 0..nparts {
-            let first = p * rows_per_part;
-            parts.push(rt.insert_named(
-                Some(&format!("partition {p}")),
-                Partition::new(first, dims, Vec::new()),
-            )?);
-            part_rows.push(rows_per_part.min(rows - first) as u32);
-        }
-        rt.hint_cycle(parts.iter().map(|h| h.id()));
+        // Read on this thread, one partition at a time, each handed to its
+        // executor by a write task.
         let mut first = 0u64;
         for (h, &n) in parts.iter().zip(&part_rows) {
             let n = n as usize;

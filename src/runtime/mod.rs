@@ -749,31 +749,27 @@ impl Shared {
         let Some(cap) = self.cap else { return true };
         let cap = low_watermark(cap);
         let mut skip: Vec<u64> = Vec::new();
-        let mut evicted = false;
-        let fits = loop {
+        // No purge afterwards: jemalloc reuses the freed extents for the
+        // loads that follow. Purging on every proactive eviction made each
+        // task's fresh buffers fault in zeroed pages again (with TLB
+        // shootdowns across the workers). The trap, where memory must go
+        // back to the system now, still purges.
+        loop {
             let in_flight = self.loading_bytes.load(Ordering::Relaxed);
             if alloc::current_usage()
                 .saturating_add(in_flight)
                 .saturating_add(bytes) as u64
                 <= cap
             {
-                break true;
+                return true;
             }
             let Some(v) = self.pick_victim(above, &skip, false) else {
-                break false;
+                return false;
             };
-            match self.evict_slot(&v, false) {
-                Evicted::Freed(_) => evicted = true,
-                Evicted::Skipped | Evicted::Failed => skip.push(v.id),
+            if !matches!(self.evict_slot(&v, false), Evicted::Freed(_)) {
+                skip.push(v.id);
             }
-        };
-        // No purge here: jemalloc reuses the freed extents for the loads
-        // that follow. Purging on every proactive eviction made each task's
-        // fresh buffers fault in zeroed pages again (with TLB shootdowns
-        // across the workers). The trap, where memory must go back to the
-        // system now, still purges.
-        let _ = evicted;
-        fits
+        }
     }
 
     /// Loads an executor the caller has put in the `Loading` state.
@@ -978,8 +974,10 @@ impl Shared {
             {
                 return false;
             }
-            let floor = self.policy.prefetch_floor(cycle);
-            if rank >= floor || !self.make_room(size, Some(floor.max(rank))) {
+            let Some(floor) = self.policy.prefetch_floor(cycle, rank) else {
+                return false;
+            };
+            if !self.make_room(size, Some(floor.max(rank))) {
                 return false;
             }
         } else {
