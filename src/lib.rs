@@ -78,7 +78,9 @@ pub mod spill;
 pub mod stats;
 pub mod train;
 
-pub use alloc::TrapAlloc;
+pub use alloc::{
+    current_usage, flush_thread, flush_threshold, peak_usage, reset_peak, thread_net_allocated, TrapAlloc,
+};
 pub use cap::{format_bytes, parse_size, MemoryCap};
 pub use error::{Error, ExecutorId, Result};
 pub use evict::EvictionPolicy;
