@@ -5,11 +5,13 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
+use crate::units::format_bytes;
 
 /// How much memory the runtime may use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MemoryCap {
     /// No soft cap: only a hard limit (`ulimit -v`) triggers evictions.
+    #[default]
     None,
     /// A cap in bytes.
     Bytes(u64),
@@ -127,34 +129,19 @@ pub fn parse_size(input: &str) -> Result<u64> {
     Ok(bytes.round() as u64)
 }
 
-/// Formats bytes for people: `512.0 MiB`, `1.50 GiB`, `123 B`.
-pub fn format_bytes(b: u64) -> String {
-    const K: f64 = 1024.0;
-    let f = b as f64;
-    if f < K {
-        format!("{b} B")
-    } else if f < K * K {
-        format!("{:.1} KiB", f / K)
-    } else if f < K * K * K {
-        format!("{:.1} MiB", f / (K * K))
-    } else {
-        format!("{:.2} GiB", f / (K * K * K))
-    }
-}
-
 /// The limits the process runs under, as far as they can be read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// cgroup v2 `memory.max` or v1 `memory.limit_in_bytes`, if limited.
-    pub cgroup: Option<u64>,
+    pub(crate) cgroup: Option<u64>,
     /// `RLIMIT_AS`, if finite.
-    pub rlimit_as: Option<u64>,
+    pub(crate) rlimit_as: Option<u64>,
     /// Physical memory (`MemTotal`).
-    pub physical: Option<u64>,
+    pub(crate) physical: Option<u64>,
 }
 
 /// Reads the cgroup, rlimit and physical memory limits.
-pub fn detect_limits() -> Limits {
+pub(crate) fn detect_limits() -> Limits {
     Limits {
         cgroup: cgroup_limit(),
         rlimit_as: rlimit_as(),
@@ -167,7 +154,7 @@ pub fn detect_limits() -> Limits {
 /// the page cache a memory cgroup also charges;
 /// `RLIMIT_AS` less 25% (at least 256 MiB), since address space also holds
 /// code, stacks and mappings jemalloc keeps. At least 16 MiB.
-pub fn auto_cap(l: &Limits) -> u64 {
+pub(crate) fn auto_cap(l: &Limits) -> u64 {
     let mem = [l.cgroup, l.physical]
         .into_iter()
         .flatten()
@@ -308,12 +295,5 @@ mod tests {
             parse_meminfo("MemTotal:  1024 kB\nMemFree: 1 kB\n"),
             Some(1 << 20)
         );
-    }
-
-    #[test]
-    fn formats() {
-        assert_eq!(format_bytes(100), "100 B");
-        assert_eq!(format_bytes(512 << 20), "512.0 MiB");
-        assert_eq!(format_bytes(3 << 29), "1.50 GiB");
     }
 }

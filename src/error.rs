@@ -4,6 +4,8 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
+use crate::units::format_bytes;
+
 /// Executors are identified by a small number, shown as `executor #N` (and
 /// by the name given at insertion, when there is one).
 pub type ExecutorId = u64;
@@ -20,6 +22,18 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// An eviction policy name could not be parsed.
+    UnknownPolicy {
+        /// The text given.
+        input: String,
+    },
+    /// A runtime with a memory cap was built, but
+    /// [`TrapAlloc`](crate::TrapAlloc) is not the process's global
+    /// allocator, so the cap could not be enforced.
+    AllocatorNotInstalled {
+        /// The cap asked for, in bytes.
+        cap: u64,
+    },
     /// The spill directory could not be created or is not usable.
     SpillDir {
         /// The directory.
@@ -28,7 +42,8 @@ pub enum Error {
         source: io::Error,
     },
     /// Writing an executor to its spill file failed (the executor stays in
-    /// memory, intact).
+    /// memory, intact). The source keeps the I/O error's kind, so a full
+    /// disk ([`io::ErrorKind::StorageFull`]) can be told apart.
     SpillWrite {
         /// The executor.
         executor: String,
@@ -37,19 +52,21 @@ pub enum Error {
         /// Bytes the executor holds in memory.
         bytes: usize,
         /// What failed.
-        reason: String,
+        source: io::Error,
     },
     /// Loading an executor back failed: the file is missing, damaged or
-    /// belongs to something else. No data is handed back.
+    /// belongs to something else (kind [`io::ErrorKind::InvalidData`]). No
+    /// data is handed back.
     SpillRead {
         /// The executor.
         executor: String,
         /// The spill file.
         file: PathBuf,
         /// What failed.
-        reason: String,
+        source: io::Error,
     },
-    /// A task panicked; its executor is poisoned (see [`Error::Poisoned`]).
+    /// A task panicked. If it had `&mut` access, its executor is poisoned
+    /// (see [`Error::Poisoned`]).
     TaskPanicked {
         /// The executor the task ran on.
         executor: String,
@@ -68,25 +85,27 @@ pub enum Error {
         /// The executor.
         executor: String,
     },
-    /// The runtime could not start (threads, registration).
+    /// The runtime could not start (threads, registration with the
+    /// allocator).
     Runtime(String),
-    /// Bad input: a malformed or unreadable file, inconsistent options.
-    Input(String),
-    /// An output file could not be written.
-    Output(String),
-    /// An I/O error outside the spill store.
-    Io {
-        /// What was being done.
-        context: String,
-        /// The underlying error.
-        source: io::Error,
-    },
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::BadSize { input, reason } => write!(f, "invalid size '{input}': {reason}"),
+            Error::UnknownPolicy { input } => write!(
+                f,
+                "unknown eviction policy '{input}' (expected 'priority' or 'lru')"
+            ),
+            Error::AllocatorNotInstalled { cap } => write!(
+                f,
+                "a memory cap of {} needs outcore::TrapAlloc as the global allocator, and this \
+                 process uses another one; add \
+                 `#[global_allocator] static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();` \
+                 to the program",
+                format_bytes(*cap)
+            ),
             Error::SpillDir { dir, source } => {
                 write!(f, "spill directory {}: {source}", dir.display())
             }
@@ -94,21 +113,21 @@ impl fmt::Display for Error {
                 executor,
                 file,
                 bytes,
-                reason,
+                source,
             } => write!(
                 f,
-                "could not write {executor} ({}) to {}: {reason}; it stays in memory",
-                crate::cap::format_bytes(*bytes as u64),
+                "could not write {executor} ({}) to {}: {source}; it stays in memory",
+                format_bytes(*bytes as u64),
                 file.display()
             ),
             Error::SpillRead {
                 executor,
                 file,
-                reason,
+                source,
             } => {
                 write!(
                     f,
-                    "could not load {executor} from {}: {reason}",
+                    "could not load {executor} from {}: {source}",
                     file.display()
                 )
             }
@@ -123,8 +142,6 @@ impl fmt::Display for Error {
                 write!(f, "{executor} does not belong to this runtime")
             }
             Error::Runtime(msg) => write!(f, "runtime: {msg}"),
-            Error::Input(msg) | Error::Output(msg) => f.write_str(msg),
-            Error::Io { context, source } => write!(f, "{context}: {source}"),
         }
     }
 }
@@ -132,7 +149,9 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::SpillDir { source, .. } | Error::Io { source, .. } => Some(source),
+            Error::SpillDir { source, .. }
+            | Error::SpillWrite { source, .. }
+            | Error::SpillRead { source, .. } => Some(source),
             _ => None,
         }
     }

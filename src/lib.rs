@@ -24,12 +24,25 @@
 //! The allocator is the safety net: an allocation anywhere in the process
 //! (inside a task, in the job's own code) that would take usage over the
 //! soft cap, or that fails under a hard limit such as `ulimit -v`, evicts
-//! idle executors and retries instead of aborting.
+//! idle executors and retries instead of aborting. **The application
+//! installs it**, with one line:
+//!
+//! ```
+//! #[global_allocator]
+//! static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+//! # fn main() {}
+//! ```
+//!
+//! A runtime built with a cap refuses to start without it
+//! ([`Error::AllocatorNotInstalled`]), rather than run with a cap that does
+//! nothing.
 //!
 //! ## Example
 //!
 //! ```
 //! use outcore::{MemoryCap, PodVec, Runtime};
+//! # #[global_allocator]
+//! # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 //!
 //! let rt = Runtime::builder()
 //!     .mem_cap(MemoryCap::parse("64MiB")?)
@@ -51,49 +64,73 @@
 //! # Ok::<(), outcore::Error>(())
 //! ```
 //!
-//! ## Modules
+//! ## What the crate offers
 //!
-//! - [`alloc`]: `TrapAlloc`, accounting, the trap and the reserve; the C
-//!   entry points for the `LD_PRELOAD` shim ([`alloc::ffi`]).
-//! - [`executor`]: the executor state machine.
-//! - [`evict`]: eviction policies.
-//! - [`spill`]: the spill file format.
-//! - [`cap`]: `MemoryCap` and limit detection.
-//! - [`stats`]: counters and the JSON snapshot.
-//! - [`kmeans`]: the memory-capped K-means job (`outcore kmeans`).
-//! - [`train`]: logistic regression with model state in executors
-//!   (`outcore train`).
-//! - [`npy`]: streaming `.npy` reading and writing.
+//! - [`Runtime`] (built with [`Builder`]), [`Handle`], [`Batch`],
+//!   [`CycleId`]: executors and tasks.
+//! - [`TrapAlloc`] and the usage queries [`current_usage`],
+//!   [`peak_usage`], [`reset_peak`], [`thread_net_allocated`],
+//!   [`flush_thread`], [`flush_threshold`].
+//! - [`MemoryCap`], [`parse_size`], [`format_bytes`]: sizes and caps.
+//! - [`EvictionPolicy`]: which executor goes first.
+//! - [`PodVec`] ([`Plain`] element types): a vector that spills at memory
+//!   speed.
+//! - [`Stats`], [`State`], [`Error`], [`Result`], [`ExecutorId`].
+//!
+//! ## Executor states
+//!
+//! ```text
+//!            pin                    unpin
+//!  Resident ─────► Pinned ─────────────────► Resident
+//!     │  ▲            └── panic in a &mut task ──► Poisoned
+//!     │  │ write failed
+//!     │  └────────── Evicting ◄── evict (dirty) ── Resident
+//!     │                 │ written
+//!     ├─ evict (clean) ─┴──────► Evicted ── load ──► Loading ──► Resident
+//!     │                                                 └─ damaged ─► Damaged
+//!     └─ remove ──► Removed
+//! ```
 
-pub mod alloc;
-pub mod cap;
+#![deny(missing_docs, missing_debug_implementations)]
+
+mod alloc;
+mod cap;
 mod error;
-pub mod evict;
-pub mod executor;
-pub mod kmeans;
-pub mod npy;
+mod executor;
 mod pod;
+mod policy;
 mod runtime;
-pub mod spill;
-pub mod stats;
-pub mod train;
+mod spill;
+mod stats;
+mod units;
 
 pub use alloc::{
-    current_usage, flush_thread, flush_threshold, peak_usage, reset_peak, thread_net_allocated, TrapAlloc,
+    current_usage, flush_thread, flush_threshold, peak_usage, reset_peak, thread_net_allocated,
+    TrapAlloc,
 };
-pub use cap::{format_bytes, parse_size, MemoryCap};
+pub use cap::{parse_size, MemoryCap};
 pub use error::{Error, ExecutorId, Result};
-pub use evict::EvictionPolicy;
 pub use executor::State;
 pub use pod::{Plain, PodVec};
-pub use runtime::{Batch, Builder, Handle, Runtime};
+pub use policy::EvictionPolicy;
+pub use runtime::{Batch, Builder, CycleId, Handle, Runtime};
 pub use stats::Stats;
+pub use units::format_bytes;
+
+/// The spill-file codec, for the fuzz target (`fuzz/`); not a stable API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::spill::{decode_bytes, encode_bytes, fingerprint, FileKey, HEADER_LEN};
+}
+
+/// The crate's own unit tests run with the allocator installed, as an
+/// application would.
+#[cfg(test)]
+#[global_allocator]
+static GLOBAL: TrapAlloc = TrapAlloc::new();
 
 /// The README's example, run as a doctest so it stays true.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
-
-#[cfg(feature = "global-allocator")]
-#[global_allocator]
-static GLOBAL: TrapAlloc = TrapAlloc::new();

@@ -122,39 +122,6 @@ fn injected_write_faults_lose_nothing() {
 }
 
 #[test]
-fn the_command_line_warns_about_a_full_spill_directory() {
-    let fs = Tmpfs::mount("size=4m");
-    let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
-        .args([
-            "kmeans",
-            "--synthetic",
-            "64MiB",
-            "--dims",
-            "32",
-            "--k",
-            "8",
-            "--epochs",
-            "1",
-        ])
-        .args(["--mem-cap", "24MiB", "--spill-dir"])
-        .arg(fs.path())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    let warn: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("outcore: warning:"))
-        .collect();
-    assert_eq!(warn.len(), 1, "{err}");
-    assert!(
-        warn[0].contains(&fs.path().display().to_string()) && warn[0].contains("No space left"),
-        "{}",
-        warn[0]
-    );
-}
-
-#[test]
 fn a_read_only_spill_directory_is_a_clear_error_at_build_time() {
     let fs = Tmpfs::mount("size=1m,ro");
     let err = Runtime::builder()
@@ -187,7 +154,7 @@ fn stress_under_a_hard_limit() {
     const BYTES: usize = 8 << 20;
     if is_child("stress_under_a_hard_limit") {
         let rt = Runtime::builder().build().expect("runtime");
-        let baseline = outcore::alloc::current_usage();
+        let baseline = outcore::current_usage();
         let hs: Vec<_> = (0..N)
             .map(|i| rt.insert(Part::new(i as u64, BYTES / 4)).expect("insert"))
             .collect();
@@ -209,7 +176,7 @@ fn stress_under_a_hard_limit() {
                             assert!(v.iter().all(|&b| b == v[0]));
                         }
                     }
-                    outcore::alloc::flush_thread();
+                    outcore::flush_thread();
                 })
             })
             .collect();
@@ -245,11 +212,11 @@ fn stress_under_a_hard_limit() {
         }
         let s = rt.stats();
         drop(hs);
-        outcore::alloc::flush_thread();
-        let end = outcore::alloc::current_usage();
+        outcore::flush_thread();
+        let end = outcore::current_usage();
         println!("HARD={}", s.hard_traps);
         println!("DRIFT={}", end.abs_diff(baseline));
-        println!("THRESHOLD={}", outcore::alloc::flush_threshold());
+        println!("THRESHOLD={}", outcore::flush_threshold());
         return;
     }
     let out = run_child("stress_under_a_hard_limit", Some(480 << 20), TIMEOUT);

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
-use outcore::spill::{decode_bytes, encode_bytes, fingerprint, FileKey, HEADER_LEN};
+use outcore::fuzzing::{decode_bytes, encode_bytes, fingerprint, FileKey, HEADER_LEN};
 use outcore::PodVec;
 use serde::{Deserialize, Serialize};
 

@@ -27,13 +27,13 @@ pub extern "C" fn outcore_evict(bytes: usize) -> usize {
 /// executors and everything else allocated through `TrapAlloc`).
 #[no_mangle]
 pub extern "C" fn outcore_usage() -> usize {
-    super::current_usage()
+    super::account::current_usage()
 }
 
 /// The soft cap in bytes, or 0 when there is none.
 #[no_mangle]
 pub extern "C" fn outcore_cap() -> usize {
-    super::soft_cap().unwrap_or(0)
+    super::account::soft_cap().unwrap_or(0)
 }
 
 type RegisterFn = unsafe extern "C" fn(Option<extern "C" fn(usize) -> usize>);

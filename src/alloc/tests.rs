@@ -40,5 +40,5 @@ fn purge_and_conf_queries_work() {
     // retain is turned off exactly when the process started under a finite
     // RLIMIT_AS.
     let limited = crate::cap::detect_limits().rlimit_as.is_some();
-    assert_eq!(jemalloc_retains(), Some(!limited));
+    assert_eq!(jemalloc::retains(), Some(!limited));
 }

@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::account::{self, BypassGuard, COUNTERS, NO_CAP};
 use super::linebuf::LineBuf;
-use super::{reserve, BypassGuard, COUNTERS};
+use super::{jemalloc, reserve};
 
 /// Something that can free memory by evicting executors: implemented by the
 /// runtime.
@@ -33,6 +34,10 @@ pub(crate) trait Evictor: Send + Sync {
     fn generation(&self) -> u64;
     /// The soft cap this runtime asks for.
     fn cap(&self) -> Option<usize>;
+    /// Adds what the out-of-memory diagnostic should say about this
+    /// evictor beyond the pinned count (for example, that its spill writes
+    /// are failing). The implementation MUST NOT allocate.
+    fn describe(&self, out: &mut LineBuf);
 }
 
 struct Entry {
@@ -61,8 +66,7 @@ pub(crate) struct Registration {
 /// taken (more than 64 runtimes alive at once).
 pub(crate) fn register(evictor: Arc<dyn Evictor>) -> Option<Registration> {
     reserve::init();
-    super::touch_init();
-    super::ffi::announce_to_shim();
+    jemalloc::touch_init();
     let entry = Box::into_raw(Box::new(Entry {
         evictor,
         fruitless_at: AtomicU64::new(u64::MAX),
@@ -111,7 +115,7 @@ fn recompute_cap() {
         }
         false
     });
-    super::set_soft_cap(cap);
+    account::set_soft_cap(cap);
 }
 
 /// Calls `f` on each registered entry until it returns true.
@@ -160,7 +164,7 @@ fn evict(bytes: usize, skip_fruitless: bool) -> usize {
         freed >= bytes
     });
     if freed > 0 {
-        super::purge();
+        jemalloc::purge();
     }
     freed
 }
@@ -261,7 +265,7 @@ pub(super) fn soft(used: usize, cap: usize, size: usize) {
             return;
         }
         wait_for_token(epoch);
-        used = super::current_usage();
+        used = account::current_usage();
         if used <= cap {
             return;
         }
@@ -272,7 +276,7 @@ pub(super) fn soft(used: usize, cap: usize, size: usize) {
 /// retries with `retry` until it succeeds or nothing is left to evict.
 #[cold]
 pub(super) fn hard(size: usize, retry: impl Fn() -> *mut u8, layout: Layout) -> *mut u8 {
-    if super::bypassing() {
+    if account::bypassing() {
         // Inside an eviction (or while holding a runtime lock): the memory
         // set aside at start-up serves it.
         let p = reserve::alloc(layout);
@@ -285,14 +289,10 @@ pub(super) fn hard(size: usize, retry: impl Fn() -> *mut u8, layout: Layout) -> 
         return std::ptr::null_mut();
     }
     COUNTERS.hard_traps.fetch_add(1, Ordering::Relaxed);
-    let cap = super::CAP.0.load(Ordering::Relaxed);
-    let want = size
-        .saturating_mul(2)
-        .saturating_add(if cap == super::NO_CAP {
-            16 << 20
-        } else {
-            slack(cap)
-        });
+    let cap = account::cap_raw();
+    let want =
+        size.saturating_mul(2)
+            .saturating_add(if cap == NO_CAP { 16 << 20 } else { slack(cap) });
     // Bounded: each round either frees something or gives up.
     for _ in 0..10_000 {
         let epoch = EPOCH.load(Ordering::Acquire);
@@ -328,7 +328,7 @@ pub(super) fn hard(size: usize, retry: impl Fn() -> *mut u8, layout: Layout) -> 
 /// the bytes freed (1 when another thread's eviction ran meanwhile, so the
 /// caller retries).
 pub(crate) fn evict_external(bytes: usize) -> usize {
-    if super::bypassing() || !any_registered() {
+    if account::bypassing() || !any_registered() {
         return 0;
     }
     let epoch = EPOCH.load(Ordering::Acquire);
@@ -355,9 +355,9 @@ fn diagnose(size: usize) {
     buf.push(b"outcore: out of memory: allocation of ");
     buf.num(size as u64);
     buf.push(b" bytes failed with ");
-    buf.num(super::current_usage() as u64);
+    buf.num(account::current_usage() as u64);
     buf.push(b" bytes in use (cap ");
-    match super::soft_cap() {
+    match account::soft_cap() {
         Some(c) => {
             buf.num(c as u64);
             buf.push(b" bytes");
@@ -367,12 +367,10 @@ fn diagnose(size: usize) {
     buf.push(b"); nothing left to evict, ");
     buf.num(pinned_total() as u64);
     buf.push(b" executor(s) pinned by running tasks");
-    let (failed, dir) = super::spill_diagnostics();
-    if failed {
-        buf.push(b"; spill writes are failing (is the spill directory ");
-        buf.push(dir.unwrap_or(b"?"));
-        buf.push(b" full?)");
-    }
+    with_entries(|e| {
+        e.evictor.describe(&mut buf);
+        false
+    });
     buf.push(b"\n");
     buf.write_stderr();
 }

@@ -10,6 +10,7 @@
 mod state;
 
 use std::any::Any;
+use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, TryLockError};
@@ -17,7 +18,8 @@ use std::sync::{Condvar, Mutex, MutexGuard, TryLockError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub use state::{EvictStep, PinStep, State};
+pub use state::State;
+pub(crate) use state::{EvictStep, PinStep};
 
 use crate::alloc::BypassGuard;
 use crate::spill::{self, FileKey};
@@ -26,25 +28,27 @@ use crate::spill::{self, FileKey};
 pub(crate) const NONE: u64 = u64::MAX;
 
 /// Encodes a type-erased value to a spill file.
-pub(crate) type SaveFn = fn(&(dyn Any + Send), &Path, FileKey) -> Result<u64, String>;
+pub(crate) type SaveFn = fn(&(dyn Any + Send), &Path, FileKey) -> io::Result<u64>;
 /// Decodes a type-erased value from a spill file.
-pub(crate) type LoadFn = fn(&Path, FileKey) -> Result<(Box<dyn Any + Send>, u64), String>;
+pub(crate) type LoadFn = fn(&Path, FileKey) -> io::Result<(Box<dyn Any + Send>, u64)>;
 
 fn save_impl<T: Serialize + 'static>(
     v: &(dyn Any + Send),
     path: &Path,
     key: FileKey,
-) -> Result<u64, String> {
+) -> io::Result<u64> {
     match v.downcast_ref::<T>() {
         Some(t) => spill::write_file(path, key, t),
-        None => Err("internal: executor value has an unexpected type".into()),
+        None => Err(io::Error::other(
+            "internal: executor value has an unexpected type",
+        )),
     }
 }
 
 fn load_impl<T: DeserializeOwned + Send + 'static>(
     path: &Path,
     key: FileKey,
-) -> Result<(Box<dyn Any + Send>, u64), String> {
+) -> io::Result<(Box<dyn Any + Send>, u64)> {
     let (v, n) = spill::read_file::<T>(path, key)?;
     Ok((Box::new(v), n))
 }
@@ -62,7 +66,7 @@ pub(crate) struct Inner {
     /// Dispatch sequence numbers of pending tasks, in order.
     pub pending: std::collections::VecDeque<u64>,
     /// Why the executor is damaged (a failed load), when it is.
-    pub damage: Option<String>,
+    pub damage: Option<(io::ErrorKind, String)>,
 }
 
 /// One executor in the registry.
@@ -83,7 +87,10 @@ pub(crate) struct Slot {
     pub last_use: AtomicU64,
     /// Mirror of `inner.pending.front()` ([`NONE`] when idle).
     pub next_task: AtomicU64,
-    /// Position in the declared cycle ([`NONE`] when not in it).
+    /// The declared cycle it belongs to ([`NONE`] when none). Changed only
+    /// under the registry lock.
+    pub cycle_id: AtomicU64,
+    /// Position in that cycle ([`NONE`] when not in one).
     pub cycle_pos: AtomicU64,
     /// Loaded by the prefetcher and not used since.
     pub prefetched: AtomicBool,
@@ -140,6 +147,7 @@ impl Slot {
             size: AtomicUsize::new(size),
             last_use: AtomicU64::new(now),
             next_task: AtomicU64::new(NONE),
+            cycle_id: AtomicU64::new(NONE),
             cycle_pos: AtomicU64::new(NONE),
             prefetched: AtomicBool::new(false),
             write_retry_at: AtomicU64::new(0),

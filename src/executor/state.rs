@@ -13,9 +13,11 @@
 //!     └─ remove ──► Removed
 //! ```
 
-/// The state of one executor.
+/// The state of one executor, as [`Handle::state`](crate::Handle::state)
+/// reports it. See the crate docs for the state machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum State {
     /// In memory, no task running: may be evicted.
     Resident = 0,
@@ -37,7 +39,7 @@ pub enum State {
 
 /// What a caller should do next when it wants to run a task on an executor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PinStep {
+pub(crate) enum PinStep {
     /// Take the value and run the task.
     Pin,
     /// Load it from disk first.
@@ -50,7 +52,7 @@ pub enum PinStep {
 
 /// What an evictor may do with an executor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EvictStep {
+pub(crate) enum EvictStep {
     /// Drop the memory: the spill file is still valid.
     DropClean,
     /// Write the value, then drop it.
@@ -74,7 +76,7 @@ impl State {
     }
 
     /// The next step for a task that wants this executor.
-    pub fn pin_step(self) -> PinStep {
+    pub(crate) fn pin_step(self) -> PinStep {
         match self {
             State::Resident => PinStep::Pin,
             State::Evicted => PinStep::Load,
@@ -85,7 +87,7 @@ impl State {
 
     /// The step an evictor may take. `dirty` says memory differs from the
     /// spill file; `has_file` says a valid spill file exists.
-    pub fn evict_step(self, dirty: bool, has_file: bool) -> EvictStep {
+    pub(crate) fn evict_step(self, dirty: bool, has_file: bool) -> EvictStep {
         match self {
             State::Resident if !dirty && has_file => EvictStep::DropClean,
             State::Resident => EvictStep::Write,

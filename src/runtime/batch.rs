@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::handle::Handle;
 use super::pool::{Job, Step};
-use super::{Handle, Runtime, Shared};
+use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::executor::Slot;
 use crate::stats::Counters;
@@ -33,6 +34,8 @@ struct Task<R> {
 ///
 /// ```
 /// # use outcore::Runtime;
+/// # #[global_allocator]
+/// # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 /// let rt = Runtime::builder().workers(2).build().unwrap();
 /// let a = rt.insert(vec![1u32, 2, 3]).unwrap();
 /// let b = rt.insert(vec![10u32, 20]).unwrap();
@@ -43,28 +46,28 @@ struct Task<R> {
 /// assert_eq!(batch.run().unwrap(), vec![6, 60, 3]);
 /// ```
 pub struct Batch<'rt, R> {
-    rt: &'rt Runtime,
+    shared: &'rt Arc<Shared>,
     tasks: Vec<(Option<Arc<Slot>>, bool, TaskFn<R>)>,
 }
 
+impl<R> std::fmt::Debug for Batch<'_, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("tasks", &self.tasks.len())
+            .finish()
+    }
+}
+
 impl<'rt, R: Send + 'static> Batch<'rt, R> {
-    pub(crate) fn new(rt: &'rt Runtime) -> Self {
+    pub(crate) fn new(shared: &'rt Arc<Shared>) -> Self {
         Batch {
-            rt,
+            shared,
             tasks: Vec::new(),
         }
     }
 
     fn slot_of<T>(&self, h: &Handle<T>) -> Option<Arc<Slot>> {
-        let ours = h
-            .shared
-            .upgrade()
-            .is_some_and(|s| Arc::ptr_eq(&s, &self.rt.shared));
-        if ours {
-            h.slot().cloned()
-        } else {
-            None
-        }
+        h.slot_in(self.shared)
     }
 
     /// Adds a read-only task: it sees `&T` and leaves the executor clean.
@@ -104,6 +107,12 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
 
     /// Runs every task and returns the results in submission order, or the
     /// first error (all tasks still run).
+    ///
+    /// # Errors
+    ///
+    /// The first task's error in submission order: [`Error::TaskPanicked`],
+    /// [`Error::Poisoned`], [`Error::SpillRead`] or
+    /// [`Error::UnknownExecutor`].
     pub fn run(self) -> Result<Vec<R>> {
         self.run_each().into_iter().collect()
     }
@@ -114,7 +123,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         if n == 0 {
             return Vec::new();
         }
-        let sh = &self.rt.shared;
+        let sh = self.shared;
         let base = sh.reserve_seqs(n as u64);
         let mut results: Vec<Option<Result<R>>> = (0..n).map(|_| None).collect();
         let mut queue = VecDeque::with_capacity(n);
@@ -141,6 +150,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         }
         let remaining = queue.len();
         let state = Arc::new(BatchState {
+            shared: sh.clone(),
             inner: Mutex::new(BatchInner {
                 queue,
                 busy: HashSet::new(),
@@ -173,12 +183,14 @@ struct BatchInner<R> {
 }
 
 struct BatchState<R> {
+    shared: Arc<Shared>,
     inner: Mutex<BatchInner<R>>,
     done: Condvar,
 }
 
 impl<R: Send + 'static> Job for BatchState<R> {
-    fn step(&self, sh: &Shared) -> Step {
+    fn step(&self) -> Step {
+        let sh = &*self.shared;
         let task = {
             let mut g = self.inner.lock();
             if g.queue.is_empty() {

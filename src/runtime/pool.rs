@@ -1,20 +1,19 @@
 //! The worker pool and the prefetcher's wake-up signal.
 //!
-//! Workers share a queue of batches. Each worker works on the front batch:
-//! it takes the first task whose executor is free (tasks on one executor
-//! run one at a time, in submission order), runs it, and goes on; when the
-//! batch has nothing left to hand out it is taken off the queue.
+//! Workers share a queue of jobs (batches). Each worker works on the front
+//! job: it asks it for a step (a batch runs the first task whose executor
+//! is free: tasks on one executor run one at a time, in submission order),
+//! and when the job has nothing left to hand out it is taken off the queue.
+//! The pool knows nothing of executors: a job carries what it needs.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::Shared;
-
-/// What a worker did with a batch.
+/// What a worker did with a job.
 pub(crate) enum Step {
     /// Ran a task.
     Ran,
@@ -24,15 +23,18 @@ pub(crate) enum Step {
     Exhausted,
 }
 
-/// A batch as the pool sees it.
+/// A job as the pool sees it.
 pub(crate) trait Job: Send + Sync {
-    fn step(&self, sh: &Shared) -> Step;
+    /// Runs one unit of work. MUST NOT panic (task panics are caught).
+    fn step(&self) -> Step;
 }
 
+/// The queue of jobs the workers take from.
 #[derive(Default)]
 pub(crate) struct Pool {
     queue: Mutex<VecDeque<Arc<dyn Job>>>,
     cv: Condvar,
+    shutdown: AtomicBool,
 }
 
 impl Pool {
@@ -49,14 +51,27 @@ impl Pool {
     pub(crate) fn is_idle(&self) -> bool {
         self.queue.lock().is_empty()
     }
+
+    /// Tells the workers to exit once their current step is done. Jobs still queued (finished batches not yet taken off) are dropped.
+    pub(crate) fn shut_down(&self) {
+        self.shutdown.store(true, Ordering::Release);
+        let mut q = self.queue.lock();
+        q.clear();
+        self.cv.notify_all();
+    }
+
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
+    }
 }
 
-pub(crate) fn worker_loop(sh: Arc<Shared>) {
+/// A worker thread's loop: runs job steps until the pool shuts down.
+pub(crate) fn worker_loop(pool: &Pool) {
     loop {
         let job = {
-            let mut q = sh.pool.queue.lock();
+            let mut q = pool.queue.lock();
             loop {
-                if sh.shutdown.load(Ordering::Acquire) {
+                if pool.is_shut_down() {
                     drop(q);
                     crate::alloc::flush_thread();
                     return;
@@ -64,17 +79,17 @@ pub(crate) fn worker_loop(sh: Arc<Shared>) {
                 if let Some(j) = q.front() {
                     break j.clone();
                 }
-                sh.pool.cv.wait(&mut q);
+                pool.cv.wait(&mut q);
             }
         };
-        match job.step(&sh) {
-            Step::Ran => sh.pool.wake_all(),
+        match job.step() {
+            Step::Ran => pool.wake_all(),
             Step::Blocked => {
-                let mut q = sh.pool.queue.lock();
-                sh.pool.cv.wait_for(&mut q, Duration::from_millis(5));
+                let mut q = pool.queue.lock();
+                pool.cv.wait_for(&mut q, Duration::from_millis(5));
             }
             Step::Exhausted => {
-                let mut q = sh.pool.queue.lock();
+                let mut q = pool.queue.lock();
                 if q.front().is_some_and(|f| Arc::ptr_eq(f, &job)) {
                     q.pop_front();
                 }

@@ -192,24 +192,25 @@ impl<R: Read> Read for SharedRead<'_, R> {
     }
 }
 
+/// Adds what was being done to an I/O error, keeping its kind (a full
+/// disk stays [`io::ErrorKind::StorageFull`]).
+fn context(what: &'static str) -> impl Fn(io::Error) -> io::Error {
+    move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
 /// Writes `value` to `path` with the header for `key`. Returns the file's
 /// length. On error the file may be partial; the caller must not treat it as
-/// valid.
-pub fn write_file<T: Serialize>(
-    path: &Path,
-    key: FileKey,
-    value: &T,
-) -> std::result::Result<u64, String> {
+/// valid. Errors keep the underlying I/O error's kind.
+pub fn write_file<T: Serialize>(path: &Path, key: FileKey, value: &T) -> io::Result<u64> {
     let file = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
         .open(path)
-        .map_err(|e| format!("create: {e}"))?;
+        .map_err(context("create"))?;
     let mut w = BufWriter::with_capacity(IO_BUF, file);
-    w.write_all(&[0u8; HEADER_LEN])
-        .map_err(|e| format!("write: {e}"))?;
+    w.write_all(&[0u8; HEADER_LEN]).map_err(context("write"))?;
     let mut tee = Tee {
         inner: w,
         crc: crc32fast::Hasher::new(),
@@ -217,8 +218,8 @@ pub fn write_file<T: Serialize>(
     };
     bincode::serde::encode_into_std_write(value, &mut tee, bincode_config()).map_err(
         |e| match e {
-            bincode::error::EncodeError::Io { inner, .. } => format!("write: {inner}"),
-            other => format!("encode: {other}"),
+            bincode::error::EncodeError::Io { inner, .. } => context("write")(inner),
+            other => io::Error::other(format!("encode: {other}")),
         },
     )?;
     let header = Header {
@@ -227,14 +228,12 @@ pub fn write_file<T: Serialize>(
         payload_crc: tee.crc.finalize(),
     };
     let mut w = tee.inner;
-    w.flush().map_err(|e| format!("write: {e}"))?;
+    w.flush().map_err(context("write"))?;
     let mut file = w
         .into_inner()
-        .map_err(|e| format!("write: {}", e.error()))?;
-    file.seek(SeekFrom::Start(0))
-        .map_err(|e| format!("seek: {e}"))?;
-    file.write_all(&header.encode())
-        .map_err(|e| format!("write: {e}"))?;
+        .map_err(|e| context("write")(e.into_error()))?;
+    file.seek(SeekFrom::Start(0)).map_err(context("seek"))?;
+    file.write_all(&header.encode()).map_err(context("write"))?;
     drop_cached(&file);
     Ok(HEADER_LEN as u64 + header.payload_len)
 }
@@ -263,18 +262,17 @@ fn decode_limited<T: DeserializeOwned, R: Read>(
 }
 
 /// Reads and verifies the file at `path`, which must hold `key`. Returns
-/// the value and the file length.
-pub fn read_file<T: DeserializeOwned>(
-    path: &Path,
-    key: FileKey,
-) -> std::result::Result<(T, u64), String> {
-    let file = File::open(path).map_err(|e| format!("open: {e}"))?;
-    let file_len = file.metadata().map_err(|e| format!("stat: {e}"))?.len();
+/// the value and the file length. A file that fails verification gives an
+/// error of kind [`io::ErrorKind::InvalidData`]; others keep their kind.
+pub fn read_file<T: DeserializeOwned>(path: &Path, key: FileKey) -> io::Result<(T, u64)> {
+    let file = File::open(path).map_err(context("open"))?;
+    let file_len = file.metadata().map_err(context("stat"))?.len();
     advise(&file, libc::POSIX_FADV_SEQUENTIAL);
     let mut reader = BufReader::with_capacity(READ_BUF, file);
     let value = read_from(&mut reader, file_len, key);
     drop_cached(reader.get_ref());
-    Ok((value?, file_len))
+    let value = value.map_err(|m| io::Error::new(io::ErrorKind::InvalidData, m))?;
+    Ok((value, file_len))
 }
 
 /// Asks the kernel to write the file's dirty pages back now and to drop
@@ -302,6 +300,7 @@ fn advise(file: &File, advice: libc::c_int) {
     }
 }
 
+#[cfg(feature = "fuzzing")]
 /// Verifies and decodes a whole spill file held in memory (the same checks
 /// as [`read_file`]; used by the fuzz target).
 pub fn decode_bytes<T: DeserializeOwned>(
@@ -311,6 +310,7 @@ pub fn decode_bytes<T: DeserializeOwned>(
     read_from(bytes, bytes.len() as u64, key)
 }
 
+#[cfg(feature = "fuzzing")]
 /// Encodes `value` as a whole spill file in memory (the inverse of
 /// [`decode_bytes`]).
 pub fn encode_bytes<T: Serialize>(key: FileKey, value: &T) -> std::result::Result<Vec<u8>, String> {

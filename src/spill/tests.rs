@@ -154,7 +154,7 @@ where
             "{what}: damaged file was accepted (value equal to the original: {})",
             v == *original
         ),
-        Ok(Err(e)) => e,
+        Ok(Err(e)) => e.to_string(),
     }
 }
 
@@ -316,7 +316,9 @@ fn rewrite_replaces_a_larger_file() {
 fn write_into_missing_directory_fails() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("no-such-dir").join("x.spill");
-    let err = write_file(&path, key::<u32>(1, 1), &5u32).unwrap_err();
+    let err = write_file(&path, key::<u32>(1, 1), &5u32)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("create"), "{err}");
 }
 
@@ -935,7 +937,7 @@ where
             // Only possible if the XORs cancelled out.
             prop_assert_eq!(&bytes, &original);
         }
-        Err(e) => prop_assert!(!e.is_empty()),
+        Err(e) => prop_assert!(!e.to_string().is_empty()),
     }
     Ok(())
 }

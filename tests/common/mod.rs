@@ -9,8 +9,13 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use outcore::{PodVec, Runtime};
+use outcore::{PodVec, Runtime, TrapAlloc};
 use serde::{Deserialize, Serialize};
+
+/// Every test binary that includes this module runs with outcore's
+/// allocator installed, as an application would.
+#[global_allocator]
+static GLOBAL: TrapAlloc = TrapAlloc::new();
 
 const CHILD_VAR: &str = "OUTCORE_TEST_CHILD";
 

@@ -1,0 +1,71 @@
+//! The command line under spill faults: a full spill filesystem (root
+//! only, as CI runs: it mounts a small tmpfs).
+
+use std::path::Path;
+use std::process::Command;
+
+/// A small tmpfs mounted for the test (root only, as CI runs), unmounted on
+/// drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(opts: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "outcore-test"])
+            .arg(dir.path())
+            .status()
+            .expect("mount");
+        assert!(
+            st.success(),
+            "mounting a tmpfs needs root (the CI runs as root)"
+        );
+        Tmpfs { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+#[test]
+fn the_command_line_warns_about_a_full_spill_directory() {
+    let fs = Tmpfs::mount("size=4m");
+    let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
+        .args([
+            "kmeans",
+            "--synthetic",
+            "64MiB",
+            "--dims",
+            "32",
+            "--k",
+            "8",
+            "--epochs",
+            "1",
+        ])
+        .args(["--mem-cap", "24MiB", "--spill-dir"])
+        .arg(fs.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let warn: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("outcore: warning:"))
+        .collect();
+    assert_eq!(warn.len(), 1, "{err}");
+    assert!(
+        warn[0].contains(&fs.path().display().to_string()) && warn[0].contains("No space left"),
+        "{}",
+        warn[0]
+    );
+}
+

@@ -1,0 +1,201 @@
+//! Accounting: per-thread deltas flushed to one global counter, the peak,
+//! the soft cap, bypass scopes, and the process-wide trap counters.
+//!
+//! Everything here is reachable from inside `GlobalAlloc`: no locks, no
+//! allocation, no panics; thread-locals are `const`-initialised and have no
+//! destructor.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
+
+/// Per-thread deltas are flushed to the global counter once they pass the
+/// flush threshold, so the shared cache line is touched about once per
+/// threshold's worth of allocation traffic instead of on every call. The
+/// threshold is 1/256 of the cap, clamped to 64 KiB..4 MiB (4 MiB with no
+/// cap): small caps get precise accounting, large ones cheap accounting.
+const MIN_FLUSH: isize = 64 * 1024;
+const MAX_FLUSH: isize = 4 << 20;
+
+/// "No cap" is stored as `usize::MAX`.
+pub(super) const NO_CAP: usize = usize::MAX;
+
+/// Per-thread accounting, in one thread-local so each call touches it once.
+struct Local {
+    /// Bytes allocated (positive) or freed (negative) by this thread and not
+    /// yet added to [`USED`].
+    pending: Cell<isize>,
+    /// Net bytes this thread has flushed to [`USED`] since it started; with
+    /// `pending`, what it has allocated net (used to measure the size of an
+    /// executor while it is built or loaded). Updated only on a flush, so
+    /// the hot path touches one cell.
+    net: Cell<i64>,
+}
+
+thread_local! {
+    static LOCAL: Local = const { Local { pending: Cell::new(0), net: Cell::new(0) } };
+    /// Depth of "bypass" scopes on this thread: eviction in progress, or a
+    /// runtime lock held. Allocations in such a scope never enter the trap.
+    static BYPASS: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Keeps a hot counter on a cache line of its own (no false sharing).
+#[repr(align(128))]
+struct Line<T>(T);
+
+/// Accounted bytes in use by the whole process (sum of flushed deltas).
+static USED: Line<AtomicIsize> = Line(AtomicIsize::new(0));
+/// Highest value [`USED`] has reached.
+static PEAK: Line<AtomicUsize> = Line(AtomicUsize::new(0));
+/// Soft cap in bytes ([`NO_CAP`] when none), and the flush threshold; both
+/// read-mostly.
+static CAP: Line<AtomicUsize> = Line(AtomicUsize::new(NO_CAP));
+static FLUSH: Line<AtomicIsize> = Line(AtomicIsize::new(MAX_FLUSH));
+
+/// Process-wide trap counters (the runtime adds its own per-runtime ones).
+pub(crate) struct TrapCounters {
+    pub soft_traps: AtomicU64,
+    pub hard_traps: AtomicU64,
+    pub trap_nanos: AtomicU64,
+    pub wait_nanos: AtomicU64,
+    pub overshoots: AtomicU64,
+    pub reserve_allocs: AtomicU64,
+    pub failures: AtomicU64,
+}
+
+pub(crate) static COUNTERS: TrapCounters = TrapCounters {
+    soft_traps: AtomicU64::new(0),
+    hard_traps: AtomicU64::new(0),
+    trap_nanos: AtomicU64::new(0),
+    wait_nanos: AtomicU64::new(0),
+    overshoots: AtomicU64::new(0),
+    reserve_allocs: AtomicU64::new(0),
+    failures: AtomicU64::new(0),
+};
+
+/// Whether the calling thread is in a bypass scope (or its thread-locals
+/// are gone, when it is exiting).
+#[inline]
+pub(super) fn bypassing() -> bool {
+    BYPASS.try_with(|b| b.get() > 0).unwrap_or(true)
+}
+
+/// Adds `delta` to this thread's pending bytes and flushes past the
+/// threshold. Returns the new global usage when a flush happened.
+#[inline]
+pub(super) fn account(delta: isize) -> Option<usize> {
+    let threshold = FLUSH.0.load(Ordering::Relaxed);
+    let flushed = LOCAL.try_with(|l| {
+        let v = l.pending.get().wrapping_add(delta);
+        if v > -threshold && v < threshold {
+            l.pending.set(v);
+            None
+        } else {
+            l.pending.set(0);
+            l.net.set(l.net.get().wrapping_add(v as i64));
+            Some(v)
+        }
+    });
+    let v = match flushed {
+        Ok(None) => return None,
+        Ok(Some(v)) => v,
+        // Thread-local storage unavailable: account directly.
+        Err(_) => delta,
+    };
+    let used = USED.0.fetch_add(v, Ordering::Relaxed).wrapping_add(v);
+    let used = if used < 0 { 0 } else { used as usize };
+    // Read first: the peak line is only written when it really moves.
+    if v > 0 && used > PEAK.0.load(Ordering::Relaxed) {
+        PEAK.0.fetch_max(used, Ordering::Relaxed);
+    }
+    Some(used)
+}
+
+/// The soft cap in bytes, [`NO_CAP`] when there is none.
+#[inline]
+pub(super) fn cap_raw() -> usize {
+    CAP.0.load(Ordering::Relaxed)
+}
+
+/// Disables the trap on this thread while alive: allocations inside do not
+/// evict (and fall back to the reserve under a hard limit). Used while
+/// evicting and while holding locks the evictor needs.
+pub(crate) struct BypassGuard(());
+
+impl BypassGuard {
+    pub(crate) fn new() -> Self {
+        let _ = BYPASS.try_with(|b| b.set(b.get() + 1));
+        BypassGuard(())
+    }
+}
+
+impl Drop for BypassGuard {
+    fn drop(&mut self) {
+        let _ = BYPASS.try_with(|b| b.set(b.get().saturating_sub(1)));
+    }
+}
+
+/// Bytes currently accounted as in use by the whole process, through
+/// [`TrapAlloc`](crate::TrapAlloc).
+///
+/// Accurate to within [`flush_threshold`] bytes per thread (per-thread
+/// deltas are flushed lazily). 0 when `TrapAlloc` is not the global
+/// allocator.
+pub fn current_usage() -> usize {
+    USED.0.load(Ordering::Relaxed).max(0) as usize
+}
+
+/// The highest [`current_usage`] seen so far.
+pub fn peak_usage() -> usize {
+    PEAK.0.load(Ordering::Relaxed)
+}
+
+/// Resets the peak to the current usage (for measuring one phase of a job).
+pub fn reset_peak() {
+    PEAK.0.store(current_usage(), Ordering::Relaxed);
+}
+
+/// Net bytes allocated by the calling thread since it started (exact, not
+/// subject to the flush threshold). The difference of two readings measures
+/// what a piece of code left allocated.
+pub fn thread_net_allocated() -> i64 {
+    LOCAL
+        .try_with(|l| l.net.get().wrapping_add(l.pending.get() as i64))
+        .unwrap_or(0)
+}
+
+/// Flushes the calling thread's pending delta into the global counter. Call
+/// before a thread exits so its last bytes are not lost from the count.
+pub fn flush_thread() {
+    if let Ok(v) = LOCAL.try_with(|l| {
+        let v = l.pending.replace(0);
+        l.net.set(l.net.get().wrapping_add(v as i64));
+        v
+    }) {
+        if v != 0 {
+            USED.0.fetch_add(v, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The current flush threshold: [`current_usage`] is accurate to within
+/// this many bytes per thread.
+pub fn flush_threshold() -> usize {
+    FLUSH.0.load(Ordering::Relaxed) as usize
+}
+
+/// The soft cap currently enforced by the allocator, if any.
+pub(crate) fn soft_cap() -> Option<usize> {
+    match cap_raw() {
+        NO_CAP => None,
+        c => Some(c),
+    }
+}
+
+/// Sets the soft cap and the flush threshold that goes with it.
+pub(super) fn set_soft_cap(cap: Option<usize>) {
+    CAP.0.store(cap.unwrap_or(NO_CAP), Ordering::Relaxed);
+    let t = cap.map_or(MAX_FLUSH, |c| {
+        (c / 256).clamp(MIN_FLUSH as usize, MAX_FLUSH as usize) as isize
+    });
+    FLUSH.0.store(t, Ordering::Relaxed);
+}

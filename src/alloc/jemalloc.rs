@@ -1,0 +1,77 @@
+//! jemalloc settings: `retain:false` under an address-space limit (chosen
+//! before jemalloc starts), purging, and queries.
+
+/// Asks jemalloc to return unused dirty pages to the operating system (all
+/// arenas) and flushes this thread's cache. Never allocates.
+pub(crate) fn purge() {
+    // SAFETY:
+    // - the names are NUL-terminated static strings;
+    // - both controls take no input and produce no output, so null
+    //   pointers and a zero length are valid.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"thread.tcache.flush".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        );
+        tikv_jemalloc_sys::mallctl(
+            c"arena.4096.purge".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        );
+    }
+}
+
+/// Whether jemalloc is running with `retain` on (freed address space kept
+/// mapped). outcore turns it off at start-up when `RLIMIT_AS` is finite.
+#[cfg(test)]
+pub(crate) fn retains() -> Option<bool> {
+    // SAFETY: "opt.retain" is a read-only boolean control.
+    unsafe { tikv_jemalloc_ctl::raw::read::<bool>(b"opt.retain\0").ok() }
+}
+
+/// The jemalloc configuration string, chosen before jemalloc initialises
+/// (see [`choose_malloc_conf`]). jemalloc reads this pointer once, on its
+/// first allocation.
+#[export_name = "_rjem_malloc_conf"]
+static mut MALLOC_CONF: *const libc::c_char = std::ptr::null();
+
+/// Runs from `.init_array`, before `main` and before any Rust allocation:
+/// when the address space is limited, turn `retain` off so that memory
+/// freed after an eviction is unmapped and counts against the limit no more.
+extern "C" fn choose_malloc_conf() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit struct.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } == 0;
+    if ok && lim.rlim_cur != libc::RLIM_INFINITY {
+        // SAFETY: single-threaded start-up; jemalloc has not read the
+        // variable yet (it does so on its first allocation).
+        unsafe {
+            MALLOC_CONF = c"retain:false".as_ptr();
+        }
+    }
+}
+
+// Not under Miri, which cannot run `getrlimit` (and never uses jemalloc).
+#[cfg(not(miri))]
+#[used]
+#[link_section = ".init_array"]
+static CHOOSE_MALLOC_CONF: extern "C" fn() = choose_malloc_conf;
+
+/// Keeps the `.init_array` entry and the conf symbol linked in: referenced
+/// from the allocator so the linker cannot drop their object file.
+#[inline(never)]
+pub(crate) fn touch_init() -> usize {
+    #[cfg(not(miri))]
+    let a = CHOOSE_MALLOC_CONF as usize;
+    #[cfg(miri)]
+    let a = choose_malloc_conf as usize;
+    a ^ std::ptr::addr_of!(MALLOC_CONF) as usize
+}

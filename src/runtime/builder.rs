@@ -1,0 +1,195 @@
+//! [`Builder`]: configuring and starting a [`Runtime`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use super::prefetch::prefetch_loop;
+use super::shared::Shared;
+use super::Runtime;
+use crate::alloc::{self, Evictor, Registration};
+use crate::cap::MemoryCap;
+use crate::error::{Error, Result};
+use crate::policy::EvictionPolicy;
+use crate::spill::SpillStore;
+
+/// Configures and builds a [`Runtime`].
+///
+/// ```
+/// use outcore::{EvictionPolicy, MemoryCap, Runtime};
+/// # #[global_allocator]
+/// # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+/// let rt = Runtime::builder()
+///     .mem_cap(MemoryCap::parse("512MiB")?)
+///     .workers(2)
+///     .policy(EvictionPolicy::Priority)
+///     .build()?;
+/// assert_eq!(rt.workers(), 2);
+/// # Ok::<(), outcore::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Builder {
+    cap: MemoryCap,
+    workers: Option<usize>,
+    policy: EvictionPolicy,
+    spill_dir: Option<PathBuf>,
+    prefetch: bool,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            cap: MemoryCap::None,
+            workers: None,
+            policy: EvictionPolicy::Priority,
+            spill_dir: None,
+            prefetch: true,
+        }
+    }
+}
+
+/// Threads started so far while building; on drop (a failed build) it
+/// stops and joins them, so nothing is left waiting forever. Defused when
+/// the runtime is complete.
+struct StartGuard {
+    shared: Arc<Shared>,
+    registration: Option<Registration>,
+    threads: Vec<JoinHandle<()>>,
+    prefetcher: Option<JoinHandle<()>>,
+    /// Set once the runtime owns the threads.
+    done: bool,
+}
+
+impl Drop for StartGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        stop(
+            &self.shared,
+            &mut self.registration,
+            &mut self.threads,
+            &mut self.prefetcher,
+        );
+    }
+}
+
+/// Stops a runtime's threads: unregisters from the trap first (no more
+/// evictions from the allocator), then shuts the pool down and joins.
+pub(super) fn stop(
+    shared: &Shared,
+    registration: &mut Option<Registration>,
+    threads: &mut Vec<JoinHandle<()>>,
+    prefetcher: &mut Option<JoinHandle<()>>,
+) {
+    registration.take();
+    shared.pool.shut_down();
+    shared.prefetch_signal.notify();
+    for t in threads.drain(..) {
+        let _ = t.join();
+    }
+    if let Some(t) = prefetcher.take() {
+        let _ = t.join();
+    }
+}
+
+impl Builder {
+    /// The soft memory cap (default: none; a hard limit still traps).
+    pub fn mem_cap(mut self, cap: MemoryCap) -> Self {
+        self.cap = cap;
+        self
+    }
+
+    /// Worker threads (default: one per core).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = Some(n.max(1));
+        self
+    }
+
+    /// The eviction policy (default: [`EvictionPolicy::Priority`]).
+    pub fn policy(mut self, p: EvictionPolicy) -> Self {
+        self.policy = p;
+        self
+    }
+
+    /// Where spill files go: a private subdirectory is created inside
+    /// `dir` (default: the system temporary directory). It is removed when
+    /// the runtime is dropped.
+    pub fn spill_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.spill_dir = Some(dir.into());
+        self
+    }
+
+    /// Load upcoming executors in the background (default: on).
+    pub fn prefetch(mut self, on: bool) -> Self {
+        self.prefetch = on;
+        self
+    }
+
+    /// Starts the runtime: creates the spill directory, registers with the
+    /// allocator and starts the workers and the prefetcher. If anything
+    /// fails part-way, the threads already started are stopped and the
+    /// spill directory is removed.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::AllocatorNotInstalled`] when a cap is set but
+    ///   [`TrapAlloc`](crate::TrapAlloc) is not the global allocator;
+    /// - [`Error::SpillDir`] when the spill directory is missing or not
+    ///   writable;
+    /// - [`Error::Runtime`] when threads cannot be started.
+    pub fn build(self) -> Result<Runtime> {
+        let cap = self.cap.resolve();
+        if let Some(cap) = cap {
+            if !alloc::installed() {
+                return Err(Error::AllocatorNotInstalled { cap });
+            }
+        }
+        let store = SpillStore::new(self.spill_dir.as_deref())?;
+        let workers = self.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+        });
+        let shared = Shared::new(cap, self.policy, store, workers, self.prefetch);
+        let registration =
+            alloc::register(shared.clone() as Arc<dyn Evictor>).ok_or_else(|| {
+                Error::Runtime("too many runtimes alive in this process (64 at most)".into())
+            })?;
+        alloc::announce_to_shim();
+        let mut guard = StartGuard {
+            shared: shared.clone(),
+            registration: Some(registration),
+            threads: Vec::with_capacity(workers),
+            prefetcher: None,
+            done: false,
+        };
+        for i in 0..workers {
+            let sh = shared.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("outcore-worker-{i}"))
+                .spawn(move || super::pool::worker_loop(&sh.pool))
+                .map_err(|e| {
+                    Error::Runtime(format!("cannot start worker thread {i} of {workers}: {e}"))
+                })?;
+            guard.threads.push(t);
+        }
+        if self.prefetch {
+            let sh = shared.clone();
+            guard.prefetcher = Some(
+                std::thread::Builder::new()
+                    .name("outcore-prefetch".into())
+                    .spawn(move || prefetch_loop(sh))
+                    .map_err(|e| Error::Runtime(format!("cannot start prefetch thread: {e}")))?,
+            );
+        }
+        guard.done = true;
+        Ok(Runtime {
+            shared,
+            registration: guard.registration.take(),
+            threads: std::mem::take(&mut guard.threads),
+            prefetcher: guard.prefetcher.take(),
+            workers,
+        })
+    }
+}

@@ -1,0 +1,248 @@
+//! Eviction: choosing victims, writing or dropping them, making room under
+//! the cap, and the entry point the allocation trap calls.
+//!
+//! Victims are the resident, unpinned executors of the highest rank (see
+//! [`crate::policy`]). A clean executor whose spill file is still valid is
+//! dropped with no write; a dirty one is written first, outside its slot
+//! lock (state `Evicting`), and a failed write puts it back intact (see
+//! `writes.rs` for the backoff).
+
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::shared::Shared;
+use crate::alloc::{self, linebuf::LineBuf, BypassGuard, Evictor};
+use crate::error::{Error, Result};
+use crate::executor::{EvictStep, Slot, State, NONE};
+use crate::stats::Counters;
+
+/// Outcome of one eviction attempt.
+pub(crate) enum Evicted {
+    /// Memory freed (bytes, as measured).
+    Freed(usize),
+    /// Not evictable now (pinned, moving, locked, or backing off).
+    Skipped,
+    /// The write failed; the executor stayed resident.
+    Failed(io::Error),
+}
+
+/// The level proactive eviction brings usage down to: the cap less 1/32
+/// (at least 4 MiB, at most half the cap). The headroom is for the buffers
+/// of loads and for what tasks allocate, so that the trap stays the last
+/// resort.
+pub(crate) fn low_watermark(cap: u64) -> u64 {
+    cap.saturating_sub((cap / 32).max(4 << 20).min(cap / 2))
+}
+
+impl Shared {
+    /// The resident executor to evict next: the highest rank, above
+    /// `above` when given, not in `skip`. From the trap (`trap`), the
+    /// registry is only try-locked.
+    fn pick_victim(&self, above: Option<u64>, skip: &[u64], trap: bool) -> Option<Arc<Slot>> {
+        let reg = if trap {
+            self.registry.try_lock()?
+        } else {
+            self.registry.lock()
+        };
+        let mut best: Option<(u64, &Arc<Slot>)> = None;
+        for s in reg.slots.values() {
+            if s.state_hint() != State::Resident || skip.contains(&s.id) {
+                continue;
+            }
+            let r = self.rank(s, &reg);
+            if above.is_some_and(|a| r <= a) {
+                continue;
+            }
+            if best.is_none_or(|(br, _)| r > br) {
+                best = Some((r, s));
+            }
+        }
+        best.map(|(_, s)| s.clone())
+    }
+
+    /// Evicts `slot` if it is resident and idle.
+    pub(crate) fn evict_slot(&self, slot: &Slot, trap: bool) -> Evicted {
+        let g = if trap {
+            slot.try_lock()
+        } else {
+            Some(slot.lock())
+        };
+        let Some(mut g) = g else {
+            return Evicted::Skipped;
+        };
+        let size = slot.size.load(Ordering::Relaxed);
+        match g.state.evict_step(g.dirty, g.file_gen != 0) {
+            EvictStep::Skip => Evicted::Skipped,
+            EvictStep::DropClean => {
+                let v = g.value.take();
+                slot.set_state(&mut g, State::Evicted);
+                drop(g);
+                drop(v);
+                self.count_eviction(trap, true);
+                Evicted::Freed(size)
+            }
+            EvictStep::Write => {
+                let now = self.epoch_ms();
+                if !self
+                    .writes
+                    .may_write(now, slot.write_retry_at.load(Ordering::Relaxed))
+                {
+                    return Evicted::Skipped;
+                }
+                let Some(v) = g.value.take() else {
+                    return Evicted::Skipped;
+                };
+                let gen = g.next_gen;
+                g.next_gen += 1;
+                slot.set_state(&mut g, State::Evicting);
+                drop(g);
+                let _bypass = BypassGuard::new();
+                let path = self.store.path_for(slot.id);
+                let result = if self.writes.inject_fault() {
+                    Err(io::Error::new(
+                        io::ErrorKind::StorageFull,
+                        "injected fault (OUTCORE_FAULT_WRITE_EVERY)",
+                    ))
+                } else {
+                    (slot.save)(&*v, &path, slot.key(gen))
+                };
+                let mut g = slot.lock();
+                match result {
+                    Ok(written) => {
+                        self.writes.succeeded();
+                        g.file_gen = gen;
+                        g.dirty = false;
+                        slot.set_state(&mut g, State::Evicted);
+                        drop(g);
+                        drop(v);
+                        Counters::add(&self.counters.bytes_written, written);
+                        self.count_eviction(trap, false);
+                        Evicted::Freed(size.max(written as usize))
+                    }
+                    Err(e) => {
+                        g.value = Some(v);
+                        slot.set_state(&mut g, State::Resident);
+                        drop(g);
+                        Counters::add(&self.counters.failed_writes, 1);
+                        let retry_at = self
+                            .writes
+                            .failed(self.epoch_ms(), format!("{}: {e}", path.display()));
+                        slot.write_retry_at.store(retry_at, Ordering::Relaxed);
+                        Evicted::Failed(e)
+                    }
+                }
+            }
+        }
+    }
+
+    fn count_eviction(&self, trap: bool, clean: bool) {
+        Counters::add(&self.counters.evictions, 1);
+        if trap {
+            Counters::add(&self.counters.trap_evictions, 1);
+        }
+        if clean {
+            Counters::add(&self.counters.clean_evictions, 1);
+        }
+    }
+
+    /// Evicts until `bytes` more fit under the low watermark, taking only
+    /// victims ranked above `above` when given. Returns whether they fit.
+    pub(crate) fn make_room(&self, bytes: usize, above: Option<u64>) -> bool {
+        let Some(cap) = self.cap else { return true };
+        let cap = low_watermark(cap);
+        let mut skip: Vec<u64> = Vec::new();
+        // No purge afterwards: jemalloc reuses the freed extents for the
+        // loads that follow. Purging on every proactive eviction made each
+        // task's fresh buffers fault in zeroed pages again (with TLB
+        // shootdowns across the workers). The trap, where memory must go
+        // back to the system now, still purges.
+        loop {
+            let in_flight = self.loading_bytes.load(Ordering::Relaxed);
+            if alloc::current_usage()
+                .saturating_add(in_flight)
+                .saturating_add(bytes) as u64
+                <= cap
+            {
+                return true;
+            }
+            let Some(v) = self.pick_victim(above, &skip, false) else {
+                return false;
+            };
+            if !matches!(self.evict_slot(&v, false), Evicted::Freed(_)) {
+                skip.push(v.id);
+            }
+        }
+    }
+
+    /// Evicts every idle executor now (writing the dirty ones). Returns how
+    /// many were evicted, or the first write that failed.
+    pub(crate) fn evict_all(&self) -> Result<usize> {
+        let slots: Vec<Arc<Slot>> = self.registry.lock().slots.values().cloned().collect();
+        let mut n = 0;
+        for s in slots {
+            match self.evict_slot(&s, false) {
+                Evicted::Freed(_) => n += 1,
+                Evicted::Skipped => {}
+                Evicted::Failed(source) => {
+                    return Err(Error::SpillWrite {
+                        executor: s.label.clone(),
+                        file: self.store.path_for(s.id),
+                        bytes: s.size.load(Ordering::Relaxed),
+                        source,
+                    });
+                }
+            }
+        }
+        alloc::purge();
+        Ok(n)
+    }
+}
+
+impl Evictor for Shared {
+    fn evict_for_trap(&self, bytes: usize) -> usize {
+        let mut freed = 0usize;
+        let mut skip = [NONE; 16];
+        let mut nskip = 0;
+        for _ in 0..256 {
+            if freed >= bytes {
+                break;
+            }
+            let Some(v) = self.pick_victim(None, &skip[..nskip], true) else {
+                break;
+            };
+            match self.evict_slot(&v, true) {
+                Evicted::Freed(n) => freed = freed.saturating_add(n.max(1)),
+                Evicted::Skipped | Evicted::Failed(_) => {
+                    if nskip == skip.len() {
+                        break;
+                    }
+                    skip[nskip] = v.id;
+                    nskip += 1;
+                }
+            }
+        }
+        freed
+    }
+
+    fn pinned(&self) -> usize {
+        self.pinned.load(Ordering::Relaxed)
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    fn cap(&self) -> Option<usize> {
+        self.cap.map(|c| usize::try_from(c).unwrap_or(usize::MAX))
+    }
+
+    fn describe(&self, out: &mut LineBuf) {
+        if self.writes.any_failed() {
+            out.push(b"; spill writes are failing (is the spill directory ");
+            out.push(self.store.dir().as_os_str().as_bytes());
+            out.push(b" full?)");
+        }
+    }
+}

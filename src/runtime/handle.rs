@@ -1,0 +1,104 @@
+//! [`Handle`]: the user's reference to an executor.
+
+use std::marker::PhantomData;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use super::registry::CycleId;
+use super::shared::Shared;
+use crate::error::{Error, ExecutorId, Result};
+use crate::executor::{Slot, State, NONE};
+
+/// A handle to an executor holding a `T`. Cheap to pass by reference;
+/// dropping it frees the executor's memory and its spill file.
+pub struct Handle<T> {
+    pub(crate) slot: Option<Arc<Slot>>,
+    pub(crate) shared: Weak<Shared>,
+    pub(crate) _t: PhantomData<fn() -> T>,
+}
+
+impl<T> Handle<T> {
+    /// The executor's id.
+    pub fn id(&self) -> ExecutorId {
+        self.slot.as_ref().map_or(0, |s| s.id)
+    }
+
+    /// The executor's current state.
+    pub fn state(&self) -> State {
+        self.slot
+            .as_ref()
+            .map_or(State::Removed, |s| s.state_hint())
+    }
+
+    /// Bytes the executor takes in memory, as last measured.
+    pub fn size(&self) -> usize {
+        self.slot
+            .as_ref()
+            .map_or(0, |s| s.size.load(Ordering::Relaxed))
+    }
+
+    /// The declared cycle the executor is in and its position there, if
+    /// any (see [`Runtime::hint_cycle`](crate::Runtime::hint_cycle)).
+    pub fn cycle_position(&self) -> Option<(CycleId, u64)> {
+        let s = self.slot.as_ref()?;
+        let id = s.cycle_id.load(Ordering::Relaxed);
+        let pos = s.cycle_pos.load(Ordering::Relaxed);
+        (id != NONE && pos != NONE).then_some((CycleId(id), pos))
+    }
+
+    /// The executor's slot, if this handle belongs to the runtime `sh`.
+    pub(crate) fn slot_in(&self, sh: &Arc<Shared>) -> Option<Arc<Slot>> {
+        let ours = self.shared.upgrade().is_some_and(|s| Arc::ptr_eq(&s, sh));
+        if ours {
+            self.slot.clone()
+        } else {
+            None
+        }
+    }
+}
+
+impl<T: Send + 'static> Handle<T> {
+    /// Takes the value back out of the runtime (loading it if needed).
+    ///
+    /// # Errors
+    ///
+    /// The errors of a task on the executor: [`Error::SpillRead`] when it
+    /// cannot be loaded, [`Error::Poisoned`] after a panic in a `&mut`
+    /// task, [`Error::UnknownExecutor`] when the runtime is gone.
+    pub fn into_inner(mut self) -> Result<T> {
+        let slot = self.slot.take().ok_or_else(|| Error::UnknownExecutor {
+            executor: "executor".into(),
+        })?;
+        let shared = self
+            .shared
+            .upgrade()
+            .ok_or_else(|| Error::UnknownExecutor {
+                executor: slot.label.clone(),
+            })?;
+        let v = shared.acquire(&slot, true)?;
+        shared.remove(&slot, false);
+        shared.pinned.fetch_sub(1, Ordering::AcqRel);
+        v.downcast::<T>()
+            .map(|b| *b)
+            .map_err(|_| Error::UnknownExecutor {
+                executor: slot.label.clone(),
+            })
+    }
+}
+
+impl<T> Drop for Handle<T> {
+    fn drop(&mut self) {
+        if let (Some(slot), Some(shared)) = (self.slot.take(), self.shared.upgrade()) {
+            shared.remove(&slot, true);
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Handle<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.slot {
+            Some(s) => write!(f, "Handle({}, {:?})", s.label, s.state_hint()),
+            None => f.write_str("Handle(removed)"),
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Loading and pinning: how a task gets its executor's value (loading it
+//! from its spill file when evicted) and gives it back.
+//!
+//! A pinned executor's value is out of its slot, held by the task, so an
+//! evictor has nothing to touch: a task never sees its executor evicted
+//! underneath it.
+
+use std::any::Any;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::shared::Shared;
+use crate::alloc;
+use crate::error::{Error, Result};
+use crate::executor::{PinStep, Slot, State};
+use crate::stats::Counters;
+
+impl Shared {
+    /// Loads an executor the caller has put in the `Loading` state.
+    pub(crate) fn load_slot(&self, slot: &Slot, file_gen: u64, prefetch: bool) -> Result<()> {
+        let size = slot.size.load(Ordering::Relaxed);
+        if !prefetch {
+            self.make_room(size, None);
+        }
+        let path = self.store.path_for(slot.id);
+        // Loads in flight count against the cap in `make_room`, so that
+        // concurrent loads do not each assume the same headroom.
+        self.loading_bytes.fetch_add(size, Ordering::Relaxed);
+        let before = alloc::thread_net_allocated();
+        let result = (slot.load)(&path, slot.key(file_gen));
+        let delta = alloc::thread_net_allocated() - before;
+        self.loading_bytes.fetch_sub(size, Ordering::Relaxed);
+        let mut g = slot.lock();
+        match result {
+            Ok((v, read)) => {
+                g.value = Some(v);
+                g.dirty = false;
+                if delta > 0 {
+                    slot.size.store(delta as usize, Ordering::Relaxed);
+                }
+                slot.last_use.store(self.tick(), Ordering::Relaxed);
+                slot.prefetched.store(prefetch, Ordering::Relaxed);
+                slot.set_state(&mut g, State::Resident);
+                drop(g);
+                Counters::add(&self.counters.loads, 1);
+                Counters::add(&self.counters.bytes_read, read);
+                if prefetch {
+                    Counters::add(&self.counters.prefetches, 1);
+                }
+                self.generation.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(source) => {
+                g.damage = Some((source.kind(), source.to_string()));
+                slot.set_state(&mut g, State::Damaged);
+                Err(Error::SpillRead {
+                    executor: slot.label.clone(),
+                    file: path,
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Takes an executor's value for a task: loads it if needed and pins it.
+    pub(crate) fn acquire(&self, slot: &Slot, write: bool) -> Result<Box<dyn Any + Send>> {
+        let start = Instant::now();
+        let mut waited = false;
+        let mut g = slot.lock();
+        loop {
+            match g.state.pin_step() {
+                PinStep::Pin => {
+                    let Some(v) = g.value.take() else {
+                        return Err(Error::Runtime(format!(
+                            "{}: resident without a value",
+                            slot.label
+                        )));
+                    };
+                    if write {
+                        g.dirty = true;
+                    }
+                    slot.set_state(&mut g, State::Pinned);
+                    drop(g);
+                    self.pinned.fetch_add(1, Ordering::AcqRel);
+                    if slot.prefetched.swap(false, Ordering::Relaxed) && !waited {
+                        Counters::add(&self.counters.prefetch_hits, 1);
+                    }
+                    if waited {
+                        Counters::add(
+                            &self.counters.load_wait_nanos,
+                            start.elapsed().as_nanos() as u64,
+                        );
+                    }
+                    return Ok(v);
+                }
+                PinStep::Load => {
+                    let file_gen = g.file_gen;
+                    slot.set_state(&mut g, State::Loading);
+                    drop(g);
+                    waited = true;
+                    Counters::add(&self.counters.demand_loads, 1);
+                    self.load_slot(slot, file_gen, false)?;
+                    g = slot.lock();
+                }
+                PinStep::Wait => {
+                    waited = true;
+                    g = slot.wait(g);
+                }
+                PinStep::Fail => {
+                    return Err(match g.state {
+                        State::Poisoned => Error::Poisoned {
+                            executor: slot.label.clone(),
+                        },
+                        State::Damaged => {
+                            let (kind, msg) = g
+                                .damage
+                                .clone()
+                                .unwrap_or((io::ErrorKind::InvalidData, String::new()));
+                            Error::SpillRead {
+                                executor: slot.label.clone(),
+                                file: self.store.path_for(slot.id),
+                                source: io::Error::new(kind, msg),
+                            }
+                        }
+                        _ => Error::UnknownExecutor {
+                            executor: slot.label.clone(),
+                        },
+                    });
+                }
+            }
+        }
+    }
+
+    /// Puts a task's value back and unpins the executor.
+    pub(crate) fn release(&self, slot: &Slot, v: Box<dyn Any + Send>, poisoned: bool) {
+        let mut g = slot.lock();
+        g.value = Some(v);
+        slot.set_state(
+            &mut g,
+            if poisoned {
+                State::Poisoned
+            } else {
+                State::Resident
+            },
+        );
+        drop(g);
+        slot.last_use.store(self.tick(), Ordering::Relaxed);
+        self.pinned.fetch_sub(1, Ordering::AcqRel);
+        self.generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records that a task on `slot` with sequence `seq` is dispatched: it
+    /// leaves the pending queue and its cycle's cursor moves to it.
+    pub(crate) fn dispatched(&self, slot: &Slot, seq: u64) {
+        {
+            let mut g = slot.lock();
+            if let Some(p) = g.pending.iter().position(|&s| s == seq) {
+                g.pending.remove(p);
+            }
+            slot.sync_next_task(&g);
+        }
+        if slot.cycle_id.load(Ordering::Relaxed) != crate::executor::NONE {
+            self.registry.lock().set_cursor(slot);
+        }
+        slot.last_use.store(self.tick(), Ordering::Relaxed);
+        self.prefetch_signal.notify();
+    }
+
+    /// Removes an executor (its handle was dropped or taken). With
+    /// `drop_value`, waits for a task or a move in progress to finish and
+    /// drops the value.
+    pub(crate) fn remove(&self, slot: &Slot, drop_value: bool) {
+        self.registry.lock().remove(slot.id);
+        let mut g = slot.lock();
+        while matches!(g.state, State::Pinned | State::Loading | State::Evicting) && drop_value {
+            g = slot.wait(g);
+        }
+        let v = g.value.take();
+        slot.set_state(&mut g, State::Removed);
+        drop(g);
+        drop(v);
+        let _ = std::fs::remove_file(self.store.path_for(slot.id));
+    }
+}

@@ -1,0 +1,183 @@
+//! The registry: the runtime's executors and their declared cycles, under
+//! one `std::sync::Mutex` (futex-based, never allocates, so the trap may
+//! try-lock it).
+//!
+//! A runtime may hold several sweep orders at once (two jobs, or two
+//! datasets): each [`Runtime::hint_cycle`](crate::Runtime::hint_cycle)
+//! makes a new cycle with its own length and cursor. An executor belongs to
+//! at most one cycle: declaring it in a new one takes it out of the old
+//! one, and a cycle with no member left is forgotten.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+
+use crate::alloc::BypassGuard;
+use crate::executor::{Slot, NONE};
+use crate::policy::Cycle;
+
+/// Identifies a sweep order declared with
+/// [`Runtime::hint_cycle`](crate::Runtime::hint_cycle).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CycleId(pub(crate) u64);
+
+/// One declared cycle.
+#[derive(Debug)]
+struct CycleState {
+    /// Positions in the cycle.
+    len: u64,
+    /// Executors still in it.
+    members: u64,
+    /// Position of the executor dispatched last.
+    cursor: u64,
+}
+
+/// What the registry lock guards.
+#[derive(Default)]
+pub(crate) struct Inner {
+    pub(crate) slots: HashMap<u64, Arc<Slot>>,
+    cycles: HashMap<u64, CycleState>,
+    next_cycle: u64,
+}
+
+impl Inner {
+    /// The cycle `s` belongs to, for ranking, with `ahead` positions
+    /// counting as coming up; the empty cycle when it is in none.
+    pub(crate) fn cycle_of(&self, s: &Slot, ahead: u64) -> Cycle {
+        let id = s.cycle_id.load(Ordering::Relaxed);
+        match self.cycles.get(&id) {
+            Some(c) if id != NONE => Cycle {
+                len: c.len,
+                cursor: c.cursor,
+                ahead,
+            },
+            _ => Cycle::default(),
+        }
+    }
+
+    /// Declares a new cycle over `order` (ids not in the registry are
+    /// skipped). An executor named twice takes its last position.
+    pub(crate) fn declare_cycle(&mut self, order: &[u64]) -> CycleId {
+        self.next_cycle += 1;
+        let id = self.next_cycle;
+        let mut len = 0u64;
+        let mut members = 0u64;
+        for eid in order {
+            let Some(s) = self.slots.get(eid).cloned() else {
+                continue;
+            };
+            let old = s.cycle_id.swap(id, Ordering::Relaxed);
+            if old != id {
+                self.leave(old);
+                members += 1;
+            }
+            s.cycle_pos.store(len, Ordering::Relaxed);
+            len += 1;
+        }
+        if members > 0 {
+            self.cycles.insert(
+                id,
+                CycleState {
+                    len,
+                    members,
+                    cursor: len.saturating_sub(1),
+                },
+            );
+        }
+        CycleId(id)
+    }
+
+    /// Records that the sweep of `s`'s cycle has reached `s`.
+    pub(crate) fn set_cursor(&mut self, s: &Slot) {
+        let id = s.cycle_id.load(Ordering::Relaxed);
+        let pos = s.cycle_pos.load(Ordering::Relaxed);
+        if let Some(c) = self.cycles.get_mut(&id) {
+            c.cursor = pos;
+        }
+    }
+
+    /// Removes an executor, taking it out of its cycle.
+    pub(crate) fn remove(&mut self, id: u64) -> Option<Arc<Slot>> {
+        let s = self.slots.remove(&id)?;
+        let old = s.cycle_id.swap(NONE, Ordering::Relaxed);
+        s.cycle_pos.store(NONE, Ordering::Relaxed);
+        self.leave(old);
+        Some(s)
+    }
+
+    /// One member fewer in cycle `id`; forgets it when none is left.
+    fn leave(&mut self, id: u64) {
+        if let Some(c) = self.cycles.get_mut(&id) {
+            c.members -= 1;
+            if c.members == 0 {
+                self.cycles.remove(&id);
+            }
+        }
+    }
+}
+
+/// The registry's lock.
+#[derive(Default)]
+pub(crate) struct Registry {
+    inner: Mutex<Inner>,
+}
+
+/// The registry's guard, with the trap bypassed while it is held.
+pub(crate) struct RegistryGuard<'a> {
+    guard: MutexGuard<'a, Inner>,
+    _bypass: BypassGuard,
+}
+
+impl std::ops::Deref for RegistryGuard<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for RegistryGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.guard
+    }
+}
+
+impl Registry {
+    /// Locks the registry (blocking).
+    pub(crate) fn lock(&self) -> RegistryGuard<'_> {
+        let bypass = BypassGuard::new();
+        let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        RegistryGuard {
+            guard,
+            _bypass: bypass,
+        }
+    }
+
+    /// Try-locks the registry, spinning briefly (for the trap).
+    pub(crate) fn try_lock(&self) -> Option<RegistryGuard<'_>> {
+        for i in 0..200 {
+            let bypass = BypassGuard::new();
+            match self.inner.try_lock() {
+                Ok(guard) => {
+                    return Some(RegistryGuard {
+                        guard,
+                        _bypass: bypass,
+                    })
+                }
+                Err(TryLockError::Poisoned(e)) => {
+                    return Some(RegistryGuard {
+                        guard: e.into_inner(),
+                        _bypass: bypass,
+                    })
+                }
+                Err(TryLockError::WouldBlock) => {
+                    if i < 50 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+        None
+    }
+}

@@ -1,0 +1,107 @@
+//! The state the runtime's parts share: one `Arc<Shared>` is held by the
+//! [`Runtime`](crate::Runtime), its worker and prefetch threads, the
+//! allocator's evictor registration and (weakly) every handle.
+//!
+//! The behaviour lives next door, one job a file: `evict.rs` (victims,
+//! writes, making room, the trap's entry point), `load.rs` (loading and
+//! pinning), `prefetch.rs` (the prefetcher).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::pool::{Pool, Signal};
+use super::registry::Registry;
+use super::writes::WriteHealth;
+use crate::executor::{Slot, NONE};
+use crate::policy::{EvictionPolicy, UseInfo};
+use crate::spill::SpillStore;
+use crate::stats::Counters;
+
+pub(crate) struct Shared {
+    pub(crate) cap: Option<u64>,
+    pub(crate) policy: EvictionPolicy,
+    pub(crate) store: SpillStore,
+    pub(crate) registry: Registry,
+    pub(crate) counters: Counters,
+    /// Executors pinned by running tasks.
+    pub(crate) pinned: AtomicUsize,
+    /// Bytes of loads in progress.
+    pub(crate) loading_bytes: AtomicUsize,
+    /// Bumped whenever an executor may have become evictable.
+    pub(crate) generation: AtomicU64,
+    /// Logical clock for last-use times.
+    clock: AtomicU64,
+    /// Next dispatch sequence number.
+    seq: AtomicU64,
+    /// Next executor id.
+    pub(crate) next_id: AtomicU64,
+    pub(crate) pool: Pool,
+    pub(crate) prefetch_on: bool,
+    pub(crate) prefetch_signal: Signal,
+    pub(crate) workers: usize,
+    pub(crate) writes: WriteHealth,
+    started: Instant,
+}
+
+impl Shared {
+    pub(crate) fn new(
+        cap: Option<u64>,
+        policy: EvictionPolicy,
+        store: SpillStore,
+        workers: usize,
+        prefetch_on: bool,
+    ) -> Arc<Shared> {
+        Arc::new(Shared {
+            cap,
+            policy,
+            store,
+            registry: Registry::default(),
+            counters: Counters::default(),
+            pinned: AtomicUsize::new(0),
+            loading_bytes: AtomicUsize::new(0),
+            generation: AtomicU64::new(0),
+            clock: AtomicU64::new(1),
+            seq: AtomicU64::new(0),
+            next_id: AtomicU64::new(1),
+            pool: Pool::default(),
+            prefetch_on,
+            prefetch_signal: Signal::default(),
+            workers,
+            writes: WriteHealth::from_env(),
+            started: Instant::now(),
+        })
+    }
+
+    /// The next logical time.
+    pub(crate) fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Milliseconds since the runtime started.
+    pub(crate) fn epoch_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Reserves `n` dispatch sequence numbers.
+    pub(crate) fn reserve_seqs(&self, n: u64) -> u64 {
+        self.seq.fetch_add(n, Ordering::Relaxed)
+    }
+
+    /// Cycle positions the prefetcher works ahead of each cycle's cursor:
+    /// two per worker.
+    pub(crate) fn lookahead(&self) -> u64 {
+        2 * self.workers as u64
+    }
+
+    /// The rank of `s` (the caller holds the registry lock, `reg`).
+    pub(crate) fn rank(&self, s: &Slot, reg: &super::registry::Inner) -> u64 {
+        let opt = |v: u64| (v != NONE).then_some(v);
+        let u = UseInfo {
+            next_task: opt(s.next_task.load(Ordering::Relaxed)),
+            cycle_pos: opt(s.cycle_pos.load(Ordering::Relaxed)),
+            last_use: s.last_use.load(Ordering::Relaxed),
+        };
+        self.policy.rank(u, reg.cycle_of(s, self.lookahead()))
+    }
+}
