@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Each allocator's `GlobalAlloc` methods are called directly (the process's
-//! own global allocator is TrapAlloc either way), on three workloads (small
+//! own global allocator is TrapAlloc, installed below), on three workloads (small
 //! mixed-size alloc/free, realloc growth, 1 MiB blocks), with one thread
 //! and with two. Target: TrapAlloc at most 1.05x jemalloc.
 //!
@@ -25,6 +25,10 @@ use tikv_jemallocator::Jemalloc;
 
 #[path = "common.rs"]
 mod common;
+
+/// outcore's allocator, installed by the program (one line).
+#[global_allocator]
+static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 
 fn small_mixed<A: GlobalAlloc>(a: &A, seed: u64) {
     let mut s = seed | 1;

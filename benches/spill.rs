@@ -23,6 +23,10 @@ use outcore::{PodVec, Runtime};
 #[path = "common.rs"]
 mod common;
 
+/// outcore's allocator, installed by the program (one line).
+#[global_allocator]
+static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+
 const ELEMS: usize = 64 << 20; // 256 MiB of f32
 
 /// Drops the file's pages from the page cache.

@@ -10,6 +10,10 @@
 use outcore::{format_bytes, parse_size, MemoryCap, PodVec, Runtime};
 use serde::{Deserialize, Serialize};
 
+/// outcore's allocator, installed by the program (one line).
+#[global_allocator]
+static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+
 /// Your executor: a block of 2-D points.
 #[derive(Serialize, Deserialize)]
 struct Block {

@@ -13,6 +13,10 @@ use std::time::Instant;
 
 use outcore::{parse_size, EvictionPolicy, MemoryCap, PodVec, Runtime};
 
+/// outcore's allocator, installed by the program (one line).
+#[global_allocator]
+static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+
 struct Args {
     cap: MemoryCap,
     data: u64,

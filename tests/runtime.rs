@@ -281,3 +281,91 @@ fn damaged_spill_files_of_every_kind_are_reported() {
         );
     }
 }
+
+/// Threads in this process (`Threads:` in /proc/self/status).
+fn thread_count() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_build_that_fails_part_way_stops_its_threads_and_removes_its_spill_dir() {
+    const TEST: &str = "a_build_that_fails_part_way_stops_its_threads_and_removes_its_spill_dir";
+    if common::is_child(TEST) {
+        let spill = tempfile::tempdir().unwrap();
+        let before = thread_count();
+        // Room for a few dozen 2 MiB thread stacks, not for 5000.
+        let limit = common::vm_size() + (96 << 20);
+        let lim = libc::rlimit {
+            rlim_cur: limit,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: a plain setrlimit on this (child) process.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
+        let err = Runtime::builder()
+            .workers(5000)
+            .spill_dir(spill.path())
+            .build()
+            .unwrap_err();
+        let lim = libc::rlimit {
+            rlim_cur: libc::RLIM_INFINITY,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
+        println!("ERR={}", err.to_string().replace(' ', "_"));
+        // The started workers are gone (joined, not parked forever).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while thread_count() > before && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        println!("THREADS_BEFORE={before}");
+        println!("THREADS_AFTER={}", thread_count());
+        let left = std::fs::read_dir(spill.path()).unwrap().count();
+        println!("SPILL_ENTRIES={left}");
+        return;
+    }
+    let out = common::run_child(TEST, None, std::time::Duration::from_secs(120));
+    assert!(out.status.success(), "{}", out.stderr);
+    let err = out.value("ERR").unwrap();
+    assert!(err.contains("cannot_start_worker_thread"), "{err}");
+    let before: usize = out.value("THREADS_BEFORE").unwrap().parse().unwrap();
+    let after: usize = out.value("THREADS_AFTER").unwrap().parse().unwrap();
+    assert_eq!(after, before, "threads left behind by the failed build");
+    assert_eq!(out.value("SPILL_ENTRIES").as_deref(), Some("0"));
+}
+
+#[test]
+fn two_sweep_orders_in_one_runtime_keep_their_own_positions() {
+    let rt = rt();
+    let a: Vec<_> = (0..4)
+        .map(|i| rt.insert(vec![i as u8; 16]).unwrap())
+        .collect();
+    let b: Vec<_> = (0..3)
+        .map(|i| rt.insert(vec![i as u8; 16]).unwrap())
+        .collect();
+    let ca = rt.hint_cycle(a.iter().map(|h| h.id()));
+    let cb = rt.hint_cycle(b.iter().rev().map(|h| h.id()));
+    assert_ne!(ca, cb);
+    for (i, h) in a.iter().enumerate() {
+        assert_eq!(h.cycle_position(), Some((ca, i as u64)), "first cycle kept");
+    }
+    for (i, h) in b.iter().rev().enumerate() {
+        assert_eq!(h.cycle_position(), Some((cb, i as u64)));
+    }
+    // Sweeping one cycle leaves the other alone.
+    let mut batch = rt.batch();
+    for h in &b {
+        batch.read(h, |v: &Vec<u8>| v.len());
+    }
+    batch.run().unwrap();
+    assert_eq!(a[3].cycle_position(), Some((ca, 3)));
+    // Declaring an executor again moves it to the new cycle.
+    let cc = rt.hint_cycle([a[0].id()]);
+    assert_eq!(a[0].cycle_position(), Some((cc, 0)));
+    assert_eq!(a[1].cycle_position(), Some((ca, 1)));
+}
