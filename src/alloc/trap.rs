@@ -92,10 +92,16 @@ pub(crate) fn register(evictor: Arc<dyn Evictor>) -> Option<Registration> {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let old = REGISTRY[self.slot].swap(std::ptr::null_mut(), Ordering::AcqRel);
+        // SeqCst here and in `with_entries`: this is a store-buffer pattern
+        // (we store the slot then load READERS; a reader stores READERS
+        // then loads the slot), which acquire/release does not order. In
+        // the single total order of SeqCst operations, either the reader's
+        // increment comes first (we see it and wait) or our swap does (the
+        // reader sees null). See README.md, "Memory orderings".
+        let old = REGISTRY[self.slot].swap(std::ptr::null_mut(), Ordering::SeqCst);
         recompute_cap();
         // Wait until no trap can still be looking at the entry.
-        while READERS.load(Ordering::Acquire) != 0 {
+        while READERS.load(Ordering::SeqCst) != 0 {
             std::thread::yield_now();
         }
         if !old.is_null() {
@@ -120,10 +126,10 @@ fn recompute_cap() {
 
 /// Calls `f` on each registered entry until it returns true.
 fn with_entries(mut f: impl FnMut(&Entry) -> bool) -> bool {
-    READERS.fetch_add(1, Ordering::AcqRel);
+    READERS.fetch_add(1, Ordering::SeqCst);
     let mut any = false;
     for slot in REGISTRY.iter() {
-        let p = slot.load(Ordering::Acquire);
+        let p = slot.load(Ordering::SeqCst);
         if p.is_null() {
             continue;
         }
@@ -135,7 +141,7 @@ fn with_entries(mut f: impl FnMut(&Entry) -> bool) -> bool {
             break;
         }
     }
-    READERS.fetch_sub(1, Ordering::AcqRel);
+    READERS.fetch_sub(1, Ordering::Release);
     any
 }
 
