@@ -127,8 +127,7 @@ fn a_read_only_spill_directory_is_a_clear_error_at_build_time() {
     let err = Runtime::builder()
         .spill_dir(fs.path())
         .build()
-        .err()
-        .expect("error");
+        .expect_err("error");
     assert!(matches!(err, Error::SpillDir { .. }), "{err}");
     let msg = err.to_string();
     assert!(
@@ -140,8 +139,7 @@ fn a_read_only_spill_directory_is_a_clear_error_at_build_time() {
     let err = Runtime::builder()
         .spill_dir(f.path())
         .build()
-        .err()
-        .expect("error");
+        .expect_err("error");
     assert!(err.to_string().contains("not a directory"), "{err}");
 }
 

@@ -165,8 +165,7 @@ fn a_missing_spill_dir_is_a_clear_error() {
     let err = Runtime::builder()
         .spill_dir("/nonexistent/outcore/dir")
         .build()
-        .err()
-        .expect("error");
+        .expect_err("error");
     assert!(matches!(err, Error::SpillDir { .. }));
     assert!(
         err.to_string().contains("/nonexistent/outcore/dir"),
