@@ -125,8 +125,8 @@ pub mod fuzzing {
 }
 
 /// The crate's own unit tests run with the allocator installed, as an
-/// application would.
-#[cfg(test)]
+/// application would (not under Miri, which cannot run jemalloc).
+#[cfg(all(test, not(miri)))]
 #[global_allocator]
 static GLOBAL: TrapAlloc = TrapAlloc::new();
 
