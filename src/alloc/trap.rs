@@ -160,7 +160,12 @@ fn evict(bytes: usize, skip_fruitless: bool) -> usize {
         if skip_fruitless && e.fruitless_at.load(Ordering::Relaxed) == gen {
             return false;
         }
-        let got = e.evictor.evict_for_trap(bytes.saturating_sub(freed));
+        // No panic may leave the allocator: the evictor catches user code's
+        // panics itself; this is the last line.
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            e.evictor.evict_for_trap(bytes.saturating_sub(freed))
+        }))
+        .unwrap_or(0);
         if got == 0 {
             e.fruitless_at.store(gen, Ordering::Relaxed);
         } else {

@@ -11,7 +11,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::handle::Handle;
 use super::pool::{Job, Step};
-use super::shared::Shared;
+use super::shared::{panic_message, Shared};
 use crate::error::{Error, Result};
 use crate::executor::Slot;
 use crate::stats::Counters;
@@ -216,7 +216,14 @@ impl<R: Send + 'static> Job for BatchState<R> {
         };
         let id = task.slot.id;
         let index = task.index;
-        let result = run_task(sh, task);
+        // User code is already caught inside; this catches the runtime's
+        // own, so that a result is always recorded and `run` returns.
+        let result = catch_unwind(AssertUnwindSafe(|| run_task(sh, task))).unwrap_or_else(|p| {
+            Err(Error::Runtime(format!(
+                "internal panic while running a task: {}",
+                panic_message(&*p)
+            )))
+        });
         let mut g = self.inner.lock();
         g.results[index] = Some(result);
         g.busy.remove(&id);
@@ -252,16 +259,9 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
         Ok(None) => Err(Error::UnknownExecutor {
             executor: t.slot.label.clone(),
         }),
-        Err(p) => {
-            let message = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic payload".into());
-            Err(Error::TaskPanicked {
-                executor: t.slot.label.clone(),
-                message,
-            })
-        }
+        Err(p) => Err(Error::TaskPanicked {
+            executor: t.slot.label.clone(),
+            message: panic_message(&*p),
+        }),
     }
 }

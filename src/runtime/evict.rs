@@ -9,10 +9,11 @@
 
 use std::io;
 use std::os::unix::ffi::OsStrExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::shared::Shared;
+use super::shared::{drop_user_value, panic_message, Shared};
 use crate::alloc::{self, linebuf::LineBuf, BypassGuard, Evictor};
 use crate::error::{Error, Result};
 use crate::executor::{EvictStep, Slot, State, NONE};
@@ -79,7 +80,7 @@ impl Shared {
                 let v = g.value.take();
                 slot.set_state(&mut g, State::Evicted);
                 drop(g);
-                drop(v);
+                drop_user_value(v);
                 self.count_eviction(trap, true);
                 Evicted::Freed(size)
             }
@@ -106,7 +107,15 @@ impl Shared {
                         "injected fault (OUTCORE_FAULT_WRITE_EVERY)",
                     ))
                 } else {
-                    (slot.save)(&*v, &path, slot.key(gen))
+                    // The value's `Serialize` is user code, and this may
+                    // run inside the allocator: a panic is a failed write.
+                    catch_unwind(AssertUnwindSafe(|| (slot.save)(&*v, &path, slot.key(gen))))
+                        .unwrap_or_else(|p| {
+                            Err(io::Error::other(format!(
+                                "serialization panicked: {}",
+                                panic_message(&*p)
+                            )))
+                        })
                 };
                 let mut g = slot.lock();
                 match result {
@@ -116,7 +125,7 @@ impl Shared {
                         g.dirty = false;
                         slot.set_state(&mut g, State::Evicted);
                         drop(g);
-                        drop(v);
+                        drop_user_value(v);
                         Counters::add(&self.counters.bytes_written, written);
                         self.count_eviction(trap, false);
                         Evicted::Freed(size.max(written as usize))

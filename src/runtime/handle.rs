@@ -75,7 +75,14 @@ impl<T: Send + 'static> Handle<T> {
             .ok_or_else(|| Error::UnknownExecutor {
                 executor: slot.label.clone(),
             })?;
-        let v = shared.acquire(&slot, true)?;
+        let v = match shared.acquire(&slot, true) {
+            Ok(v) => v,
+            Err(e) => {
+                // Poisoned or damaged: the handle is gone, so is the value.
+                shared.remove(&slot, true);
+                return Err(e);
+            }
+        };
         shared.remove(&slot, false);
         shared.pinned.fetch_sub(1, Ordering::AcqRel);
         v.downcast::<T>()

@@ -7,10 +7,11 @@
 
 use std::any::Any;
 use std::io;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::shared::Shared;
+use super::shared::{drop_user_value, panic_message, Shared};
 use crate::alloc;
 use crate::error::{Error, Result};
 use crate::executor::{PinStep, Slot, State};
@@ -21,14 +22,24 @@ impl Shared {
     pub(crate) fn load_slot(&self, slot: &Slot, file_gen: u64, prefetch: bool) -> Result<()> {
         let size = slot.size.load(Ordering::Relaxed);
         if !prefetch {
-            self.make_room(size, None);
+            // Making room runs other executors' `Serialize`; whatever
+            // happens there, this load goes on (and the slot never stays
+            // `Loading`).
+            let _ = catch_unwind(AssertUnwindSafe(|| self.make_room(size, None)));
         }
         let path = self.store.path_for(slot.id);
         // Loads in flight count against the cap in `make_room`, so that
         // concurrent loads do not each assume the same headroom.
         self.loading_bytes.fetch_add(size, Ordering::Relaxed);
         let before = alloc::thread_net_allocated();
-        let result = (slot.load)(&path, slot.key(file_gen));
+        // The value's `Deserialize` is user code: a panic is a damaged load.
+        let result = catch_unwind(AssertUnwindSafe(|| (slot.load)(&path, slot.key(file_gen))))
+            .unwrap_or_else(|p| {
+                Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("deserialization panicked: {}", panic_message(&*p)),
+                ))
+            });
         let delta = alloc::thread_net_allocated() - before;
         self.loading_bytes.fetch_sub(size, Ordering::Relaxed);
         let mut g = slot.lock();
@@ -179,7 +190,7 @@ impl Shared {
         let v = g.value.take();
         slot.set_state(&mut g, State::Removed);
         drop(g);
-        drop(v);
+        drop_user_value(v);
         let _ = std::fs::remove_file(self.store.path_for(slot.id));
     }
 }

@@ -82,7 +82,11 @@ pub(crate) fn worker_loop(pool: &Pool) {
                 pool.cv.wait(&mut q);
             }
         };
-        match job.step() {
+        // A job catches its tasks' panics; should one escape anyway, the
+        // worker survives and keeps serving the queue.
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.step()))
+            .unwrap_or(Step::Blocked);
+        match step {
             Step::Ran => pool.wake_all(),
             Step::Blocked => {
                 let mut q = pool.queue.lock();

@@ -105,3 +105,17 @@ impl Shared {
         self.policy.rank(u, reg.cycle_of(s, self.lookahead()))
     }
 }
+
+/// The message of a caught panic (its payload, when it is a string).
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}
+
+/// Drops a user value; a panic in its `Drop` is caught (and reported by
+/// the panic hook) instead of unwinding into the runtime or the allocator.
+pub(crate) fn drop_user_value<T>(v: T) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(v)));
+}

@@ -1,0 +1,224 @@
+//! The runtime's contract with an embedding application: user types whose
+//! `Serialize`, `Deserialize` or `Drop` panic, interior mutability, and
+//! executors given back. Anything that may abort or hang runs in a child
+//! process with a watchdog.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{is_child, run_child};
+use outcore::{Error, MemoryCap, PodVec, Runtime, State};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// When set, every `Bomb` panics in `Serialize`.
+static ARMED: AtomicBool = AtomicBool::new(false);
+
+/// An executor whose `Serialize` panics while [`ARMED`] is set.
+#[derive(Deserialize, PartialEq, Debug)]
+struct Bomb {
+    data: PodVec<u8>,
+}
+
+impl Serialize for Bomb {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if ARMED.load(Ordering::Relaxed) {
+            panic!("Bomb: serialize panicked");
+        }
+        #[derive(Serialize)]
+        struct Plain<'a> {
+            data: &'a PodVec<u8>,
+        }
+        Plain { data: &self.data }.serialize(s)
+    }
+}
+
+impl Bomb {
+    fn new(bytes: usize, fill: u8) -> Bomb {
+        Bomb {
+            data: PodVec::from(vec![fill; bytes]),
+        }
+    }
+
+    fn sum(&self) -> u64 {
+        self.data.iter().map(|&b| u64::from(b)).sum()
+    }
+}
+
+fn ok(test: &str) -> common::ChildOutput {
+    let out = run_child(test, None, TIMEOUT);
+    assert!(
+        out.status.success(),
+        "child failed ({:?}): {}",
+        out.status,
+        out.stderr
+    );
+    out
+}
+
+/// Defect 1: a `Serialize` that panics while the soft trap evicts must not
+/// unwind out of the allocator: the executor stays resident and intact,
+/// the write counts as failed, and the allocation goes ahead.
+#[test]
+fn a_panicking_serialize_in_the_trap_stays_inside_the_allocator() {
+    const T: &str = "a_panicking_serialize_in_the_trap_stays_inside_the_allocator";
+    if is_child(T) {
+        let rt = Runtime::builder()
+            .mem_cap(MemoryCap::Bytes(64 << 20))
+            .prefetch(false)
+            .build()
+            .unwrap();
+        let h = rt.insert(Bomb::new(32 << 20, 7)).unwrap();
+        ARMED.store(true, Ordering::Relaxed);
+        let r = std::panic::catch_unwind(|| {
+            let v = vec![1u8; 48 << 20];
+            v.iter().map(|&b| u64::from(b)).sum::<u64>()
+        });
+        ARMED.store(false, Ordering::Relaxed);
+        println!("ALLOC_OK={}", r.is_ok());
+        println!("STATE={:?}", h.state());
+        println!("FAILED={}", rt.stats().failed_writes);
+        let sum = rt.read(&h, |b: &Bomb| b.sum()).unwrap();
+        println!("SUM={sum}");
+        // The trap still works afterwards (the token was released), once
+        // the failed executor's write backoff (500 ms) has passed.
+        std::thread::sleep(Duration::from_millis(600));
+        drop(vec![1u8; 48 << 20]);
+        println!("EVICTIONS={}", rt.stats().evictions);
+        return;
+    }
+    let out = ok(T);
+    assert_eq!(out.value("ALLOC_OK").as_deref(), Some("true"));
+    assert_eq!(out.value("STATE").as_deref(), Some("Resident"));
+    assert!(out.value("FAILED").unwrap().parse::<u64>().unwrap() >= 1);
+    assert_eq!(out.value("SUM"), Some((7u64 * (32 << 20)).to_string()));
+    assert!(out.value("EVICTIONS").unwrap().parse::<u64>().unwrap() >= 1);
+}
+
+/// Defect 2: a panicking `Serialize` in an explicit eviction leaves the
+/// executor resident (not stuck `Evicting`), reports an error, and later
+/// tasks run.
+#[test]
+fn a_panicking_serialize_in_evict_all_is_an_error_not_a_hang() {
+    const T: &str = "a_panicking_serialize_in_evict_all_is_an_error_not_a_hang";
+    if is_child(T) {
+        let rt = Runtime::builder().prefetch(false).build().unwrap();
+        let h = rt.insert(Bomb::new(1 << 20, 3)).unwrap();
+        ARMED.store(true, Ordering::Relaxed);
+        let r = rt.evict_all();
+        ARMED.store(false, Ordering::Relaxed);
+        println!("EVICT_ERR={}", r.is_err());
+        if let Err(e) = r {
+            println!("MSG={}", e.to_string().replace(' ', "_"));
+        }
+        println!("STATE={:?}", h.state());
+        let sum = rt.read(&h, |b: &Bomb| b.sum()).unwrap();
+        println!("SUM={sum}");
+        return;
+    }
+    let out = ok(T);
+    assert_eq!(out.value("EVICT_ERR").as_deref(), Some("true"));
+    assert!(out.value("MSG").unwrap().contains("panicked"));
+    assert_eq!(out.value("STATE").as_deref(), Some("Resident"));
+    assert_eq!(out.value("SUM"), Some((3u64 << 20).to_string()));
+}
+
+/// Defect 2: a panic while a worker makes room for a load (another
+/// executor's `Serialize`) neither kills the worker nor hangs the batch.
+#[test]
+fn a_panic_while_a_worker_makes_room_does_not_hang_the_batch() {
+    const T: &str = "a_panic_while_a_worker_makes_room_does_not_hang_the_batch";
+    if is_child(T) {
+        let rt = Runtime::builder()
+            .mem_cap(MemoryCap::Bytes(48 << 20))
+            .workers(1)
+            .prefetch(false)
+            .build()
+            .unwrap();
+        let a = rt.insert(Bomb::new(16 << 20, 1)).unwrap();
+        rt.evict_all().unwrap();
+        // Two dirty executors fill the cap: loading `a` must evict one.
+        let b = rt.insert(Bomb::new(16 << 20, 2)).unwrap();
+        let c = rt.insert(Bomb::new(16 << 20, 3)).unwrap();
+        ARMED.store(true, Ordering::Relaxed);
+        let r = rt.read(&a, |x: &Bomb| x.sum());
+        ARMED.store(false, Ordering::Relaxed);
+        println!(
+            "READ_A={}",
+            r.map(|s| s.to_string())
+                .unwrap_or_else(|e| e.to_string().replace(' ', "_"))
+        );
+        // The worker is alive: more tasks run.
+        let sb = rt.read(&b, |x: &Bomb| x.sum()).unwrap();
+        let sc = rt.read(&c, |x: &Bomb| x.sum()).unwrap();
+        println!("SUM_BC={}", sb + sc);
+        return;
+    }
+    let out = ok(T);
+    assert_eq!(out.value("READ_A"), Some((1u64 << 24).to_string()));
+    assert_eq!(out.value("SUM_BC"), Some((5u64 << 24).to_string()));
+}
+
+/// An executor whose `Deserialize` always panics.
+#[derive(Serialize, PartialEq, Debug)]
+struct BadLoad {
+    data: PodVec<u8>,
+}
+
+impl<'de> Deserialize<'de> for BadLoad {
+    fn deserialize<D: Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+        panic!("BadLoad: deserialize panicked")
+    }
+}
+
+/// Defect 2: a panicking `Deserialize` is reported like a damaged file and
+/// leaves no executor stuck `Loading`.
+#[test]
+fn a_panicking_deserialize_is_reported_like_a_damaged_file() {
+    const T: &str = "a_panicking_deserialize_is_reported_like_a_damaged_file";
+    if is_child(T) {
+        let rt = Runtime::builder()
+            .workers(1)
+            .prefetch(false)
+            .build()
+            .unwrap();
+        let h = rt
+            .insert(BadLoad {
+                data: PodVec::from(vec![1u8; 1 << 16]),
+            })
+            .unwrap();
+        rt.evict_all().unwrap();
+        let r = rt.read(&h, |x: &BadLoad| x.data.len());
+        println!(
+            "IS_SPILL_READ={}",
+            matches!(r, Err(Error::SpillRead { .. }))
+        );
+        println!("STATE={:?}", h.state());
+        // The worker survived.
+        let other = rt.insert(vec![1u32, 2, 3]).unwrap();
+        println!("OTHER={}", rt.read(&other, |v: &Vec<u32>| v.len()).unwrap());
+        return;
+    }
+    let out = ok(T);
+    assert_eq!(out.value("IS_SPILL_READ").as_deref(), Some("true"));
+    assert_eq!(out.value("STATE").as_deref(), Some("Damaged"));
+    assert_eq!(out.value("OTHER").as_deref(), Some("3"));
+}
+
+/// Defect 11: `into_inner` on a poisoned executor returns the error and
+/// frees the executor (nothing stays in the registry).
+#[test]
+fn into_inner_on_a_poisoned_executor_frees_it() {
+    let rt = Runtime::builder().workers(1).build().unwrap();
+    let h = rt.insert(PodVec::from(vec![0u8; 8 << 20])).unwrap();
+    let r = rt.write(&h, |_v: &mut PodVec<u8>| -> u32 { panic!("poison") });
+    assert!(matches!(r, Err(Error::TaskPanicked { .. })));
+    assert_eq!(h.state(), State::Poisoned);
+    assert_eq!(rt.resident_count(), 1);
+    let r = h.into_inner();
+    assert!(matches!(r, Err(Error::Poisoned { .. })), "{r:?}");
+    assert_eq!(rt.resident_count(), 0, "the poisoned value stayed behind");
+}
