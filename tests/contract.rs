@@ -222,3 +222,30 @@ fn into_inner_on_a_poisoned_executor_frees_it() {
     assert!(matches!(r, Err(Error::Poisoned { .. })), "{r:?}");
     assert_eq!(rt.resident_count(), 0, "the poisoned value stayed behind");
 }
+
+/// Defect 4: a thread that exits publishes what it allocated or freed, so
+/// short-lived threads leave no phantom usage behind.
+#[test]
+fn threads_that_exit_publish_their_accounting() {
+    const T: &str = "threads_that_exit_publish_their_accounting";
+    if is_child(T) {
+        outcore::flush_thread();
+        let base = outcore::current_usage() as i64;
+        for _ in 0..1000 {
+            // Allocated here, freed by a thread that then exits.
+            let buf = vec![1u8; 200 << 10];
+            std::thread::spawn(move || drop(buf)).join().unwrap();
+        }
+        outcore::flush_thread();
+        println!("DRIFT={}", outcore::current_usage() as i64 - base);
+        println!("THRESHOLD={}", outcore::flush_threshold());
+        return;
+    }
+    let out = ok(T);
+    let drift: i64 = out.value("DRIFT").unwrap().parse().unwrap();
+    let threshold: i64 = out.value("THRESHOLD").unwrap().parse().unwrap();
+    assert!(
+        drift.abs() <= threshold,
+        "{drift} bytes of drift after 1000 thread exits (threshold {threshold})"
+    );
+}

@@ -6,7 +6,7 @@
 //! destructor.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// Per-thread deltas are flushed to the global counter once they pass the
 /// flush threshold, so the shared cache line is touched about once per
@@ -29,10 +29,22 @@ struct Local {
     /// executor while it is built or loaded). Updated only on a flush, so
     /// the hot path touches one cell.
     net: Cell<i64>,
+    /// [`UNHOOKED`], [`HOOKED`] or [`EXITING`]: whether the thread-exit
+    /// flush is registered for this thread, or running.
+    exit: Cell<u8>,
 }
 
+/// The thread has not registered its exit flush yet.
+const UNHOOKED: u8 = 0;
+/// The exit flush is registered.
+const HOOKED: u8 = 1;
+/// The thread is exiting: deltas go straight to [`USED`].
+const EXITING: u8 = 2;
+
 thread_local! {
-    static LOCAL: Local = const { Local { pending: Cell::new(0), net: Cell::new(0) } };
+    static LOCAL: Local = const {
+        Local { pending: Cell::new(0), net: Cell::new(0), exit: Cell::new(UNHOOKED) }
+    };
     /// Depth of "bypass" scopes on this thread: eviction in progress, or a
     /// runtime lock held. Allocations in such a scope never enter the trap.
     static BYPASS: Cell<u32> = const { Cell::new(0) };
@@ -85,8 +97,11 @@ pub(super) fn bypassing() -> bool {
 pub(super) fn account(delta: isize) -> Option<usize> {
     let threshold = FLUSH.0.load(Ordering::Relaxed);
     let flushed = LOCAL.try_with(|l| {
+        if l.exit.get() != HOOKED {
+            hook_thread_exit(l);
+        }
         let v = l.pending.get().wrapping_add(delta);
-        if v > -threshold && v < threshold {
+        if v > -threshold && v < threshold && l.exit.get() != EXITING {
             l.pending.set(v);
             None
         } else {
@@ -108,6 +123,65 @@ pub(super) fn account(delta: isize) -> Option<usize> {
         PEAK.0.fetch_max(used, Ordering::Relaxed);
     }
     Some(used)
+}
+
+/// The pthread key whose destructor publishes an exiting thread's pending
+/// bytes: [`KEY_NONE`] until created.
+static EXIT_KEY: AtomicU32 = AtomicU32::new(KEY_NONE);
+/// Key-creation state: 0 not started, 1 in progress, 2 done, 3 failed.
+static EXIT_KEY_STATE: AtomicU8 = AtomicU8::new(0);
+const KEY_NONE: u32 = u32::MAX;
+
+/// Registers (once per thread) a pthread-key destructor that publishes the
+/// thread's pending bytes when it exits: any thread, not only the
+/// runtime's, so short-lived threads leave no phantom usage behind. Cold:
+/// runs on a thread's first allocation. Never allocates through this
+/// allocator (`pthread_setspecific` may call the C `malloc` for keys past
+/// the first 32).
+#[cold]
+fn hook_thread_exit(l: &Local) {
+    if l.exit.get() == EXITING {
+        return;
+    }
+    if EXIT_KEY_STATE.load(Ordering::Acquire) != 2 {
+        if EXIT_KEY_STATE
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let mut key: libc::pthread_key_t = 0;
+            // SAFETY: `key` is a valid out-pointer; the destructor is an
+            // `extern "C"` function that never unwinds.
+            let ok = unsafe { libc::pthread_key_create(&mut key, Some(exit_flush)) } == 0;
+            if ok {
+                EXIT_KEY.store(key, Ordering::Release);
+                EXIT_KEY_STATE.store(2, Ordering::Release);
+            } else {
+                EXIT_KEY_STATE.store(3, Ordering::Release);
+            }
+        }
+        match EXIT_KEY_STATE.load(Ordering::Acquire) {
+            2 => {}
+            // Failed for good: stop trying on this thread.
+            3 => return l.exit.set(HOOKED),
+            // Another thread is creating it: try again next time.
+            _ => return,
+        }
+    }
+    let key = EXIT_KEY.load(Ordering::Acquire);
+    // SAFETY: `key` was created by `pthread_key_create`; the value is a
+    // non-null marker, never dereferenced.
+    unsafe {
+        libc::pthread_setspecific(key, std::ptr::NonNull::<u8>::dangling().as_ptr().cast());
+    }
+    l.exit.set(HOOKED);
+}
+
+/// The pthread-key destructor: the thread is exiting. Publishes its
+/// pending bytes, and from now on its deltas (frees made by later
+/// destructors) go straight to [`USED`].
+extern "C" fn exit_flush(_: *mut libc::c_void) {
+    let _ = LOCAL.try_with(|l| l.exit.set(EXITING));
+    flush_thread();
 }
 
 /// The soft cap in bytes, [`NO_CAP`] when there is none.
