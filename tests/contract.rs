@@ -249,3 +249,42 @@ fn threads_that_exit_publish_their_accounting() {
         "{drift} bytes of drift after 1000 thread exits (threshold {threshold})"
     );
 }
+
+/// Defect 5: an executor's size is what it holds, even when the trap
+/// evicts other executors on the same thread while a task grows it.
+#[test]
+fn sizes_exclude_evictions_made_on_the_same_thread() {
+    const T: &str = "sizes_exclude_evictions_made_on_the_same_thread";
+    if is_child(T) {
+        let rt = Runtime::builder()
+            .mem_cap(MemoryCap::Bytes(48 << 20))
+            .workers(1)
+            .prefetch(false)
+            .policy(outcore::EvictionPolicy::Lru)
+            .build()
+            .unwrap();
+        let others: Vec<_> = (0..4)
+            .map(|i| rt.insert(PodVec::from(vec![i as u8; 8 << 20])).unwrap())
+            .collect();
+        let h = rt.insert(PodVec::from(vec![9u8; 8 << 20])).unwrap();
+        let before = rt.stats().evictions;
+        rt.write(&h, |v: &mut PodVec<u8>| {
+            v.0.extend(std::iter::repeat_n(9u8, 8 << 20))
+        })
+        .unwrap();
+        println!("EVICTED={}", rt.stats().evictions - before);
+        println!("SIZE={}", h.size());
+        drop(others);
+        return;
+    }
+    let out = ok(T);
+    assert!(
+        out.value("EVICTED").unwrap().parse::<u64>().unwrap() >= 1,
+        "the scenario needs the trap to evict during the task"
+    );
+    let size: usize = out.value("SIZE").unwrap().parse().unwrap();
+    assert!(
+        (15 << 20..=17 << 20).contains(&size),
+        "size recorded {size} bytes for a 16 MiB executor"
+    );
+}

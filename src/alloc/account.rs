@@ -48,6 +48,9 @@ thread_local! {
     /// Depth of "bypass" scopes on this thread: eviction in progress, or a
     /// runtime lock held. Allocations in such a scope never enter the trap.
     static BYPASS: Cell<u32> = const { Cell::new(0) };
+    /// Net bytes this thread's evictions allocated (negative: freed), and
+    /// the depth of eviction scopes; see [`EvictScope`].
+    static EVICTED: (Cell<i64>, Cell<u32>) = const { (Cell::new(0), Cell::new(0)) };
 }
 
 /// Keeps a hot counter on a cache line of its own (no false sharing).
@@ -235,6 +238,42 @@ pub fn thread_net_allocated() -> i64 {
     LOCAL
         .try_with(|l| l.net.get().wrapping_add(l.pending.get() as i64))
         .unwrap_or(0)
+}
+
+/// What this thread allocated net, less what its evictions freed: the
+/// measure of an executor's size while it is loaded or written to, exact
+/// even when the trap evicts other executors on this thread meanwhile.
+pub(crate) fn thread_own_net() -> i64 {
+    let evicted = EVICTED.try_with(|e| e.0.get()).unwrap_or(0);
+    thread_net_allocated().wrapping_sub(evicted)
+}
+
+/// Marks an eviction on this thread: what it frees (or allocates) is kept
+/// out of [`thread_own_net`]. Nested scopes count once.
+pub(crate) struct EvictScope {
+    before: i64,
+}
+
+impl EvictScope {
+    pub(crate) fn new() -> EvictScope {
+        let _ = EVICTED.try_with(|e| e.1.set(e.1.get() + 1));
+        EvictScope {
+            before: thread_net_allocated(),
+        }
+    }
+}
+
+impl Drop for EvictScope {
+    fn drop(&mut self) {
+        let delta = thread_net_allocated().wrapping_sub(self.before);
+        let _ = EVICTED.try_with(|e| {
+            let depth = e.1.get().saturating_sub(1);
+            e.1.set(depth);
+            if depth == 0 {
+                e.0.set(e.0.get().wrapping_add(delta));
+            }
+        });
+    }
 }
 
 /// Flushes the calling thread's pending delta into the global counter. Call

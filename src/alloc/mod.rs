@@ -38,7 +38,7 @@ use tikv_jemallocator::Jemalloc;
 pub use account::{
     current_usage, flush_thread, flush_threshold, peak_usage, reset_peak, thread_net_allocated,
 };
-pub(crate) use account::{BypassGuard, COUNTERS};
+pub(crate) use account::{thread_own_net, BypassGuard, EvictScope, COUNTERS};
 pub(crate) use ffi::announce_to_shim;
 pub(crate) use jemalloc::purge;
 pub(crate) use trap::{register, Evictor, Registration};

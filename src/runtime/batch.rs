@@ -241,11 +241,11 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     let acquired = sh.acquire(&t.slot, t.write);
     sh.dispatched(&t.slot, t.seq);
     let mut v = acquired?;
-    let before = crate::alloc::thread_net_allocated();
+    let before = crate::alloc::thread_own_net();
     let f = t.f;
     let out = catch_unwind(AssertUnwindSafe(|| f(&mut *v)));
     if t.write {
-        let delta = crate::alloc::thread_net_allocated() - before;
+        let delta = crate::alloc::thread_own_net() - before;
         let size = t.slot.size.load(Ordering::Relaxed) as i64;
         t.slot
             .size

@@ -65,6 +65,9 @@ impl Shared {
 
     /// Evicts `slot` if it is resident and idle.
     pub(crate) fn evict_slot(&self, slot: &Slot, trap: bool) -> Evicted {
+        // What this eviction frees is not the size of whatever executor
+        // this thread is loading or writing to.
+        let _scope = alloc::EvictScope::new();
         let g = if trap {
             slot.try_lock()
         } else {

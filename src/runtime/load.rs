@@ -31,7 +31,7 @@ impl Shared {
         // Loads in flight count against the cap in `make_room`, so that
         // concurrent loads do not each assume the same headroom.
         self.loading_bytes.fetch_add(size, Ordering::Relaxed);
-        let before = alloc::thread_net_allocated();
+        let before = alloc::thread_own_net();
         // The value's `Deserialize` is user code: a panic is a damaged load.
         let result = catch_unwind(AssertUnwindSafe(|| (slot.load)(&path, slot.key(file_gen))))
             .unwrap_or_else(|p| {
@@ -40,7 +40,7 @@ impl Shared {
                     format!("deserialization panicked: {}", panic_message(&*p)),
                 ))
             });
-        let delta = alloc::thread_net_allocated() - before;
+        let delta = alloc::thread_own_net() - before;
         self.loading_bytes.fetch_sub(size, Ordering::Relaxed);
         let mut g = slot.lock();
         match result {
