@@ -288,3 +288,78 @@ fn sizes_exclude_evictions_made_on_the_same_thread() {
         "size recorded {size} bytes for a 16 MiB executor"
     );
 }
+
+/// The address-space limit of the contention test: enough for the job and
+/// the polling thread when the trap waits out contention (the test aborted
+/// 4 times in 4 under it when contention was read as exhaustion).
+const LIMIT: u64 = 450 << 20;
+
+/// Defect 6: under a hard limit, another thread holding the registry lock
+/// (here: polling `resident_count`) is contention, not exhaustion: the trap
+/// waits and retries instead of giving up.
+#[test]
+fn registry_contention_does_not_make_the_hard_trap_give_up() {
+    const T: &str = "registry_contention_does_not_make_the_hard_trap_give_up";
+    if is_child(T) {
+        let rt = Runtime::builder().build().unwrap();
+        let done = AtomicBool::new(false);
+        let digest = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut n = 0usize;
+                while !done.load(Ordering::Relaxed) {
+                    n = n.wrapping_add(rt.resident_count());
+                }
+                n
+            });
+            let d = common::run_job(&rt, 16, 16 << 20, "rwr");
+            done.store(true, Ordering::Relaxed);
+            d
+        });
+        println!("DIGEST={digest:x}");
+        println!("HARD_TRAPS={}", rt.stats().hard_traps);
+        return;
+    }
+    let out = run_child(T, Some(LIMIT), Duration::from_secs(300));
+    assert!(
+        out.status.success(),
+        "aborted under contention ({:?}): {}",
+        out.status,
+        out.stderr
+    );
+    assert!(out.value("HARD_TRAPS").unwrap().parse::<u64>().unwrap() > 0);
+}
+
+/// Defect 6: the trap prefers victims that free the request in few writes
+/// over many tiny ones ranked before them.
+#[test]
+fn the_trap_frees_a_large_request_in_few_writes() {
+    const T: &str = "the_trap_frees_a_large_request_in_few_writes";
+    if is_child(T) {
+        let rt = Runtime::builder()
+            .mem_cap(MemoryCap::Bytes(64 << 20))
+            .prefetch(false)
+            .build()
+            .unwrap();
+        // The tiny ones are older: least recently used first would take
+        // them all before the big ones.
+        let tiny: Vec<_> = (0..5000u64)
+            .map(|i| rt.insert(vec![i; 8]).unwrap())
+            .collect();
+        let big: Vec<_> = (0..2)
+            .map(|i| rt.insert(PodVec::from(vec![i as u8; 20 << 20])).unwrap())
+            .collect();
+        let before = rt.stats().evictions;
+        let v = vec![1u8; 40 << 20];
+        println!("EVICTIONS={}", rt.stats().evictions - before);
+        println!(
+            "BIG_EVICTED={}",
+            big.iter().filter(|h| h.state() == State::Evicted).count()
+        );
+        drop((v, tiny));
+        return;
+    }
+    let out = ok(T);
+    let n: u64 = out.value("EVICTIONS").unwrap().parse().unwrap();
+    assert!(n <= 4, "{n} evictions to free 40 MiB");
+    assert_eq!(out.value("BIG_EVICTED").as_deref(), Some("2"));
+}

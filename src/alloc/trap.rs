@@ -10,7 +10,7 @@
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::account::{self, BypassGuard, COUNTERS, NO_CAP};
 use super::linebuf::LineBuf;
@@ -25,8 +25,10 @@ use super::{jemalloc, reserve};
 /// and skip instead), and MUST NOT panic.
 pub(crate) trait Evictor: Send + Sync {
     /// Evicts idle executors until at least `bytes` are freed or nothing is
-    /// left to evict. Returns the bytes freed.
-    fn evict_for_trap(&self, bytes: usize) -> usize;
+    /// left to evict. Returns the bytes freed, and whether something could
+    /// not be examined because another thread held its lock (contention,
+    /// not exhaustion: the trap retries).
+    fn evict_for_trap(&self, bytes: usize) -> Freed;
     /// Number of executors pinned by running tasks (for the diagnostic).
     fn pinned(&self) -> usize;
     /// A counter that changes whenever an executor may have become
@@ -38,6 +40,15 @@ pub(crate) trait Evictor: Send + Sync {
     /// evictor beyond the pinned count (for example, that its spill writes
     /// are failing). The implementation MUST NOT allocate.
     fn describe(&self, out: &mut LineBuf);
+}
+
+/// What one trap eviction achieved.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Freed {
+    /// Bytes freed.
+    pub bytes: usize,
+    /// A lock the evictor needed was held by another thread.
+    pub busy: bool,
 }
 
 struct Entry {
@@ -152,9 +163,10 @@ fn any_registered() -> bool {
 }
 
 /// Asks the registered evictors to free `bytes`. Returns the bytes freed.
-fn evict(bytes: usize, skip_fruitless: bool) -> usize {
+fn evict(bytes: usize, skip_fruitless: bool) -> Freed {
     let _bypass = BypassGuard::new();
     let mut freed = 0usize;
+    let mut busy = false;
     with_entries(|e| {
         let gen = e.evictor.generation();
         if skip_fruitless && e.fruitless_at.load(Ordering::Relaxed) == gen {
@@ -165,20 +177,25 @@ fn evict(bytes: usize, skip_fruitless: bool) -> usize {
         let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             e.evictor.evict_for_trap(bytes.saturating_sub(freed))
         }))
-        .unwrap_or(0);
-        if got == 0 {
+        .unwrap_or_default();
+        if got.bytes == 0 && !got.busy {
             e.fruitless_at.store(gen, Ordering::Relaxed);
         } else {
             e.fruitless_at.store(u64::MAX, Ordering::Relaxed);
         }
-        freed = freed.saturating_add(got);
+        busy |= got.busy;
+        freed = freed.saturating_add(got.bytes);
         freed >= bytes
     });
     if freed > 0 {
         jemalloc::purge();
     }
-    freed
+    Freed { bytes: freed, busy }
 }
+
+/// How long the hard trap keeps retrying while evictors report only
+/// contention (another thread holds a lock they need).
+const BUSY_PATIENCE: Duration = Duration::from_secs(10);
 
 fn pinned_total() -> usize {
     let mut n = 0;
@@ -266,7 +283,7 @@ pub(super) fn soft(used: usize, cap: usize, size: usize) {
                 .saturating_add(slack(cap))
                 .max(size);
             let freed = evict(want, true);
-            if freed == 0 {
+            if freed.bytes == 0 {
                 COUNTERS.overshoots.fetch_add(1, Ordering::Relaxed);
             }
             COUNTERS
@@ -304,8 +321,10 @@ pub(super) fn hard(size: usize, retry: impl Fn() -> *mut u8, layout: Layout) -> 
     let want =
         size.saturating_mul(2)
             .saturating_add(if cap == NO_CAP { 16 << 20 } else { slack(cap) });
-    // Bounded: each round either frees something or gives up.
-    for _ in 0..10_000 {
+    // Bounded: each round frees something, waits out contention for a
+    // while, or gives up.
+    let mut busy_since: Option<Instant> = None;
+    for _ in 0..100_000 {
         let epoch = EPOCH.load(Ordering::Acquire);
         if try_take_token() {
             let start = Instant::now();
@@ -318,7 +337,16 @@ pub(super) fn hard(size: usize, retry: impl Fn() -> *mut u8, layout: Layout) -> 
             if !p.is_null() {
                 return p;
             }
-            if freed == 0 {
+            if freed.bytes > 0 {
+                busy_since = None;
+            } else if freed.busy {
+                // Contention is not exhaustion: the lock holder will let go.
+                let since = *busy_since.get_or_insert(start);
+                if since.elapsed() > BUSY_PATIENCE {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            } else {
                 break;
             }
         } else {
@@ -352,7 +380,12 @@ pub(crate) fn evict_external(bytes: usize) -> usize {
             .trap_nanos
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         release_token();
-        freed
+        // Contention: ask the caller to retry.
+        if freed.bytes == 0 && freed.busy {
+            1
+        } else {
+            freed.bytes
+        }
     } else {
         wait_for_token(epoch);
         1

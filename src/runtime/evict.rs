@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::shared::{drop_user_value, panic_message, Shared};
-use crate::alloc::{self, linebuf::LineBuf, BypassGuard, Evictor};
+use crate::alloc::{self, linebuf::LineBuf, BypassGuard, Evictor, Freed};
 use crate::error::{Error, Result};
 use crate::executor::{EvictStep, Slot, State, NONE};
 use crate::stats::Counters;
@@ -23,8 +23,11 @@ use crate::stats::Counters;
 pub(crate) enum Evicted {
     /// Memory freed (bytes, as measured).
     Freed(usize),
-    /// Not evictable now (pinned, moving, locked, or backing off).
+    /// Not evictable now (pinned, moving, or backing off).
     Skipped,
+    /// Its lock is held by another thread (only from the trap, which
+    /// try-locks).
+    Busy,
     /// The write failed; the executor stayed resident.
     Failed(io::Error),
 }
@@ -38,15 +41,10 @@ pub(crate) fn low_watermark(cap: u64) -> u64 {
 }
 
 impl Shared {
-    /// The resident executor to evict next: the highest rank, above
-    /// `above` when given, not in `skip`. From the trap (`trap`), the
-    /// registry is only try-locked.
-    fn pick_victim(&self, above: Option<u64>, skip: &[u64], trap: bool) -> Option<Arc<Slot>> {
-        let reg = if trap {
-            self.registry.try_lock()?
-        } else {
-            self.registry.lock()
-        };
+    /// The resident executor to evict next, not in `skip`: the highest
+    /// rank (above `above` when given).
+    fn pick_victim(&self, above: Option<u64>, skip: &[u64]) -> Option<Arc<Slot>> {
+        let reg = self.registry.lock();
         let mut best: Option<(u64, &Arc<Slot>)> = None;
         for s in reg.slots.values() {
             if s.state_hint() != State::Resident || skip.contains(&s.id) {
@@ -63,6 +61,31 @@ impl Shared {
         best.map(|(_, s)| s.clone())
     }
 
+    /// The trap's victim, not in `skip`, when `need` bytes must be freed
+    /// now: the highest-ranked executor that frees `need` alone; if none
+    /// does, the largest (then the highest-ranked), so that the request is
+    /// met in few writes. `Err(())` when the registry is locked by another
+    /// thread (the trap only try-locks).
+    fn pick_trap_victim(&self, need: usize, skip: &[u64]) -> Result<Option<Arc<Slot>>, ()> {
+        let reg = self.registry.try_lock().ok_or(())?;
+        let mut fit: Option<(u64, &Arc<Slot>)> = None;
+        let mut largest: Option<(usize, u64, &Arc<Slot>)> = None;
+        for s in reg.slots.values() {
+            if s.state_hint() != State::Resident || skip.contains(&s.id) {
+                continue;
+            }
+            let r = self.rank(s, &reg);
+            let size = s.size.load(Ordering::Relaxed);
+            if size >= need && fit.is_none_or(|(fr, _)| r > fr) {
+                fit = Some((r, s));
+            }
+            if largest.is_none_or(|(ls, lr, _)| (size, r) > (ls, lr)) {
+                largest = Some((size, r, s));
+            }
+        }
+        Ok(fit.map(|(_, s)| s).or(largest.map(|(_, _, s)| s)).cloned())
+    }
+
     /// Evicts `slot` if it is resident and idle.
     pub(crate) fn evict_slot(&self, slot: &Slot, trap: bool) -> Evicted {
         // What this eviction frees is not the size of whatever executor
@@ -74,7 +97,7 @@ impl Shared {
             Some(slot.lock())
         };
         let Some(mut g) = g else {
-            return Evicted::Skipped;
+            return Evicted::Busy;
         };
         let size = slot.size.load(Ordering::Relaxed);
         match g.state.evict_step(g.dirty, g.file_gen != 0) {
@@ -179,7 +202,7 @@ impl Shared {
             {
                 return true;
             }
-            let Some(v) = self.pick_victim(above, &skip, false) else {
+            let Some(v) = self.pick_victim(above, &skip) else {
                 return false;
             };
             if !matches!(self.evict_slot(&v, false), Evicted::Freed(_)) {
@@ -196,7 +219,7 @@ impl Shared {
         for s in slots {
             match self.evict_slot(&s, false) {
                 Evicted::Freed(_) => n += 1,
-                Evicted::Skipped => {}
+                Evicted::Skipped | Evicted::Busy => {}
                 Evicted::Failed(source) => {
                     return Err(Error::SpillWrite {
                         executor: s.label.clone(),
@@ -213,20 +236,27 @@ impl Shared {
 }
 
 impl Evictor for Shared {
-    fn evict_for_trap(&self, bytes: usize) -> usize {
+    fn evict_for_trap(&self, bytes: usize) -> Freed {
         let mut freed = 0usize;
+        let mut busy = false;
         let mut skip = [NONE; 16];
         let mut nskip = 0;
         for _ in 0..256 {
             if freed >= bytes {
                 break;
             }
-            let Some(v) = self.pick_victim(None, &skip[..nskip], true) else {
-                break;
+            let v = match self.pick_trap_victim(bytes - freed, &skip[..nskip]) {
+                Ok(Some(v)) => v,
+                Ok(None) => break,
+                Err(()) => {
+                    busy = true;
+                    break;
+                }
             };
             match self.evict_slot(&v, true) {
                 Evicted::Freed(n) => freed = freed.saturating_add(n.max(1)),
-                Evicted::Skipped | Evicted::Failed(_) => {
+                other => {
+                    busy |= matches!(other, Evicted::Busy);
                     if nskip == skip.len() {
                         break;
                     }
@@ -235,7 +265,7 @@ impl Evictor for Shared {
                 }
             }
         }
-        freed
+        Freed { bytes: freed, busy }
     }
 
     fn pinned(&self) -> usize {
