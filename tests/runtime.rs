@@ -297,8 +297,10 @@ fn a_build_that_fails_part_way_stops_its_threads_and_removes_its_spill_dir() {
     if common::is_child(TEST) {
         let spill = tempfile::tempdir().unwrap();
         let before = thread_count();
-        // Room for a few dozen 2 MiB thread stacks, not for 5000.
-        let limit = common::vm_size() + (96 << 20);
+        // Thread stacks are 256 MiB here (RUST_MIN_STACK, set by the
+        // parent): room for about three of them, not 5000, with plenty
+        // left for ordinary allocations.
+        let limit = common::vm_size() + (1 << 30);
         let lim = libc::rlimit {
             rlim_cur: limit,
             rlim_max: libc::RLIM_INFINITY,
@@ -328,10 +330,23 @@ fn a_build_that_fails_part_way_stops_its_threads_and_removes_its_spill_dir() {
         println!("SPILL_ENTRIES={left}");
         return;
     }
-    let out = common::run_child(TEST, None, std::time::Duration::from_secs(120));
+    let out = common::run_child_with(
+        TEST,
+        None,
+        std::time::Duration::from_secs(120),
+        &[("RUST_MIN_STACK", "268435456")],
+    );
     assert!(out.status.success(), "{}", out.stderr);
     let err = out.value("ERR").unwrap();
     assert!(err.contains("cannot_start_worker_thread"), "{err}");
+    // Part-way: some workers had started.
+    let started: usize = err
+        .split("cannot_start_worker_thread_")
+        .nth(1)
+        .and_then(|t| t.split('_').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(started > 0, "no worker had started: {err}");
     let before: usize = out.value("THREADS_BEFORE").unwrap().parse().unwrap();
     let after: usize = out.value("THREADS_AFTER").unwrap().parse().unwrap();
     assert_eq!(after, before, "threads left behind by the failed build");

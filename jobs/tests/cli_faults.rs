@@ -68,4 +68,3 @@ fn the_command_line_warns_about_a_full_spill_directory() {
         warn[0]
     );
 }
-

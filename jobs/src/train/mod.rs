@@ -14,13 +14,14 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use outcore::{Handle, PodVec, Runtime};
+
 use crate::error::{Error, Result};
-use crate::kmeans::data::{mix, Blobs, Rows, Source};
+use crate::input::{self, mix, Blobs, Rows, Source};
 use crate::npy::NpyInts;
-use crate::{Handle, PodVec, Runtime};
 
 /// A linear model: `classes x (dims + 1)` weights, the last column the bias.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Model {
     /// Classes.
     pub classes: u32,
@@ -67,7 +68,7 @@ impl Model {
 }
 
 /// A shard: training rows, held-out rows and a model replica.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Shard {
     /// Columns.
     pub dims: u32,
@@ -84,6 +85,33 @@ pub struct Shard {
 }
 
 impl Shard {
+    /// The shard of rows `first..`: `x` row-major with `dims` columns and
+    /// their labels `y`, each row held out when the seeded hash of its
+    /// global index falls below the `holdout` fraction (so the split does
+    /// not depend on the sharding).
+    fn split(first: u64, dims: usize, x: &[f32], y: &[u32], seed: u64, holdout: f64) -> Shard {
+        let threshold = (holdout * u64::MAX as f64) as u64;
+        let mut s = Shard {
+            dims: dims as u32,
+            x: PodVec::new(),
+            y: PodVec::new(),
+            test_x: PodVec::new(),
+            test_y: PodVec::new(),
+            model: Model::zeros(0, dims),
+        };
+        for (r, &label) in y.iter().enumerate() {
+            let row = &x[r * dims..(r + 1) * dims];
+            if mix(seed ^ 0x401d_0017, first + r as u64) < threshold {
+                s.test_x.extend_from_slice(row);
+                s.test_y.push(label);
+            } else {
+                s.x.extend_from_slice(row);
+                s.y.push(label);
+            }
+        }
+        s
+    }
+
     /// Runs `epochs` of mini-batch SGD on the shard's rows, starting from
     /// `start`.
     fn local_sgd(&mut self, start: &Model, epochs: usize, lr: f32, batch: usize) {
@@ -201,7 +229,14 @@ pub struct Job {
     pub rows: u64,
 }
 
-/// Loads `src` with its labels into shards of about `shard_bytes`.
+/// Loads `src` with its labels into shards of about `shard_bytes`, through
+/// the shared input layer ([`input::partition`]).
+///
+/// # Errors
+///
+/// [`Error::Input`] for unreadable data or labels, a label count that
+/// differs from the row count, a label not below `classes`, fewer than 2
+/// classes, or a `holdout` outside `[0, 1)`.
 pub fn load(
     rt: &Runtime,
     src: &Source,
@@ -210,18 +245,13 @@ pub fn load(
     shard_bytes: u64,
     cfg: &TrainConfig,
 ) -> Result<Job> {
-    let mut rows_src = Rows::open(src)?;
-    let rows = rows_src.rows();
-    let dims = rows_src.dims();
-    if rows == 0 {
-        return Err(Error::Input("the data has no rows".into()));
-    }
     if !(0.0..1.0).contains(&cfg.holdout) {
         return Err(Error::Input(format!(
-            "--holdout must be in [0, 1), not {}",
+            "the held-out fraction must be in [0, 1), not {}",
             cfg.holdout
         )));
     }
+    let rows = Rows::open(src)?.rows();
     let mut label_src = match labels {
         Labels::File(p) => {
             let r = NpyInts::open(p)?;
@@ -236,16 +266,9 @@ pub fn load(
         }
         Labels::Blobs(_) => None,
     };
-    let per = (shard_bytes / (4 * dims as u64 + 4).max(1)).clamp(1, u32::MAX as u64);
-    let mut shards = Vec::new();
-    let mut weights = Vec::new();
     let mut max_label = 0u32;
-    let mut first = 0u64;
-    let threshold = (cfg.holdout * u64::MAX as f64) as u64;
-    while first < rows {
-        let n = per.min(rows - first) as usize;
-        let mut x = Vec::with_capacity(n * dims);
-        rows_src.read(first, n, &mut x)?;
+    // The labels are read on this thread, in row order, beside the rows.
+    let side = |first: u64, n: usize| -> Result<Vec<u32>> {
         let y: Vec<u32> = match (&mut label_src, labels) {
             (Some(r), _) => r.read(n)?,
             (None, Labels::Blobs(b)) => (first..first + n as u64)
@@ -253,29 +276,20 @@ pub fn load(
                 .collect(),
             (None, Labels::File(_)) => Vec::new(),
         };
-        let mut s = Shard {
-            dims: dims as u32,
-            x: PodVec::new(),
-            y: PodVec::new(),
-            test_x: PodVec::new(),
-            test_y: PodVec::new(),
-            model: Model::zeros(0, dims),
-        };
-        for (r, &label) in y.iter().enumerate() {
-            max_label = max_label.max(label);
-            let row = &x[r * dims..(r + 1) * dims];
-            if mix(cfg.seed ^ 0x401d_0017, first + r as u64) < threshold {
-                s.test_x.extend_from_slice(row);
-                s.test_y.push(label);
-            } else {
-                s.x.extend_from_slice(row);
-                s.y.push(label);
-            }
-        }
-        weights.push(s.y.len() as u64);
-        shards.push(rt.insert_named(Some(&format!("shard {}", shards.len())), s)?);
-        first += n as u64;
-    }
+        max_label = y.iter().copied().fold(max_label, u32::max);
+        Ok(y)
+    };
+    let (seed, holdout) = (cfg.seed, cfg.holdout);
+    let parts = input::partition(
+        rt,
+        src,
+        |dims| input::rows_per_partition(shard_bytes, dims, 4),
+        "shard",
+        side,
+        move |first, dims, x, y| Shard::split(first, dims, &x, &y, seed, holdout),
+        |_, _| {},
+    )?;
+    let dims = parts.dims;
     let classes = match classes {
         Some(c) if (max_label as usize) < c => c,
         Some(c) => {
@@ -288,10 +302,14 @@ pub fn load(
     if classes < 2 {
         return Err(Error::Input("training needs at least 2 classes".into()));
     }
-    rt.hint_cycle(shards.iter().map(|h| h.id()));
+    let mut b = rt.batch();
+    for h in &parts.handles {
+        b.read(h, |s: &Shard| s.y.len() as u64);
+    }
+    let weights = b.run()?;
     let global = rt.insert_named(Some("global model"), Model::zeros(classes, dims))?;
     Ok(Job {
-        shards,
+        shards: parts.handles,
         weights,
         global,
         classes,
@@ -329,7 +347,7 @@ pub fn train(
 ) -> Result<Trained> {
     if cfg.batch == 0 || cfg.local_epochs == 0 {
         return Err(Error::Input(
-            "--batch and --local-epochs must be at least 1".into(),
+            "batch and local_epochs must be at least 1".into(),
         ));
     }
     let total: u64 = job.weights.iter().sum();

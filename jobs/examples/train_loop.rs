@@ -6,11 +6,15 @@
 //! cargo run --release --example train_loop
 //! ```
 
-use outcore::kmeans::data::{Blobs, Source};
-use outcore::train::{self, Labels, TrainConfig};
 use outcore::{format_bytes, MemoryCap, Runtime};
+use outcore_jobs::input::{Blobs, Source};
+use outcore_jobs::train::{self, Labels, TrainConfig};
 
-fn main() -> Result<(), outcore::Error> {
+/// outcore's allocator, installed by the program.
+#[global_allocator]
+static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+
+fn main() -> Result<(), outcore_jobs::Error> {
     let rt = Runtime::builder()
         .mem_cap(MemoryCap::parse("96MiB")?)
         .build()?;

@@ -6,10 +6,11 @@ use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use outcore::kmeans::data::{Blobs, Rows};
-use outcore::kmeans::{self, Algorithm, Config, Event, Init, Source};
-use outcore::npy::{self, NpyWriter};
-use outcore::{format_bytes, parse_size, Error, EvictionPolicy, MemoryCap, Result, Runtime, Stats};
+use outcore::{format_bytes, parse_size, EvictionPolicy, MemoryCap, Runtime, Stats};
+use outcore_jobs::input::{Blobs, Rows, Source};
+use outcore_jobs::kmeans::{self, Algorithm, Config, Event, Init};
+use outcore_jobs::npy::{self, NpyWriter};
+use outcore_jobs::{output, Error, Result};
 use serde::Serialize;
 
 /// outcore: memory-hungry iterative jobs under a memory cap.
@@ -43,19 +44,13 @@ enum AlgorithmArg {
     Lloyd,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum PolicyArg {
-    Priority,
-    Lru,
-}
-
 /// Memory and runtime flags shared by the jobs.
 #[derive(Args, Debug, Clone)]
 struct MemoryArgs {
     /// Memory cap: a size (512MiB, 2GiB, 1.5G), `auto` or `none`. Default:
     /// 1GiB for synthetic data, `auto` for a file.
     #[arg(long, value_name = "SIZE|auto|none", allow_hyphen_values = true)]
-    mem_cap: Option<String>,
+    mem_cap: Option<MemoryCap>,
     /// Directory for spill files (a private subdirectory is made inside and
     /// removed at exit). Default: the system temporary directory.
     #[arg(long, value_name = "DIR")]
@@ -67,9 +62,9 @@ struct MemoryArgs {
     /// is 1/64 of the cap (64 MiB with no cap), rounded to whole tasks.
     #[arg(long, value_name = "P")]
     partitions: Option<u64>,
-    /// Eviction policy.
-    #[arg(long, value_enum, default_value_t = PolicyArg::Priority)]
-    policy: PolicyArg,
+    /// Eviction policy: priority (follow the dispatch plan) or lru.
+    #[arg(long, value_name = "priority|lru", default_value = "priority")]
+    policy: EvictionPolicy,
     /// Write run statistics as JSON to this file.
     #[arg(long, value_name = "FILE")]
     stats: Option<PathBuf>,
@@ -281,36 +276,47 @@ fn positive(name: &str, v: usize) -> Result<usize> {
 /// A source and its shape, read up front.
 fn open_source(d: &DataArgs) -> Result<(Source, u64, usize)> {
     let src = match &d.input {
-        Some(p) => Source::from_path(p, d.dims)?,
-        None => {
-            let bytes = parse_size(&d.synthetic)?;
-            let dims = positive("--dims", d.dims.unwrap_or(1000))?;
-            positive("--true-k", d.true_k)?;
-            if bytes < 4 * dims as u64 {
-                return Err(Error::Input(format!(
-                    "--synthetic {} is smaller than one point of {dims} dimensions",
-                    d.synthetic
-                )));
-            }
-            Source::synthetic(bytes, dims, d.true_k, d.seed)
-        }
+        Some(p) => file_source(p, d.dims)?,
+        None => synthetic_source(&d.synthetic, d.dims.unwrap_or(1000), d.true_k, d.seed)?,
     };
     let rows = Rows::open(&src)?;
     Ok((src, rows.rows(), rows.dims()))
 }
 
+/// The source for `--input`: raw float32 needs `--dims`.
+fn file_source(p: &Path, dims: Option<usize>) -> Result<Source> {
+    if dims.is_none() && Source::needs_dims(p) {
+        return Err(Error::Input(format!(
+            "{}: not a .npy or .fvecs file; for raw float32 data give --dims",
+            p.display()
+        )));
+    }
+    Source::from_path(p, dims)
+}
+
+/// Synthetic data from `--synthetic SIZE`, `--dims` and the number of
+/// blobs (`--true-k`, or `--classes` for training).
+fn synthetic_source(size: &str, dims: usize, blobs: usize, seed: u64) -> Result<Source> {
+    let bytes = parse_size(size)?;
+    let dims = positive("--dims", dims)?;
+    positive("--true-k", blobs)?;
+    if bytes < 4 * dims as u64 {
+        return Err(Error::Input(format!(
+            "--synthetic {size} is smaller than one point of {dims} dimensions"
+        )));
+    }
+    Ok(Source::synthetic(bytes, dims, blobs, seed))
+}
+
 /// Builds the runtime from the memory flags; returns it and the partition
 /// size in bytes.
 fn runtime(m: &MemoryArgs, synthetic_cap: Option<u64>, data_bytes: u64) -> Result<(Runtime, u64)> {
-    let cap = match (&m.mem_cap, synthetic_cap) {
-        (Some(s), _) => MemoryCap::parse(s)?,
+    let cap = match (m.mem_cap, synthetic_cap) {
+        (Some(c), _) => c,
         (None, Some(c)) => MemoryCap::Bytes(c),
         (None, None) => MemoryCap::Auto,
     };
-    let mut b = Runtime::builder().mem_cap(cap).policy(match m.policy {
-        PolicyArg::Priority => EvictionPolicy::Priority,
-        PolicyArg::Lru => EvictionPolicy::Lru,
-    });
+    let mut b = Runtime::builder().mem_cap(cap).policy(m.policy);
     if let Some(w) = m.workers {
         b = b.workers(positive("--workers", w)?);
     }
@@ -400,25 +406,14 @@ struct KmeansStats<'a> {
     wall_seconds: f64,
     load_seconds: f64,
     mem_cap_bytes: Option<u64>,
-    policy: &'a str,
+    policy: String,
     workers: usize,
     runtime: &'a Stats,
 }
 
 fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
     let text = serde_json::to_string_pretty(value).map_err(|e| Error::Output(e.to_string()))?;
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let err = |e: String| Error::Output(format!("{}: cannot write: {e}", path.display()));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".outcore-partial-")
-        .tempfile_in(dir)
-        .map_err(|e| err(e.to_string()))?;
-    std::io::Write::write_all(&mut tmp, text.as_bytes()).map_err(|e| err(e.to_string()))?;
-    tmp.persist(path).map_err(|e| err(e.error.to_string()))?;
-    Ok(())
+    output::write_file(path, text.as_bytes())
 }
 
 fn kmeans_cmd(a: KmeansArgs) -> Result<()> {
@@ -474,9 +469,12 @@ fn kmeans_cmd(a: KmeansArgs) -> Result<()> {
     // Printed once the data is in: an input error found while streaming
     // is then the only line the user sees.
     fb.line(&format!(
-        "outcore kmeans: {rows} points x {dims} dims ({}), k = {k}, {:?}, cap {}, {} workers, policy {:?}",
+        "outcore kmeans: {rows} points x {dims} dims ({}), k = {k}, {}, cap {}, {} workers, policy {}",
         format_bytes(data_bytes),
-        a.algorithm,
+        match a.algorithm {
+            AlgorithmArg::Minibatch => "mini-batch",
+            AlgorithmArg::Lloyd => "Lloyd",
+        },
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers(),
         rt.policy()
@@ -588,10 +586,7 @@ fn kmeans_cmd(a: KmeansArgs) -> Result<()> {
                 wall_seconds,
                 load_seconds,
                 mem_cap_bytes: rt.cap(),
-                policy: match a.mem.policy {
-                    PolicyArg::Priority => "priority",
-                    PolicyArg::Lru => "lru",
-                },
+                policy: rt.policy().to_string(),
                 workers: rt.workers(),
                 runtime: &s,
             },
@@ -632,17 +627,17 @@ fn warn_failed_writes(rt: &Runtime, s: &Stats) {
 
 fn gen_cmd(a: GenArgs) -> Result<()> {
     preflight(&a.output)?;
-    let bytes = parse_size(&a.synthetic)?;
-    let dims = positive("--dims", a.dims)?;
-    let true_k = positive("--true-k", a.true_k)?;
-    if bytes < 4 * dims as u64 {
-        return Err(Error::Input(format!(
-            "--synthetic {} is smaller than one point of {dims} dimensions",
-            a.synthetic
-        )));
-    }
-    let rows = bytes / (4 * dims as u64);
-    let blobs = Blobs::new(dims, true_k, a.seed);
+    let src = synthetic_source(&a.synthetic, a.dims, a.true_k, a.seed)?;
+    let Source::Synthetic {
+        rows,
+        dims,
+        true_k,
+        seed,
+    } = src
+    else {
+        return Err(Error::Input("gen writes synthetic data only".into()));
+    };
+    let blobs = Blobs::new(dims, true_k, seed);
     let mut w = NpyWriter::<f32>::create(&a.output, &[rows, dims as u64])?;
     let mut fb = Feedback::new();
     fb.stage("writing", rows);
@@ -663,10 +658,8 @@ fn gen_cmd(a: GenArgs) -> Result<()> {
                 .map(|&(s, n)| {
                     let blobs = &blobs;
                     sc.spawn(move || {
-                        let mut v = Vec::with_capacity(n as usize * dims);
-                        for i in s..s + n {
-                            blobs.point(i, &mut v);
-                        }
+                        let mut v = Vec::new();
+                        blobs.points(s, n as usize, &mut v);
                         v
                     })
                 })
@@ -712,7 +705,7 @@ struct TrainStats<'a> {
 }
 
 fn train_cmd(a: TrainArgs) -> Result<()> {
-    use outcore::train::{self, Labels, TrainConfig};
+    use outcore_jobs::train::{self, Labels, TrainConfig};
     let wall = Instant::now();
     for p in [&a.output, &a.mem.stats].into_iter().flatten() {
         preflight(p)?;
@@ -726,23 +719,18 @@ fn train_cmd(a: TrainArgs) -> Result<()> {
             a.lr
         )));
     }
+    if !(0.0..1.0).contains(&a.holdout) {
+        return Err(Error::Input(format!(
+            "--holdout must be in [0, 1), not {}",
+            a.holdout
+        )));
+    }
     let (src, labels, classes) = match (&a.input, &a.targets) {
-        (Some(x), Some(y)) => (
-            Source::from_path(x, a.dims)?,
-            Labels::File(y.clone()),
-            a.classes,
-        ),
+        (Some(x), Some(y)) => (file_source(x, a.dims)?, Labels::File(y.clone()), a.classes),
         _ => {
             let classes = positive("--classes", a.classes.unwrap_or(10))?;
-            let dims = positive("--dims", a.dims.unwrap_or(256))?;
-            let bytes = parse_size(&a.synthetic)?;
-            if bytes < 4 * dims as u64 {
-                return Err(Error::Input(format!(
-                    "--synthetic {} is smaller than one point of {dims} dimensions",
-                    a.synthetic
-                )));
-            }
-            let src = Source::synthetic(bytes, dims, classes, a.seed);
+            let dims = a.dims.unwrap_or(256);
+            let src = synthetic_source(&a.synthetic, dims, classes, a.seed)?;
             (
                 src,
                 Labels::Blobs(Blobs::new(dims, classes, a.seed)),

@@ -30,8 +30,8 @@ fn train_rejects_bad_input() {
     let m = d("model.npy");
     let s = |p: &Path| p.to_str().unwrap().to_string();
     let data: Vec<f32> = (0..40).map(|i| i as f32).collect();
-    outcore::npy::write_array(&x, &[10, 4], &data).unwrap();
-    outcore::npy::write_array(&y, &[10], &[0i32, 1, 0, 1, 0, 1, 0, 1, 0, 1]).unwrap();
+    outcore_jobs::npy::write_array(&x, &[10, 4], &data).unwrap();
+    outcore_jobs::npy::write_array(&y, &[10], &[0i32, 1, 0, 1, 0, 1, 0, 1, 0, 1]).unwrap();
     let base = |extra: &[&str]| -> Vec<String> {
         let mut v: Vec<String> = [
             "train",
@@ -74,7 +74,7 @@ fn train_rejects_bad_input() {
     );
     // Labels of the wrong dtype, shape or values.
     let fy = d("float_labels.npy");
-    outcore::npy::write_array(&fy, &[10], &[0.5f32; 10]).unwrap();
+    outcore_jobs::npy::write_array(&fy, &[10], &[0.5f32; 10]).unwrap();
     bad(
         &[
             "train",
@@ -89,7 +89,7 @@ fn train_rejects_bad_input() {
         &m,
     );
     let ny = d("negative.npy");
-    outcore::npy::write_array(&ny, &[10], &[0i32, -1, 0, 1, 0, 1, 0, 1, 0, 1]).unwrap();
+    outcore_jobs::npy::write_array(&ny, &[10], &[0i32, -1, 0, 1, 0, 1, 0, 1, 0, 1]).unwrap();
     bad(
         &[
             "train",

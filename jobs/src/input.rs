@@ -1,6 +1,8 @@
-//! Data for K-means: synthetic Gaussian blobs and files (`.npy`, `.fvecs`,
-//! raw float32), streamed into partition executors so the whole dataset is
-//! never held in memory at once.
+//! The input layer the jobs share: where rows come from (synthetic
+//! Gaussian blobs, `.npy`, `.fvecs`, raw float32), reading them in order,
+//! and streaming them into partition executors whose sweep order is
+//! declared to the runtime, so the whole dataset is never held in memory
+//! at once.
 
 use std::fs::File;
 use std::io::{BufReader, Read};
@@ -9,52 +11,13 @@ use std::path::{Path, PathBuf};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 use rand_distr::StandardNormal;
-use serde::{Deserialize, Serialize};
+
+use outcore::{CycleId, Handle, Runtime};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::npy::NpyRows;
-use crate::{Handle, PodVec, Runtime};
-
-/// One partition of the data: a block of consecutive rows and their squared
-/// norms (for the GEMM distance identity). Read-only during K-means, so it
-/// is evicted clean after its first write.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Partition {
-    /// Global index of the first row.
-    pub first_row: u64,
-    /// Rows held.
-    pub rows: u32,
-    /// Columns.
-    pub dims: u32,
-    /// Row-major `rows x dims` values.
-    pub data: PodVec<f32>,
-    /// `|x|^2` of each row.
-    pub norms: PodVec<f32>,
-}
-
-impl Partition {
-    /// Builds a partition from row-major values.
-    pub fn new(first_row: u64, dims: usize, data: Vec<f32>) -> Partition {
-        let rows = data.len() / dims.max(1);
-        let norms = data
-            .chunks_exact(dims)
-            .map(|r| r.iter().map(|x| x * x).sum())
-            .collect();
-        Partition {
-            first_row,
-            rows: rows as u32,
-            dims: dims as u32,
-            data: PodVec(data),
-            norms: PodVec(norms),
-        }
-    }
-
-    /// Row `i`.
-    pub fn row(&self, i: usize) -> &[f32] {
-        let d = self.dims as usize;
-        &self.data[i * d..(i + 1) * d]
-    }
-}
 
 /// Where the data comes from.
 #[derive(Clone, Debug)]
@@ -95,11 +58,22 @@ impl Source {
             _ => match dims {
                 Some(d) if d > 0 => Ok(Source::Raw(path.to_path_buf(), d)),
                 _ => Err(Error::Input(format!(
-                    "{}: not a .npy or .fvecs file; for raw float32 data give --dims",
+                    "{}: not a .npy or .fvecs file; raw float32 data needs its number of columns",
                     path.display()
                 ))),
             },
         }
+    }
+
+    /// Whether `path` is read as raw float32, which needs the number of
+    /// columns (it is neither `.npy` nor `.fvecs`).
+    pub fn needs_dims(path: &Path) -> bool {
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        !matches!(ext.as_str(), "npy" | "fvecs")
     }
 
     /// Synthetic data of about `bytes` bytes.
@@ -149,7 +123,9 @@ impl Rows {
                 seed,
             } => {
                 if *dims == 0 {
-                    return Err(Error::Input("--dims must be at least 1".into()));
+                    return Err(Error::Input(
+                        "synthetic data needs at least 1 dimension".into(),
+                    ));
                 }
                 Ok(Rows::Synthetic(Blobs::new(*dims, *true_k, *seed), *rows))
             }
@@ -237,9 +213,7 @@ impl Rows {
     pub fn read(&mut self, first: u64, n: usize, out: &mut Vec<f32>) -> Result<()> {
         match self {
             Rows::Synthetic(b, _) => {
-                for i in first..first + n as u64 {
-                    b.point(i, out);
-                }
+                b.points(first, n, out);
                 Ok(())
             }
             Rows::Npy(r) => r.read_rows(n, out),
@@ -327,6 +301,19 @@ impl Blobs {
         (rng.random::<u64>() % self.true_k as u64) as usize
     }
 
+    /// Appends points `first..first + n`.
+    pub fn points(&self, first: u64, n: usize, out: &mut Vec<f32>) {
+        out.reserve(n * self.dims);
+        for i in first..first + n as u64 {
+            self.point(i, out);
+        }
+    }
+
+    /// The number of dimensions.
+    pub fn dims(&self) -> usize {
+        self.dims
+    }
+
     /// Appends point `i`.
     pub fn point(&self, i: u64, out: &mut Vec<f32>) {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(mix(self.seed, i));
@@ -344,62 +331,86 @@ pub fn mix(a: u64, b: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The partitions of a dataset held by a runtime.
-pub struct Dataset {
-    /// One handle per partition, in row order.
-    pub parts: Vec<Handle<Partition>>,
-    /// Rows per partition.
+/// Executors filled from a source, one per block of consecutive rows, in
+/// row order, swept in that order.
+#[derive(Debug)]
+pub struct Parts<T> {
+    /// One handle per block, in row order.
+    pub handles: Vec<Handle<T>>,
+    /// Rows in each block.
     pub part_rows: Vec<u32>,
     /// Total rows.
     pub rows: u64,
     /// Columns.
     pub dims: usize,
+    /// The sweep order declared for the blocks.
+    pub cycle: CycleId,
 }
 
-/// Rows per partition for partitions of about `part_bytes`.
-pub fn rows_per_partition(part_bytes: u64, dims: usize) -> u64 {
-    (part_bytes / (4 * dims as u64).max(1)).max(1)
+/// Rows per partition for partitions of about `part_bytes` of float32
+/// rows of `dims` columns (plus `extra_per_row` bytes per row).
+pub fn rows_per_partition(part_bytes: u64, dims: usize, extra_per_row: u64) -> u64 {
+    (part_bytes / (4 * dims as u64 + extra_per_row).max(1)).clamp(1, u64::from(u32::MAX))
 }
 
-/// Streams `src` into partitions of about `part_bytes` each. Synthetic data is
-/// generated by the runtime's workers, in parallel, one task per partition.
-/// `progress` is called with the rows loaded so far.
-pub fn load(
+/// Streams `src` into executors of `rows_per_part(dims)` rows each (the
+/// last one shorter), named `"{name} {index}"`.
+///
+/// The executors are inserted empty (`T::default()`) and their sweep order
+/// declared first, so that what the cap pushes out while the data comes in
+/// is already what the sweeps would evict. Each block then becomes
+/// `make(first_row, dims, values, side)`, run as a write task on its
+/// executor: `values` are the block's rows (row-major, `dims` columns), and `side` is what
+/// `side(first_row, rows)` returned on the calling thread, in row order
+/// (labels read from another file, say). Synthetic rows are generated by
+/// the workers, in parallel; file rows are read on the calling thread.
+/// `progress` is called with the rows loaded so far and the total.
+///
+/// # Errors
+///
+/// [`Error::Input`] for a source that cannot be read or has no rows, and
+/// whatever `side` or the runtime returns.
+pub fn partition<T, S, F>(
     rt: &Runtime,
     src: &Source,
-    part_bytes: u64,
+    rows_per_part: impl FnOnce(usize) -> u64,
+    name: &str,
+    mut side: impl FnMut(u64, usize) -> Result<S>,
+    make: F,
     mut progress: impl FnMut(u64, u64),
-) -> Result<Dataset> {
+) -> Result<Parts<T>>
+where
+    T: Serialize + DeserializeOwned + Default + Send + 'static,
+    S: Send + 'static,
+    F: Fn(u64, usize, Vec<f32>, S) -> T + Clone + Send + 'static,
+{
     let mut rows_src = Rows::open(src)?;
     let rows = rows_src.rows();
     let dims = rows_src.dims();
     if rows == 0 {
         return Err(Error::Input("the data has no rows".into()));
     }
-    let rows_per_part = rows_per_partition(part_bytes, dims).min(u32::MAX as u64);
-    let nparts = rows.div_ceil(rows_per_part);
-    let mut parts = Vec::with_capacity(nparts as usize);
+    let per = rows_per_part(dims).clamp(1, u64::from(u32::MAX));
+    let nparts = rows.div_ceil(per);
+    let mut handles = Vec::with_capacity(nparts as usize);
     let mut part_rows = Vec::with_capacity(nparts as usize);
-    // Empty partitions first and the cycle declared, so that what the cap
-    // pushes out while the data comes in is already what the sweeps would
-    // evict (the resident set is spread over the cycle).
     for p in 0..nparts {
-        let first = p * rows_per_part;
-        parts.push(rt.insert_named(
-            Some(&format!("partition {p}")),
-            Partition::new(first, dims, Vec::new()),
-        )?);
-        part_rows.push(rows_per_part.min(rows - first) as u32);
+        handles.push(rt.insert_named(Some(&format!("{name} {p}")), T::default())?);
+        part_rows.push(per.min(rows - p * per) as u32);
     }
-    rt.hint_cycle(parts.iter().map(|h| h.id()));
+    let cycle = rt.hint_cycle(handles.iter().map(|h| h.id()));
     if let Rows::Synthetic(blobs, _) = &rows_src {
-        // One generating task per partition: the workers fill them in
-        // parallel and the runtime spills them as the cap requires.
+        // One generating task per block: the workers fill them in parallel
+        // and the runtime spills them as the cap requires.
         let group = (rt.workers() * 2).max(1);
         let mut done = 0u64;
-        for (hs, ns) in parts.chunks(group).zip(part_rows.chunks(group)) {
-            // The tasks build their partitions from nothing: make room for
-            // what the running ones will allocate.
+        for (g, (hs, ns)) in handles
+            .chunks(group)
+            .zip(part_rows.chunks(group))
+            .enumerate()
+        {
+            // The tasks build their blocks from nothing: make room for what
+            // the running ones will allocate.
             let running = ns
                 .iter()
                 .take(rt.workers())
@@ -407,14 +418,14 @@ pub fn load(
                 .sum();
             rt.make_room(running);
             let mut b = rt.batch();
-            for (h, &n) in hs.iter().zip(ns) {
-                let blobs = blobs.clone();
-                b.write(h, move |p: &mut Partition| {
-                    let mut data = Vec::with_capacity(n as usize * dims);
-                    for i in p.first_row..p.first_row + u64::from(n) {
-                        blobs.point(i, &mut data);
-                    }
-                    *p = Partition::new(p.first_row, dims, data);
+            for (i, (h, &n)) in hs.iter().zip(ns).enumerate() {
+                let first = (g * group + i) as u64 * per;
+                let s = side(first, n as usize)?;
+                let (blobs, make) = (blobs.clone(), make.clone());
+                b.write(h, move |p: &mut T| {
+                    let mut data = Vec::new();
+                    blobs.points(first, n as usize, &mut data);
+                    *p = make(first, dims, data, s);
                 });
             }
             b.run()?;
@@ -422,27 +433,27 @@ pub fn load(
             progress(done, rows);
         }
     } else {
-        // Read on this thread, one partition at a time, each handed to its
+        // Read on this thread, one block at a time, each handed to its
         // executor by a write task.
         let mut first = 0u64;
-        for (h, &n) in parts.iter().zip(&part_rows) {
+        for (h, &n) in handles.iter().zip(&part_rows) {
             let n = n as usize;
             rt.make_room(n * dims * 4);
             let mut data = Vec::with_capacity(n * dims);
             rows_src.read(first, n, &mut data)?;
-            let mut b = rt.batch();
-            b.write(h, move |p: &mut Partition| {
-                *p = Partition::new(p.first_row, dims, data);
-            });
-            b.run()?;
+            let s = side(first, n)?;
+            let make = make.clone();
+            let start = first;
+            rt.write(h, move |p: &mut T| *p = make(start, dims, data, s))?;
             first += n as u64;
             progress(first, rows);
         }
     }
-    Ok(Dataset {
-        parts,
+    Ok(Parts {
+        handles,
         part_rows,
         rows,
         dims,
+        cycle,
     })
 }

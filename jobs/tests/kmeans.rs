@@ -6,9 +6,13 @@ use std::path::Path;
 
 mod bin_common;
 
-use outcore::kmeans::{self, Algorithm, Config, Init, Source};
-use outcore::npy;
 use outcore::Runtime;
+use outcore_jobs::kmeans::{self, Algorithm, Config, Init, Source};
+use outcore_jobs::npy;
+
+/// outcore's allocator, installed by the program.
+#[global_allocator]
+static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 
 /// Test data from the test's own generator (not the library's): `n`
 /// points around `centres`, with Box-Muller noise of scale `sd`.

@@ -93,8 +93,8 @@ fn labels_that_do_not_match_the_data_are_an_error() {
     let x = dir.path().join("x.npy");
     let y = dir.path().join("y.npy");
     let data: Vec<f32> = (0..40).map(|i| i as f32).collect();
-    outcore::npy::write_array(&x, &[10, 4], &data).unwrap();
-    outcore::npy::write_array(&y, &[9], &[0i32, 1, 0, 1, 0, 1, 0, 1, 0]).unwrap();
+    outcore_jobs::npy::write_array(&x, &[10, 4], &data).unwrap();
+    outcore_jobs::npy::write_array(&y, &[9], &[0i32, 1, 0, 1, 0, 1, 0, 1, 0]).unwrap();
     let out = dir.path().join("m.npy");
     let (ok, err) = outcore(&[
         "train",
@@ -112,7 +112,7 @@ fn labels_that_do_not_match_the_data_are_an_error() {
     assert!(err.contains("9 labels for 10 rows"), "{err}");
     assert!(!out.exists());
     // And with matching labels it trains.
-    outcore::npy::write_array(&y, &[10], &[0i32, 1, 0, 1, 0, 1, 0, 1, 0, 1]).unwrap();
+    outcore_jobs::npy::write_array(&y, &[10], &[0i32, 1, 0, 1, 0, 1, 0, 1, 0, 1]).unwrap();
     let (ok, err) = outcore(&[
         "train",
         "--input",
@@ -127,7 +127,7 @@ fn labels_that_do_not_match_the_data_are_an_error() {
         out.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
-    let (w, rows, cols) = outcore::npy::read_matrix(&out).unwrap();
+    let (w, rows, cols) = outcore_jobs::npy::read_matrix(&out).unwrap();
     assert_eq!((rows, cols), (2, 5));
     assert!(w.iter().all(|v| v.is_finite()));
 }

@@ -23,10 +23,11 @@ use std::time::Instant;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
-pub use data::{load, Blobs, Dataset, Partition, Source};
+pub use crate::input::{Blobs, Source};
+pub use data::{load, Dataset, Partition};
 
 use crate::error::{Error, Result};
-use crate::Runtime;
+use outcore::Runtime;
 
 /// The centres, shared read-only with tasks.
 #[derive(Clone, Debug, PartialEq)]
@@ -323,7 +324,7 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
     }
     if cfg.task_points == 0 || cfg.batch_tasks == 0 {
         return Err(Error::Input(
-            "--task-points and --batch-tasks must be at least 1".into(),
+            "task_points and batch_tasks must be at least 1".into(),
         ));
     }
     let t = Instant::now();
@@ -444,7 +445,7 @@ fn sweep(
             assign(p, ch.start, ch.len, &c, sums, labels)
         });
     }
-    b.run()
+    Ok(b.run()?)
 }
 
 /// Adds partial results in order.
@@ -525,7 +526,7 @@ fn sample(rt: &Runtime, ds: &Dataset, want: u64, seed: u64) -> Result<Vec<f32>> 
             let mut out = Vec::new();
             for i in 0..p.rows as usize {
                 if threshold == u64::MAX
-                    || data::mix(seed ^ 0x5a3b_1e00, p.first_row + i as u64) < threshold
+                    || crate::input::mix(seed ^ 0x5a3b_1e00, p.first_row + i as u64) < threshold
                 {
                     out.extend_from_slice(p.row(i));
                 }

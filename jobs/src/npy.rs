@@ -3,10 +3,11 @@
 //! larger than memory streams through.
 
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::output::AtomicFile;
 
 /// Element types outcore reads and writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -394,13 +395,11 @@ fn header_bytes(dtype: Dtype, shape: &[u64]) -> Vec<u8> {
     out
 }
 
-/// Writes a `.npy` file through a temporary file in the same directory,
-/// renamed into place when complete: a failed or interrupted write never
-/// leaves a file that looks valid.
+/// Writes a `.npy` file whole or not at all (through
+/// [`AtomicFile`]).
+#[derive(Debug)]
 pub struct NpyWriter<T: Element> {
-    tmp: Option<tempfile::NamedTempFile>,
-    out: BufWriter<File>,
-    path: PathBuf,
+    file: AtomicFile,
     expect: u64,
     written: u64,
     scratch: Vec<u8>,
@@ -409,24 +408,15 @@ pub struct NpyWriter<T: Element> {
 
 impl<T: Element> NpyWriter<T> {
     /// Starts writing an array of `shape` to `path`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Output`] when the file cannot be created.
     pub fn create(path: &Path, shape: &[u64]) -> Result<NpyWriter<T>> {
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let io_err = |e: io::Error| Error::Output(format!("{}: cannot write: {e}", path.display()));
-        let tmp = tempfile::Builder::new()
-            .prefix(".outcore-partial-")
-            .suffix(".tmp")
-            .tempfile_in(&dir)
-            .map_err(io_err)?;
-        let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file().try_clone().map_err(io_err)?);
-        out.write_all(&header_bytes(T::DTYPE, shape))
-            .map_err(io_err)?;
+        let mut file = AtomicFile::create(path)?;
+        file.write_all(&header_bytes(T::DTYPE, shape))?;
         Ok(NpyWriter {
-            tmp: Some(tmp),
-            out,
-            path: path.to_path_buf(),
+            file,
             expect: shape.iter().product(),
             written: 0,
             scratch: Vec::new(),
@@ -435,36 +425,36 @@ impl<T: Element> NpyWriter<T> {
     }
 
     /// Appends elements.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Output`] when the write fails.
     pub fn write(&mut self, items: &[T]) -> Result<()> {
         self.scratch.clear();
         for &x in items {
             x.put(&mut self.scratch);
         }
-        self.out
-            .write_all(&self.scratch)
-            .map_err(|e| Error::Output(format!("{}: cannot write: {e}", self.path.display())))?;
+        self.file.write_all(&self.scratch)?;
         self.written += items.len() as u64;
         Ok(())
     }
 
     /// Checks every element was written and moves the file into place.
-    pub fn finish(mut self) -> Result<()> {
-        let err = |e: String| Error::Output(format!("{}: cannot write: {e}", self.path.display()));
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Output`] when the count is short or the file cannot be
+    /// committed.
+    pub fn finish(self) -> Result<()> {
         if self.written != self.expect {
-            return Err(err(format!(
-                "wrote {} elements, expected {}",
-                self.written, self.expect
+            return Err(Error::Output(format!(
+                "{}: cannot write: wrote {} elements, expected {}",
+                self.file.path().display(),
+                self.written,
+                self.expect
             )));
         }
-        self.out.flush().map_err(|e| err(e.to_string()))?;
-        let tmp = self
-            .tmp
-            .take()
-            .ok_or_else(|| err("already finished".into()))?;
-        tmp.as_file().sync_all().map_err(|e| err(e.to_string()))?;
-        tmp.persist(&self.path)
-            .map_err(|e| err(e.error.to_string()))?;
-        Ok(())
+        self.file.commit()
     }
 }
 

@@ -1,7 +1,11 @@
-//! The `outcore` command line: memory-capped K-means (`outcore kmeans`) and
-//! synthetic data (`outcore gen`).
+//! The `outcore` command line: memory-capped K-means (`outcore kmeans`),
+//! training (`outcore train`) and synthetic data (`outcore gen`).
 
 mod cli;
+
+/// outcore's allocator: the memory cap is enforced through it.
+#[global_allocator]
+static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 
 use std::process::ExitCode;
 
