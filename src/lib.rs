@@ -67,7 +67,7 @@
 //! ## What the crate offers
 //!
 //! - [`Runtime`] (built with [`Builder`]), [`Handle`], [`Batch`],
-//!   [`CycleId`]: executors and tasks.
+//!   [`TaskContext`], [`CycleId`]: executors and tasks.
 //! - [`TrapAlloc`] and the usage queries [`current_usage`],
 //!   [`peak_usage`], [`reset_peak`], [`thread_net_allocated`],
 //!   [`flush_thread`], [`flush_threshold`].
@@ -113,7 +113,7 @@ pub use error::{Error, ExecutorId, Result};
 pub use executor::State;
 pub use pod::{Plain, PodVec};
 pub use policy::EvictionPolicy;
-pub use runtime::{Batch, Builder, CycleId, Handle, Runtime};
+pub use runtime::{Batch, Builder, CycleId, Handle, Runtime, TaskContext};
 pub use stats::Stats;
 pub use units::format_bytes;
 

@@ -80,6 +80,10 @@ pub struct Stats {
     pub reserve_allocs: u64,
     /// Allocations that failed for good (null returned).
     pub alloc_failures: u64,
+    /// Requests refused at once, without eviction: larger than the cap or
+    /// the hard limit, so no eviction could make them fit (such as a
+    /// `try_reserve` that the program handles).
+    pub refusals: u64,
     /// Time spent evicting inside the trap, in seconds.
     pub trap_seconds: f64,
     /// Time threads spent waiting for another thread's trap, in seconds.
@@ -110,6 +114,7 @@ impl Stats {
             overshoots: g(&COUNTERS.overshoots),
             reserve_allocs: g(&COUNTERS.reserve_allocs),
             alloc_failures: g(&COUNTERS.failures),
+            refusals: g(&COUNTERS.refusals),
             trap_seconds: g(&COUNTERS.trap_nanos) as f64 * 1e-9,
             wait_seconds: g(&COUNTERS.wait_nanos) as f64 * 1e-9,
         }

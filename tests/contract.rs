@@ -363,3 +363,167 @@ fn the_trap_frees_a_large_request_in_few_writes() {
     assert!(n <= 4, "{n} evictions to free 40 MiB");
     assert_eq!(out.value("BIG_EVICTED").as_deref(), Some("2"));
 }
+
+/// An executor with interior mutability: a counter in a `Cell`.
+#[derive(Serialize, Deserialize, Default)]
+struct Counter {
+    hits: std::cell::Cell<u64>,
+}
+
+/// Defect 3: a change through interior mutability survives eviction when
+/// the task says so (`read_with` + `mark_dirty`); a plain `read` is
+/// documented to be lost, and the test shows the contract holds both ways.
+#[test]
+fn interior_mutability_is_kept_when_marked_dirty() {
+    let rt = Runtime::builder()
+        .workers(1)
+        .prefetch(false)
+        .build()
+        .unwrap();
+    let h = rt.insert(Counter::default()).unwrap();
+    rt.evict_all().unwrap();
+    // Marked: 42 in memory, 42 after a clean-or-not eviction.
+    let mut b = rt.batch();
+    b.read_with(&h, |c: &Counter, cx| {
+        c.hits.set(42);
+        cx.mark_dirty();
+    });
+    b.run().unwrap();
+    assert_eq!(rt.evict_all().unwrap(), 1);
+    assert_eq!(rt.stats().clean_evictions, 0, "marked dirty: written");
+    assert_eq!(rt.read(&h, |c: &Counter| c.hits.get()).unwrap(), 42);
+    // Unmarked (the contract forbids it): evicted clean, change lost.
+    rt.read(&h, |c: &Counter| c.hits.set(7)).unwrap();
+    rt.evict_all().unwrap();
+    assert_eq!(rt.stats().clean_evictions, 1);
+    assert_eq!(rt.read(&h, |c: &Counter| c.hits.get()).unwrap(), 42);
+}
+
+/// Defect 7: a fallible request that no eviction can satisfy (larger than
+/// the cap or the limit) evicts nothing, prints nothing, and does not
+/// count in the peak.
+#[test]
+fn a_hopeless_fallible_request_evicts_nothing() {
+    const T: &str = "a_hopeless_fallible_request_evicts_nothing";
+    if is_child(T) {
+        for cap in [MemoryCap::Bytes(64 << 20), MemoryCap::None] {
+            let rt = Runtime::builder()
+                .mem_cap(cap)
+                .prefetch(false)
+                .build()
+                .unwrap();
+            let hs: Vec<_> = (0..4)
+                .map(|i| rt.insert(PodVec::from(vec![i as u8; 8 << 20])).unwrap())
+                .collect();
+            let mut v: Vec<u8> = Vec::new();
+            let refused = v.try_reserve(1 << 60).is_err();
+            let s = rt.stats();
+            println!("REFUSED={refused}");
+            println!("EVICTIONS={}", s.evictions);
+            println!("PEAK_BELOW_1TB={}", s.peak_bytes < 1 << 40);
+            drop(hs);
+        }
+        return;
+    }
+    let out = ok(T);
+    assert!(!out.stderr.contains("out of memory"), "{}", out.stderr);
+    for key in ["REFUSED", "PEAK_BELOW_1TB"] {
+        let n = out.stdout.matches(&format!("{key}=true")).count();
+        assert_eq!(n, 2, "{key}: {}", out.stdout);
+    }
+    assert_eq!(
+        out.stdout.matches("EVICTIONS=0").count(),
+        2,
+        "{}",
+        out.stdout
+    );
+}
+
+/// When set, `Slow` sleeps in `Serialize` (holding the trap's token when
+/// the trap evicts it).
+static SLOW: AtomicBool = AtomicBool::new(false);
+
+/// An executor whose `Serialize` takes 3 s while [`SLOW`] is set.
+#[derive(Deserialize)]
+struct Slow {
+    data: PodVec<u8>,
+}
+
+impl Serialize for Slow {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if SLOW.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        self.data.serialize(s)
+    }
+}
+
+/// Defect 12: `fork()` while another thread holds the trap's token: the
+/// child, where that thread does not exist, must not wait for it.
+#[test]
+fn a_fork_while_another_thread_evicts_does_not_hang_the_child() {
+    const T: &str = "a_fork_while_another_thread_evicts_does_not_hang_the_child";
+    if is_child(T) {
+        let rt = Runtime::builder()
+            .mem_cap(MemoryCap::Bytes(64 << 20))
+            .prefetch(false)
+            .build()
+            .unwrap();
+        let h = rt
+            .insert(Slow {
+                data: PodVec::from(vec![1u8; 32 << 20]),
+            })
+            .unwrap();
+        SLOW.store(true, Ordering::Relaxed);
+        // Over the cap: the soft trap evicts `h`, 3 s inside its Serialize.
+        let t = std::thread::spawn(|| vec![1u8; 48 << 20].len());
+        std::thread::sleep(Duration::from_millis(500));
+        // SAFETY: the child only allocates (jemalloc has fork handlers),
+        // sets a limit and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // A hard trap in the child: no room for 64 MiB more.
+            let lim = libc::rlimit {
+                rlim_cur: common::vm_size() + (8 << 20),
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            // SAFETY: plain syscalls in the child.
+            unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) };
+            let v = vec![2u8; 64 << 20];
+            std::hint::black_box(&v);
+            // SAFETY: leave the child at once, without running the test
+            // harness's exit path.
+            unsafe { libc::_exit(0) };
+        }
+        let start = std::time::Instant::now();
+        let mut state = "hung";
+        while start.elapsed() < Duration::from_secs(20) {
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                state = "finished";
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if state == "hung" {
+            // SAFETY: killing and reaping our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+        println!("CHILD={state}");
+        SLOW.store(false, Ordering::Relaxed);
+        t.join().unwrap();
+        drop(h);
+        return;
+    }
+    let out = ok(T);
+    assert_eq!(
+        out.value("CHILD").as_deref(),
+        Some("finished"),
+        "{}",
+        out.stderr
+    );
+}

@@ -573,10 +573,32 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
     0
 }
 
+/// Sets `errno` to `e` and returns null: an invalid request, answered at
+/// once (no eviction can make it valid).
+fn invalid(e: c_int) -> *mut c_void {
+    // SAFETY: errno is thread-local and always writable.
+    unsafe { *libc::__errno_location() = e };
+    core::ptr::null_mut()
+}
+
+/// Whether `align` is one `aligned_alloc` accepts: a power of two.
+fn aligned_alloc_ok(align: usize) -> bool {
+    align.is_power_of_two()
+}
+
+/// Whether `align` is one `memalign` accepts: glibc rounds other values up
+/// to a power of two, which fails only past `usize::MAX / 2 + 1`.
+fn memalign_ok(align: usize) -> bool {
+    align <= usize::MAX / 2 + 1
+}
+
 macro_rules! aligned {
-    ($name:ident, $field:ident) => {
+    ($name:ident, $field:ident, $valid:ident) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name(align: usize, size: usize) -> *mut c_void {
+            if !$valid(align) {
+                return invalid(libc::EINVAL);
+            }
             if !ready() {
                 return boot_alloc(size, align);
             }
@@ -584,16 +606,23 @@ macro_rules! aligned {
                 return core::ptr::null_mut();
             };
             before(size);
+            // SAFETY: errno is thread-local and always writable.
+            unsafe { *libc::__errno_location() = 0 };
             // SAFETY: forwarding to the next allocator.
             let p = unsafe { f(align, size) };
-            // SAFETY: same.
+            // SAFETY: errno is thread-local and always readable.
+            if p.is_null() && unsafe { *libc::__errno_location() } == libc::EINVAL {
+                // The next allocator refused the request itself.
+                return invalid(libc::EINVAL);
+            }
+            // SAFETY: same as above.
             after(p, size, || unsafe { f(align, size) })
         }
     };
 }
 
-aligned!(aligned_alloc, aligned_alloc);
-aligned!(memalign, memalign);
+aligned!(aligned_alloc, aligned_alloc, aligned_alloc_ok);
+aligned!(memalign, memalign, memalign_ok);
 
 macro_rules! paged {
     ($name:ident, $field:ident) => {

@@ -312,3 +312,44 @@ fn failures_set_errno_to_enomem() {
         }
     }
 }
+
+#[test]
+fn invalid_alignment_child() {
+    if is_child("invalid_alignment_child") {
+        let rt = Runtime::builder().build().unwrap();
+        let hs: Vec<_> = (0..4)
+            .map(|i| rt.insert(PodVec::from(vec![i as f32; 1 << 20])).unwrap())
+            .collect();
+        // SAFETY: plain C calls with invalid alignments; they must fail.
+        let (p, e1) = unsafe {
+            let p = libc::aligned_alloc(3, 64);
+            (p, *libc::__errno_location())
+        };
+        // SAFETY: as above.
+        let (q, e2) = unsafe {
+            let q = libc::memalign(usize::MAX, 64);
+            (q, *libc::__errno_location())
+        };
+        println!("NULLS={}", p.is_null() && q.is_null());
+        println!("EINVAL={}", e1 == libc::EINVAL && e2 == libc::EINVAL);
+        println!("EVICTIONS={}", rt.stats().evictions);
+        drop(hs);
+    }
+}
+
+/// An invalid alignment is answered at once with EINVAL: no eviction, no
+/// ENOMEM.
+#[test]
+fn invalid_alignments_fail_with_einval_and_evict_nothing() {
+    let so = shim();
+    let out = child("invalid_alignment_child", Some(&so), None, &[]);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(value(&out, "NULLS").as_deref(), Some("true"));
+    assert_eq!(
+        value(&out, "EINVAL").as_deref(),
+        Some("true"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(value(&out, "EVICTIONS").as_deref(), Some("0"));
+}

@@ -64,7 +64,21 @@ static PEAK: Line<AtomicUsize> = Line(AtomicUsize::new(0));
 /// Soft cap in bytes ([`NO_CAP`] when none), and the flush threshold; both
 /// read-mostly.
 static CAP: Line<AtomicUsize> = Line(AtomicUsize::new(NO_CAP));
-static FLUSH: Line<AtomicIsize> = Line(AtomicIsize::new(MAX_FLUSH));
+/// Read-mostly tuning on one line: the flush threshold, and the size above
+/// which a request is hopeless (larger than the cap or the hard limit: no
+/// eviction can make it fit, so it neither traps nor is accounted before
+/// it succeeds).
+struct Tuning {
+    flush: AtomicIsize,
+    hopeless: AtomicUsize,
+}
+static TUNING: Line<Tuning> = Line(Tuning {
+    flush: AtomicIsize::new(MAX_FLUSH),
+    hopeless: AtomicUsize::new(usize::MAX),
+});
+/// The hard limit the process runs under (`RLIMIT_AS`, or physical memory
+/// plus swap), as the runtime read it when it registered.
+static LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 /// Process-wide trap counters (the runtime adds its own per-runtime ones).
 pub(crate) struct TrapCounters {
@@ -75,6 +89,7 @@ pub(crate) struct TrapCounters {
     pub overshoots: AtomicU64,
     pub reserve_allocs: AtomicU64,
     pub failures: AtomicU64,
+    pub refusals: AtomicU64,
 }
 
 pub(crate) static COUNTERS: TrapCounters = TrapCounters {
@@ -85,6 +100,7 @@ pub(crate) static COUNTERS: TrapCounters = TrapCounters {
     overshoots: AtomicU64::new(0),
     reserve_allocs: AtomicU64::new(0),
     failures: AtomicU64::new(0),
+    refusals: AtomicU64::new(0),
 };
 
 /// Whether the calling thread is in a bypass scope (or its thread-locals
@@ -98,7 +114,7 @@ pub(super) fn bypassing() -> bool {
 /// threshold. Returns the new global usage when a flush happened.
 #[inline]
 pub(super) fn account(delta: isize) -> Option<usize> {
-    let threshold = FLUSH.0.load(Ordering::Relaxed);
+    let threshold = TUNING.0.flush.load(Ordering::Relaxed);
     let flushed = LOCAL.try_with(|l| {
         if l.exit.get() != HOOKED {
             hook_thread_exit(l);
@@ -120,12 +136,35 @@ pub(super) fn account(delta: isize) -> Option<usize> {
         Err(_) => delta,
     };
     let used = USED.0.fetch_add(v, Ordering::Relaxed).wrapping_add(v);
-    let used = if used < 0 { 0 } else { used as usize };
+    Some(if used < 0 { 0 } else { used as usize })
+}
+
+/// Raises the peak to the current usage. Called after an allocation that
+/// flushed has *succeeded*, so a refused request never shows in the peak.
+#[inline]
+pub(super) fn raise_peak() {
+    let used = current_usage();
     // Read first: the peak line is only written when it really moves.
-    if v > 0 && used > PEAK.0.load(Ordering::Relaxed) {
+    if used > PEAK.0.load(Ordering::Relaxed) {
         PEAK.0.fetch_max(used, Ordering::Relaxed);
     }
-    Some(used)
+}
+
+/// Requests larger than this cannot be helped by eviction.
+#[inline]
+pub(super) fn hopeless_above() -> usize {
+    TUNING.0.hopeless.load(Ordering::Relaxed)
+}
+
+/// Records the hard limit (see [`LIMIT`]).
+pub(super) fn set_hard_limit(limit: usize) {
+    LIMIT.store(limit, Ordering::Relaxed);
+    update_hopeless();
+}
+
+fn update_hopeless() {
+    let h = cap_raw().min(LIMIT.load(Ordering::Relaxed));
+    TUNING.0.hopeless.store(h, Ordering::Relaxed);
 }
 
 /// The pthread key whose destructor publishes an exiting thread's pending
@@ -240,6 +279,12 @@ pub fn thread_net_allocated() -> i64 {
         .unwrap_or(0)
 }
 
+/// Whether the calling thread is inside an eviction (see [`EvictScope`]):
+/// the only scope the reserve serves.
+pub(super) fn evicting() -> bool {
+    EVICTED.try_with(|e| e.1.get() > 0).unwrap_or(false)
+}
+
 /// What this thread allocated net, less what its evictions freed: the
 /// measure of an executor's size while it is loaded or written to, exact
 /// even when the trap evicts other executors on this thread meanwhile.
@@ -293,7 +338,7 @@ pub fn flush_thread() {
 /// The current flush threshold: [`current_usage`] is accurate to within
 /// this many bytes per thread.
 pub fn flush_threshold() -> usize {
-    FLUSH.0.load(Ordering::Relaxed) as usize
+    TUNING.0.flush.load(Ordering::Relaxed) as usize
 }
 
 /// The soft cap currently enforced by the allocator, if any.
@@ -310,5 +355,6 @@ pub(super) fn set_soft_cap(cap: Option<usize>) {
     let t = cap.map_or(MAX_FLUSH, |c| {
         (c / 256).clamp(MIN_FLUSH as usize, MAX_FLUSH as usize) as isize
     });
-    FLUSH.0.store(t, Ordering::Relaxed);
+    TUNING.0.flush.store(t, Ordering::Relaxed);
+    update_hopeless();
 }

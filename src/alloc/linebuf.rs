@@ -3,6 +3,7 @@
 //! LD_PRELOAD shim's stats line (included there by path).
 
 /// Bytes and decimal numbers appended to a stack buffer; excess is dropped.
+#[derive(Clone)]
 pub(crate) struct LineBuf {
     bytes: [u8; 512],
     len: usize,
@@ -45,7 +46,6 @@ impl LineBuf {
     }
 
     /// The text so far.
-    #[cfg(test)]
     pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len]
     }

@@ -32,6 +32,7 @@ mod reserve;
 mod trap;
 
 use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::Ordering;
 
 use tikv_jemallocator::Jemalloc;
 
@@ -86,41 +87,15 @@ impl Default for TrapAlloc {
 unsafe impl GlobalAlloc for TrapAlloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        account_alloc(layout.size());
         // SAFETY: the caller guarantees `layout` has a non-zero size.
-        let p = unsafe { self.inner.alloc(layout) };
-        if !p.is_null() {
-            return p;
-        }
-        // SAFETY: same layout as above.
-        let p = trap::hard(
-            layout.size(),
-            || unsafe { self.inner.alloc(layout) },
-            layout,
-        );
-        if p.is_null() {
-            account_free(layout.size());
-        }
-        p
+        allocate(layout, || unsafe { self.inner.alloc(layout) })
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        account_alloc(layout.size());
         // SAFETY: the caller guarantees `layout` has a non-zero size.
-        let p = unsafe { self.inner.alloc_zeroed(layout) };
-        if !p.is_null() {
-            return p;
-        }
-        // SAFETY: same layout as above.
-        let p = trap::hard(
-            layout.size(),
-            || unsafe { self.inner.alloc_zeroed(layout) },
-            layout,
-        );
-        if p.is_null() {
-            account_free(layout.size());
-        } else if reserve::contains(p) {
+        let p = allocate(layout, || unsafe { self.inner.alloc_zeroed(layout) });
+        if reserve::contains(p) {
             // SAFETY: the reserve handed out `layout.size()` writable bytes.
             unsafe { std::ptr::write_bytes(p, 0, layout.size()) };
         }
@@ -147,42 +122,74 @@ unsafe impl GlobalAlloc for TrapAlloc {
             return unsafe { self.move_out_of_reserve(ptr, layout, new_size) };
         }
         let old = layout.size();
-        if new_size > old {
-            account_alloc(new_size - old);
-        } else {
-            account_free(old - new_size);
-        }
-        // SAFETY: `ptr` was allocated by jemalloc with `layout`.
-        let p = unsafe { self.inner.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            return p;
-        }
-        let new_layout = Layout::from_size_align(new_size, layout.align()).unwrap_or(layout);
-        // SAFETY: on failure `ptr` is still valid, so retrying is sound.
-        let p = trap::hard(
-            new_size,
-            || unsafe { self.inner.realloc(ptr, layout, new_size) },
-            new_layout,
-        );
-        if p.is_null() {
-            if new_size > old {
-                account_free(new_size - old);
-            } else {
-                account_alloc(old - new_size);
+        // SAFETY: `ptr` was allocated by jemalloc with `layout`; on failure
+        // it stays valid, so retrying is sound.
+        let attempt = || unsafe { self.inner.realloc(ptr, layout, new_size) };
+        if new_size <= old {
+            let p = attempt();
+            if !p.is_null() {
+                account_free(old - new_size);
             }
             return p;
         }
+        let new_layout = Layout::from_size_align(new_size, layout.align()).unwrap_or(layout);
+        let p = grow(new_size - old, new_layout, attempt);
         if reserve::contains(p) {
             // The trap served a fresh block from the reserve: move the data.
             // SAFETY: `p` has `new_size` bytes, `ptr` has `old` bytes, and
             // they do not overlap (distinct allocations).
             unsafe {
-                std::ptr::copy_nonoverlapping(ptr, p, old.min(new_size));
+                std::ptr::copy_nonoverlapping(ptr, p, old);
                 self.inner.dealloc(ptr, layout);
             }
         }
         p
     }
+}
+
+/// An allocation of `layout` by `attempt`, accounted and trapped.
+#[inline(always)]
+fn allocate(layout: Layout, attempt: impl Fn() -> *mut u8) -> *mut u8 {
+    grow(layout.size(), layout, attempt)
+}
+
+/// Memory use grows by `delta` bytes if `attempt` (an allocation or a
+/// growing reallocation to `layout`) succeeds: account it (with the soft
+/// trap), attempt, and on failure run the hard trap.
+#[inline(always)]
+fn grow(delta: usize, layout: Layout, attempt: impl Fn() -> *mut u8) -> *mut u8 {
+    if layout.size() > account::hopeless_above() {
+        return grow_hopeless(delta, attempt);
+    }
+    let flushed = account_alloc(delta);
+    let mut p = attempt();
+    if p.is_null() {
+        p = trap::hard(layout.size(), &attempt, layout);
+        if p.is_null() {
+            account_free(delta);
+            return p;
+        }
+    }
+    if flushed {
+        account::raise_peak();
+    }
+    p
+}
+
+/// A request larger than the cap or the hard limit: no eviction can make it
+/// fit, so it is attempted once, accounted only if it succeeds, and a
+/// failure is returned at once (no eviction, no diagnostic: a fallible
+/// caller such as `try_reserve` handles it).
+#[cold]
+#[inline(never)]
+fn grow_hopeless(delta: usize, attempt: impl Fn() -> *mut u8) -> *mut u8 {
+    let p = attempt();
+    if p.is_null() {
+        COUNTERS.refusals.fetch_add(1, Ordering::Relaxed);
+    } else if account::account(delta as isize).is_some() {
+        account::raise_peak();
+    }
+    p
 }
 
 impl TrapAlloc {
@@ -210,14 +217,18 @@ impl TrapAlloc {
 }
 
 /// Accounts an allocation of `size` bytes and runs the soft trap if it takes
-/// usage over the cap.
+/// usage over the cap. Returns whether the thread's delta was flushed.
 #[inline]
-fn account_alloc(size: usize) {
-    if let Some(used) = account::account(size as isize) {
-        let cap = account::cap_raw();
-        if used > cap && !account::bypassing() {
-            trap::soft(used, cap, size);
+fn account_alloc(size: usize) -> bool {
+    match account::account(size as isize) {
+        Some(used) => {
+            let cap = account::cap_raw();
+            if used > cap && !account::bypassing() {
+                trap::soft(used, cap, size);
+            }
+            true
         }
+        None => false,
     }
 }
 

@@ -42,3 +42,25 @@ fn purge_and_conf_queries_work() {
     let limited = crate::cap::detect_limits().rlimit_as.is_some();
     assert_eq!(jemalloc::retains(), Some(!limited));
 }
+
+#[test]
+fn the_reserve_serves_evictions_only() {
+    reserve::init();
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    let failing = || std::ptr::null_mut::<u8>();
+    {
+        // A runtime lock held (a bypass scope, no eviction): a long-lived
+        // allocation must not pin the reserve.
+        let _bypass = BypassGuard::new();
+        assert!(
+            trap::hard(64, &failing, layout).is_null(),
+            "a lock-holding scope was served from the reserve"
+        );
+    }
+    // Inside an eviction it is served, and freed when the eviction ends.
+    let _bypass = BypassGuard::new();
+    let _scope = EvictScope::new();
+    let p = trap::hard(64, &failing, layout);
+    assert!(reserve::contains(p));
+    reserve::free(p);
+}

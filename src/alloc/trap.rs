@@ -73,11 +73,15 @@ pub(crate) struct Registration {
     slot: usize,
 }
 
-/// Registers `evictor` with the trap. Returns `None` when all slots are
-/// taken (more than 64 runtimes alive at once).
-pub(crate) fn register(evictor: Arc<dyn Evictor>) -> Option<Registration> {
+/// Registers `evictor` with the trap; `hard_limit` is the limit the process
+/// runs under (requests above it are refused at once, without eviction).
+/// Returns `None` when all slots are taken (more than 64 runtimes alive at
+/// once).
+pub(crate) fn register(evictor: Arc<dyn Evictor>, hard_limit: usize) -> Option<Registration> {
     reserve::init();
     jemalloc::touch_init();
+    account::set_hard_limit(hard_limit);
+    install_fork_handler();
     let entry = Box::into_raw(Box::new(Entry {
         evictor,
         fruitless_at: AtomicU64::new(u64::MAX),
@@ -122,6 +126,31 @@ impl Drop for Registration {
             drop(unsafe { Box::from_raw(old) });
         }
     }
+}
+
+/// Set once the fork handler is installed.
+static FORK_HANDLER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Installs (once) a `pthread_atfork` child handler that resets the trap:
+/// a `fork()` while another thread held the token or read the registry
+/// would otherwise leave the child, where that thread does not exist,
+/// waiting for it.
+fn install_fork_handler() {
+    if !FORK_HANDLER.swap(true, Ordering::AcqRel) {
+        // SAFETY: registers a plain `extern "C"` function that only stores
+        // to atomics (async-signal-safe, as a child handler must be).
+        unsafe {
+            libc::pthread_atfork(None, None, Some(reset_after_fork));
+        }
+    }
+}
+
+/// In the child of a `fork()`: only the forking thread exists, so no other
+/// thread holds the token or reads the registry.
+extern "C" fn reset_after_fork() {
+    READERS.store(0, Ordering::SeqCst);
+    EPOCH.fetch_add(1, Ordering::SeqCst);
+    TOKEN.store(0, Ordering::SeqCst);
 }
 
 fn recompute_cap() {
@@ -303,10 +332,16 @@ pub(super) fn soft(used: usize, cap: usize, size: usize) {
 /// The hard trap: jemalloc returned null for `size` bytes. Evicts and
 /// retries with `retry` until it succeeds or nothing is left to evict.
 #[cold]
-pub(super) fn hard(size: usize, retry: impl Fn() -> *mut u8, layout: Layout) -> *mut u8 {
+pub(super) fn hard(size: usize, retry: &impl Fn() -> *mut u8, layout: Layout) -> *mut u8 {
     if account::bypassing() {
-        // Inside an eviction (or while holding a runtime lock): the memory
-        // set aside at start-up serves it.
+        // No trap in a bypass scope. Inside an eviction, the memory set
+        // aside at start-up serves it: those blocks are all freed when the
+        // eviction ends, so the reserve resets. A long-lived allocation
+        // (one made while holding a runtime lock) never comes from it: it
+        // would keep the reserve from ever resetting.
+        if !account::evicting() {
+            return std::ptr::null_mut();
+        }
         let p = reserve::alloc(layout);
         if !p.is_null() {
             COUNTERS.reserve_allocs.fetch_add(1, Ordering::Relaxed);

@@ -2,6 +2,7 @@
 //! in submission order.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::collections::{HashSet, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -16,7 +17,22 @@ use crate::error::{Error, Result};
 use crate::executor::Slot;
 use crate::stats::Counters;
 
-type TaskFn<R> = Box<dyn FnOnce(&mut (dyn Any + Send)) -> Option<R> + Send>;
+type TaskFn<R> = Box<dyn FnOnce(&mut (dyn Any + Send), &TaskContext) -> Option<R> + Send>;
+
+/// What a task started with [`Batch::read_with`] can tell the runtime.
+#[derive(Debug, Default)]
+pub struct TaskContext {
+    dirty: Cell<bool>,
+}
+
+impl TaskContext {
+    /// Marks the executor dirty: the task changed it through interior
+    /// mutability (a `Cell`, an atomic, a `Mutex`), so its next eviction
+    /// must write it instead of dropping it.
+    pub fn mark_dirty(&self) {
+        self.dirty.set(true);
+    }
+}
 
 struct Task<R> {
     index: usize,
@@ -71,13 +87,54 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
     }
 
     /// Adds a read-only task: it sees `&T` and leaves the executor clean.
+    ///
+    /// **Contract:** the task must not change the value, not even through
+    /// interior mutability (`Cell`, `RefCell`, atomics, `Mutex`). A clean
+    /// executor whose spill file is still valid is evicted by dropping its
+    /// memory, so such a change would be lost at the next eviction. Use
+    /// [`Batch::write`] for tasks that change the value, or
+    /// [`Batch::read_with`] and [`TaskContext::mark_dirty`] for a read
+    /// that sometimes updates something inside.
     pub fn read<T, F>(&mut self, h: &Handle<T>, f: F) -> &mut Self
     where
         T: 'static,
         F: FnOnce(&T) -> R + Send + 'static,
     {
         let slot = self.slot_of(h);
-        let task: TaskFn<R> = Box::new(move |v| v.downcast_ref::<T>().map(f));
+        let task: TaskFn<R> = Box::new(move |v, _| v.downcast_ref::<T>().map(f));
+        self.tasks.push((slot, false, task));
+        self
+    }
+
+    /// Adds a task with `&T` access that may change the value through
+    /// interior mutability, and says so by calling
+    /// [`TaskContext::mark_dirty`]: the executor is then written on its
+    /// next eviction (unmarked, it stays clean, as with [`Batch::read`]).
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// # use outcore::Runtime;
+    /// # #[global_allocator]
+    /// # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+    /// let rt = Runtime::builder().build()?;
+    /// let h = rt.insert(AtomicU64::new(0))?;
+    /// let mut b = rt.batch();
+    /// b.read_with(&h, |hits: &AtomicU64, cx| {
+    ///     hits.fetch_add(1, Ordering::Relaxed);
+    ///     cx.mark_dirty();
+    /// });
+    /// b.run()?;
+    /// rt.evict_all()?;
+    /// assert_eq!(rt.read(&h, |hits: &AtomicU64| hits.load(Ordering::Relaxed))?, 1);
+    /// # Ok::<(), outcore::Error>(())
+    /// ```
+    pub fn read_with<T, F>(&mut self, h: &Handle<T>, f: F) -> &mut Self
+    where
+        T: 'static,
+        F: FnOnce(&T, &TaskContext) -> R + Send + 'static,
+    {
+        let slot = self.slot_of(h);
+        let task: TaskFn<R> = Box::new(move |v, cx| v.downcast_ref::<T>().map(|t| f(t, cx)));
         self.tasks.push((slot, false, task));
         self
     }
@@ -90,7 +147,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         F: FnOnce(&mut T) -> R + Send + 'static,
     {
         let slot = self.slot_of(h);
-        let task: TaskFn<R> = Box::new(move |v| v.downcast_mut::<T>().map(f));
+        let task: TaskFn<R> = Box::new(move |v, _| v.downcast_mut::<T>().map(f));
         self.tasks.push((slot, true, task));
         self
     }
@@ -243,8 +300,10 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     let mut v = acquired?;
     let before = crate::alloc::thread_own_net();
     let f = t.f;
-    let out = catch_unwind(AssertUnwindSafe(|| f(&mut *v)));
-    if t.write {
+    let cx = TaskContext::default();
+    let out = catch_unwind(AssertUnwindSafe(|| f(&mut *v, &cx)));
+    let changed = t.write || cx.dirty.get();
+    if changed {
         let delta = crate::alloc::thread_own_net() - before;
         let size = t.slot.size.load(Ordering::Relaxed) as i64;
         t.slot
@@ -253,7 +312,7 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     }
     Counters::add(&sh.counters.tasks, 1);
     let panicked = out.is_err();
-    sh.release(&t.slot, v, panicked && t.write);
+    sh.release(&t.slot, v, changed, panicked && changed);
     match out {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(Error::UnknownExecutor {

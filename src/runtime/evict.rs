@@ -163,7 +163,7 @@ impl Shared {
                         Counters::add(&self.counters.failed_writes, 1);
                         let retry_at = self
                             .writes
-                            .failed(self.epoch_ms(), format!("{}: {e}", path.display()));
+                            .failed(self.epoch_ms(), &format!("{}: {e}", path.display()));
                         slot.write_retry_at.store(retry_at, Ordering::Relaxed);
                         Evicted::Failed(e)
                     }

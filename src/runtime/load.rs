@@ -143,10 +143,20 @@ impl Shared {
         }
     }
 
-    /// Puts a task's value back and unpins the executor.
-    pub(crate) fn release(&self, slot: &Slot, v: Box<dyn Any + Send>, poisoned: bool) {
+    /// Puts a task's value back and unpins the executor; `changed` marks it
+    /// dirty (a read task that changed it through interior mutability).
+    pub(crate) fn release(
+        &self,
+        slot: &Slot,
+        v: Box<dyn Any + Send>,
+        changed: bool,
+        poisoned: bool,
+    ) {
         let mut g = slot.lock();
         g.value = Some(v);
+        if changed {
+            g.dirty = true;
+        }
         slot.set_state(
             &mut g,
             if poisoned {

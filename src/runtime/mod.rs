@@ -46,7 +46,7 @@ use std::thread::JoinHandle;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub use batch::Batch;
+pub use batch::{Batch, TaskContext};
 pub use builder::Builder;
 pub use handle::Handle;
 pub use registry::CycleId;
@@ -164,7 +164,9 @@ impl Runtime {
         Batch::new(&self.shared)
     }
 
-    /// Runs one read-only task on `h` and returns its result.
+    /// Runs one read-only task on `h` and returns its result. The task
+    /// must not change the value, not even through interior mutability:
+    /// see the contract on [`Batch::read`].
     ///
     /// # Errors
     ///

@@ -10,6 +10,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use crate::alloc::linebuf::LineBuf;
+
 /// How long a failed executor, or all dirty writes after repeated failures,
 /// are left alone (ms).
 const BACKOFF_MS: u64 = 500;
@@ -17,8 +19,10 @@ const BACKOFF_MS: u64 = 500;
 const FAILURES_TO_PAUSE: u64 = 3;
 
 pub(crate) struct WriteHealth {
-    /// The last failure: the file and the reason.
-    last_error: Mutex<Option<String>>,
+    /// The last failure: the file and the reason, in a fixed buffer (this
+    /// runs inside evictions, whose allocations may come from the reserve
+    /// and must not outlive them).
+    last_error: Mutex<Option<LineBuf>>,
     /// Whether any write has failed (for the out-of-memory diagnostic).
     any_failed: AtomicBool,
     /// No dirty write is attempted before this time (ms since start).
@@ -67,7 +71,7 @@ impl WriteHealth {
 
     /// Records a failure at `now` with `message`; returns the time before
     /// which the same executor must not be written again.
-    pub(crate) fn failed(&self, now: u64, message: String) -> u64 {
+    pub(crate) fn failed(&self, now: u64, message: &str) -> u64 {
         self.any_failed.store(true, Ordering::Relaxed);
         if self.failures_in_a_row.fetch_add(1, Ordering::Relaxed) + 1 >= FAILURES_TO_PAUSE {
             self.backoff_until
@@ -75,7 +79,9 @@ impl WriteHealth {
         }
         // Never block here: this may run inside the allocation trap.
         if let Ok(mut e) = self.last_error.try_lock() {
-            *e = Some(message);
+            let mut buf = LineBuf::new();
+            buf.push(message.as_bytes());
+            *e = Some(buf);
         }
         now + BACKOFF_MS
     }
@@ -88,6 +94,7 @@ impl WriteHealth {
         self.last_error
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .as_ref()
+            .map(|b| String::from_utf8_lossy(b.as_bytes()).into_owned())
     }
 }
