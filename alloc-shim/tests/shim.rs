@@ -321,13 +321,15 @@ fn invalid_alignment_child() {
             .map(|i| rt.insert(PodVec::from(vec![i as f32; 1 << 20])).unwrap())
             .collect();
         // SAFETY: plain C calls with invalid alignments; they must fail.
+        // black_box keeps the compiler from assuming what an allocation
+        // function returns.
         let (p, e1) = unsafe {
-            let p = libc::aligned_alloc(3, 64);
+            let p = std::hint::black_box(libc::aligned_alloc(std::hint::black_box(3), 64));
             (p, *libc::__errno_location())
         };
         // SAFETY: as above.
         let (q, e2) = unsafe {
-            let q = libc::memalign(usize::MAX, 64);
+            let q = std::hint::black_box(libc::memalign(std::hint::black_box(usize::MAX), 64));
             (q, *libc::__errno_location())
         };
         println!("NULLS={}", p.is_null() && q.is_null());
