@@ -232,3 +232,56 @@ fn stress_under_a_hard_limit() {
         "accounting drifted by {drift} bytes"
     );
 }
+
+/// Builds a preload library whose `fdatasync` and `fsync` fail with EIO:
+/// the kernel reporting a write-back error (thin-provisioned or network
+/// storage, a failing disk) after `write()` had succeeded.
+fn failing_sync_library(dir: &Path) -> std::path::PathBuf {
+    let src = dir.join("failsync.c");
+    std::fs::write(
+        &src,
+        "#include <errno.h>\n\
+         int fdatasync(int fd) { (void)fd; errno = EIO; return -1; }\n\
+         int fsync(int fd) { (void)fd; errno = EIO; return -1; }\n",
+    )
+    .unwrap();
+    let so = dir.join("libfailsync.so");
+    let st = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(&src)
+        .status()
+        .expect("cc");
+    assert!(st.success(), "building the preload library failed");
+    so
+}
+
+/// Defect 10: a spill write counts only once the kernel has confirmed the
+/// data. When write-back fails, the executors stay in memory (the write
+/// counts as failed) and the job completes with the right results, instead
+/// of freeing memory whose only copy was never stored.
+#[test]
+fn write_back_errors_keep_executors() {
+    if is_child("write_back_errors_keep_executors") {
+        return job(None, MemoryCap::Bytes(20 << 20));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let so = failing_sync_library(dir.path());
+    let so = so.to_string_lossy().into_owned();
+    let out = run_child_with(
+        "write_back_errors_keep_executors",
+        None,
+        TIMEOUT,
+        &[("LD_PRELOAD", so.as_str())],
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(
+        out.value("DIGEST"),
+        Some(reference()),
+        "results differ after write-back errors"
+    );
+    let failed: u64 = out.value("FAILED").unwrap().parse().unwrap();
+    assert!(failed > 0, "write-back errors went unnoticed");
+    let err = out.value("LASTERR").unwrap();
+    assert!(err.contains("sync"), "{err}");
+}

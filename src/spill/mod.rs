@@ -25,6 +25,11 @@
 //! checks the payload CRC and that every byte was consumed before handing the
 //! value back.
 //!
+//! A write counts only once `fdatasync` and a checked `close` have
+//! succeeded: the executor's memory is freed after that, so a write-back
+//! error (thin-provisioned or network storage, EIO) leaves the executor in
+//! memory instead of leaving it with no copy anywhere.
+//!
 //! After a write and after a load the file's pages are dropped from the page
 //! cache (`POSIX_FADV_DONTNEED`): a memory cgroup charges them to the job's
 //! limit, and dirty spill pages piling up there make the kernel swap out
@@ -234,7 +239,12 @@ pub fn write_file<T: Serialize>(path: &Path, key: FileKey, value: &T) -> io::Res
         .map_err(|e| context("write")(e.into_error()))?;
     file.seek(SeekFrom::Start(0)).map_err(context("seek"))?;
     file.write_all(&header.encode()).map_err(context("write"))?;
+    // The caller frees the executor's memory on success: success must mean
+    // the data is on disk. Write-back errors (a thin-provisioned or network
+    // disk, EIO) surface here or at close, not at write().
+    file.sync_data().map_err(context("sync"))?;
     drop_cached(&file);
+    close_checked(file)?;
     Ok(HEADER_LEN as u64 + header.payload_len)
 }
 
@@ -273,6 +283,20 @@ pub fn read_file<T: DeserializeOwned>(path: &Path, key: FileKey) -> io::Result<(
     drop_cached(reader.get_ref());
     let value = value.map_err(|m| io::Error::new(io::ErrorKind::InvalidData, m))?;
     Ok((value, file_len))
+}
+
+/// Closes `file`, reporting an error `close(2)` returns (dropping a `File`
+/// ignores it).
+fn close_checked(file: File) -> io::Result<()> {
+    use std::os::unix::io::IntoRawFd;
+    let fd = file.into_raw_fd();
+    // SAFETY: `fd` is a descriptor we own (taken from the `File`), closed
+    // exactly once.
+    if unsafe { libc::close(fd) } == 0 {
+        Ok(())
+    } else {
+        Err(context("close")(io::Error::last_os_error()))
+    }
 }
 
 /// Asks the kernel to write the file's dirty pages back now and to drop
