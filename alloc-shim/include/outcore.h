@@ -39,6 +39,10 @@ size_t outcore_cap(void);
  * outcore_evict dynamically). */
 void outcore_shim_register(size_t (*evict)(size_t bytes));
 
+/* Provided by liboutcore_shim.so. A runtime registers its usage query here
+ * too, so that OUTCORE_MEM_CAP budgets C and Rust allocations together. */
+void outcore_shim_register_usage(size_t (*usage)(void));
+
 /* Provided by liboutcore_shim.so: usable bytes of live C allocations, as
  * counted when OUTCORE_MEM_CAP is set (0 otherwise). */
 size_t outcore_shim_usage(void);

@@ -7,8 +7,11 @@
 //! `dlsym(RTLD_NEXT, ..)`, so it composes with glibc or a preloaded
 //! jemalloc).
 //!
-//! When a C allocation fails, or would take the process's C allocations
-//! over `OUTCORE_MEM_CAP` (usable sizes), it calls the eviction entry point
+//! When a C allocation fails, or would take the process over
+//! `OUTCORE_MEM_CAP` (one budget: the usable sizes of live C allocations
+//! plus the runtime's Rust usage; eviction runs only when it can help, so
+//! never while the C allocations alone exceed the cap), it calls the
+//! eviction entry point
 //! of the outcore runtime in the same process, `outcore_evict(bytes)`
 //! (looked up with `dlsym(RTLD_DEFAULT, ..)`, or registered by the runtime
 //! through `outcore_shim_register`), asks the allocator to give memory back
@@ -37,6 +40,7 @@ type PosixMemalignFn = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> c
 type AlignFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
 type UsableFn = unsafe extern "C" fn(*mut c_void) -> usize;
 type EvictFn = unsafe extern "C" fn(usize) -> usize;
+type UsageFn = unsafe extern "C" fn() -> usize;
 type MallctlFn =
     unsafe extern "C" fn(*const c_char, *mut c_void, *mut usize, *mut c_void, usize) -> c_int;
 
@@ -90,10 +94,24 @@ static EVICT_REQUESTS: AtomicU64 = AtomicU64::new(0);
 static BYTES_FREED: AtomicU64 = AtomicU64::new(0);
 static BOOTSTRAP_ALLOCS: AtomicU64 = AtomicU64::new(0);
 
-/// The runtime's eviction entry point, when found with `dlsym`.
+/// The runtime's eviction entry point, when found with `dlsym` (0 = not
+/// looked up yet, [`ABSENT`] = looked up, not exported).
 static EVICT: AtomicUsize = AtomicUsize::new(0);
-/// The entry point a runtime registered itself (fallback).
+/// The runtime's usage query (`outcore_usage`), likewise.
+static USAGE: AtomicUsize = AtomicUsize::new(0);
+/// The entry points a runtime registered itself (fallback).
 static REGISTERED: AtomicUsize = AtomicUsize::new(0);
+static REGISTERED_USAGE: AtomicUsize = AtomicUsize::new(0);
+/// A looked-up symbol that is not there: the look-up is not repeated
+/// (`dlsym` allocates its error message on every failure).
+const ABSENT: usize = 1;
+/// A look-up is under way (on some thread).
+const BUSY: usize = 2;
+/// `dlsym` look-ups of the runtime's entry points (for the stats).
+static LOOKUPS: AtomicU64 = AtomicU64::new(0);
+/// The runtime's usage when an eviction last freed nothing: evicting again
+/// is pointless until it changes.
+static FUTILE_AT: AtomicUsize = AtomicUsize::new(usize::MAX);
 /// jemalloc's `mallctl`, when present (1 = looked up, absent).
 static MALLCTL: AtomicUsize = AtomicUsize::new(0);
 
@@ -283,22 +301,52 @@ fn usable(p: *mut c_void) -> usize {
 
 // ---- the trap ----------------------------------------------------------------
 
-/// Finds the runtime's eviction entry point.
-fn evict_fn() -> Option<EvictFn> {
-    let mut a = EVICT.load(Ordering::Acquire);
+/// Looks `name` up once (cached in `slot`, [`ABSENT`] when missing), or
+/// falls back to what the runtime registered. `dlsym` itself may call
+/// `malloc`: while a look-up is under way ([`BUSY`]) such nested calls see
+/// no symbol instead of looking it up again.
+fn lookup(slot: &AtomicUsize, name: &core::ffi::CStr, registered: &AtomicUsize) -> usize {
+    let mut a = slot.load(Ordering::Acquire);
     if a == 0 {
-        // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches
-        // the whole process.
-        a = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"outcore_evict".as_ptr()) as usize };
-        if a != 0 {
-            EVICT.store(a, Ordering::Release);
+        if slot
+            .compare_exchange(0, BUSY, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            LOOKUPS.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT
+            // searches the whole process.
+            a = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize };
+            if a == 0 {
+                a = ABSENT;
+            }
+            slot.store(a, Ordering::Release);
         } else {
-            a = REGISTERED.load(Ordering::Acquire);
+            a = BUSY;
         }
     }
+    if a == ABSENT || a == BUSY {
+        a = registered.load(Ordering::Acquire);
+    }
+    a
+}
+
+/// Finds the runtime's eviction entry point.
+fn evict_fn() -> Option<EvictFn> {
+    let a = lookup(&EVICT, c"outcore_evict", &REGISTERED);
     // SAFETY: the address is `outcore_evict`, exported (or registered) by
     // the runtime with this C signature.
     (a != 0).then(|| unsafe { core::mem::transmute::<usize, EvictFn>(a) })
+}
+
+/// Bytes the runtime's Rust allocations use (0 without a runtime).
+fn runtime_usage() -> usize {
+    let a = lookup(&USAGE, c"outcore_usage", &REGISTERED_USAGE);
+    if a == 0 {
+        return 0;
+    }
+    // SAFETY: the address is `outcore_usage`, exported (or registered) by
+    // the runtime with this C signature; it only reads an atomic.
+    unsafe { core::mem::transmute::<usize, UsageFn>(a)() }
 }
 
 /// Asks the allocator to return free memory to the system.
@@ -359,12 +407,29 @@ fn before(size: usize) {
     }
 }
 
+/// The cap is one budget: C allocations plus the runtime's Rust usage.
+/// Eviction frees Rust executors only, so it runs only when it can help:
+/// when the C allocations alone are under the cap, and the runtime's usage
+/// changed since an eviction last freed nothing.
 #[cold]
 #[inline(never)]
 fn before_slow(size: usize) {
     let cap = CAP.load(Ordering::Relaxed);
-    if cap != 0 && USED.load(Ordering::Relaxed).saturating_add(size) > cap {
-        reclaim(size.saturating_add(cap / 32));
+    if cap == 0 {
+        return;
+    }
+    let c = USED.load(Ordering::Relaxed).saturating_add(size);
+    if c >= cap {
+        // C alone fills the cap: evicting executors cannot bring it under.
+        return;
+    }
+    let rust = runtime_usage();
+    if c.saturating_add(rust) <= cap || rust == FUTILE_AT.load(Ordering::Relaxed) {
+        return;
+    }
+    let want = (c + rust - cap).saturating_add(cap / 32);
+    if !reclaim(want) {
+        FUTILE_AT.store(rust, Ordering::Relaxed);
     }
 }
 
@@ -666,6 +731,16 @@ pub extern "C" fn outcore_shim_register(evict: Option<EvictFn>) {
     }
 }
 
+/// Lets a runtime register its usage query (`outcore_usage`) directly, so
+/// that `OUTCORE_MEM_CAP` budgets C and Rust allocations together in
+/// programs that do not export it dynamically. Idempotent.
+#[no_mangle]
+pub extern "C" fn outcore_shim_register_usage(usage: Option<UsageFn>) {
+    if let Some(f) = usage {
+        REGISTERED_USAGE.store(f as usize, Ordering::Release);
+    }
+}
+
 /// Usable bytes of live C allocations as the shim counts them (0 unless
 /// `OUTCORE_MEM_CAP` is set).
 #[no_mangle]
@@ -676,6 +751,7 @@ pub extern "C" fn outcore_shim_usage() -> usize {
 // ---- stats at exit -----------------------------------------------------------
 
 #[path = "../../src/alloc/linebuf.rs"]
+#[expect(dead_code, reason = "the shim writes lines; it never reads them back")]
 mod linebuf;
 
 extern "C" fn print_stats() {
@@ -690,6 +766,8 @@ extern "C" fn print_stats() {
     b.num(EVICT_REQUESTS.load(Ordering::Relaxed));
     b.push(b", bytes freed ");
     b.num(BYTES_FREED.load(Ordering::Relaxed));
+    b.push(b", lookups ");
+    b.num(LOOKUPS.load(Ordering::Relaxed));
     b.push(b", bootstrap allocations ");
     b.num(BOOTSTRAP_ALLOCS.load(Ordering::Relaxed));
     b.push(b", cap ");

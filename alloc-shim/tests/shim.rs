@@ -355,3 +355,77 @@ fn invalid_alignments_fail_with_einval_and_evict_nothing() {
     );
     assert_eq!(value(&out, "EVICTIONS").as_deref(), Some("0"));
 }
+
+#[test]
+fn c_over_the_cap_child() {
+    if is_child("c_over_the_cap_child") {
+        // C allocations alone over OUTCORE_MEM_CAP (64 MiB) first.
+        let held: Vec<*mut u8> = (0..10)
+            // SAFETY: plain C malloc; freed below.
+            .map(|_| unsafe { libc::malloc(8 << 20) } as *mut u8)
+            .collect();
+        let rt = Runtime::builder().build().unwrap();
+        let hs: Vec<_> = (0..8)
+            .map(|i| rt.insert(PodVec::from(vec![i as f32; 1 << 20])).unwrap())
+            .collect();
+        for _ in 0..10_000 {
+            // SAFETY: malloc and free of a small block.
+            unsafe { libc::free(std::hint::black_box(libc::malloc(64))) };
+        }
+        let mut b = rt.batch();
+        for h in &hs {
+            b.read(h, |v: &PodVec<f32>| {
+                v.iter().map(|&x| f64::from(x)).sum::<f64>()
+            });
+        }
+        let sums = b.run().unwrap();
+        let good = sums
+            .iter()
+            .enumerate()
+            .all(|(i, &s)| s == i as f64 * (1 << 20) as f64);
+        println!("SUMS={}", if good { "ok" } else { "wrong" });
+        println!("EVICTIONS={}", rt.stats().evictions);
+        for p in held {
+            // SAFETY: allocated by malloc above.
+            unsafe { libc::free(p.cast()) };
+        }
+    }
+}
+
+/// With the C allocations alone over the cap, evicting executors cannot
+/// help: the shim evicts nothing (it used to evict on every malloc).
+#[test]
+fn c_usage_over_the_cap_evicts_nothing() {
+    let so = shim();
+    let out = child(
+        "c_over_the_cap_child",
+        Some(&so),
+        None,
+        &[("OUTCORE_MEM_CAP", "64MiB"), ("OUTCORE_SHIM_STATS", "1")],
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(value(&out, "SUMS").as_deref(), Some("ok"));
+    assert_eq!(
+        value(&out, "EVICTIONS").as_deref(),
+        Some("0"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// Without a runtime, the shim looks the eviction entry point up once, not
+/// on every failing allocation.
+#[test]
+fn a_missing_entry_point_is_looked_up_once() {
+    let so = shim();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("enomem");
+    cc("tests/enomem.c", &bin);
+    let out = run(Command::new(&bin)
+        .env("LD_PRELOAD", &so)
+        .env("OUTCORE_SHIM_STATS", "1"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("failures 3,"), "{err}");
+    assert!(err.contains("lookups 1,"), "{err}");
+}

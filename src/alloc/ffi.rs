@@ -38,7 +38,10 @@ pub extern "C" fn outcore_cap() -> usize {
 
 type RegisterFn = unsafe extern "C" fn(Option<extern "C" fn(usize) -> usize>);
 
-/// If the shim is loaded, hands it [`outcore_evict`] directly.
+type RegisterUsageFn = unsafe extern "C" fn(Option<extern "C" fn() -> usize>);
+
+/// If the shim is loaded, hands it [`outcore_evict`] and [`outcore_usage`]
+/// directly.
 pub(crate) fn announce_to_shim() {
     // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches the
     // whole process.
@@ -49,6 +52,16 @@ pub(crate) fn announce_to_shim() {
         unsafe {
             let register = std::mem::transmute::<*mut libc::c_void, RegisterFn>(f);
             register(Some(outcore_evict));
+        }
+    }
+    // SAFETY: as above.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"outcore_shim_register_usage".as_ptr()) };
+    if !f.is_null() {
+        // SAFETY: the shim exports `outcore_shim_register_usage` with
+        // exactly this C signature.
+        unsafe {
+            let register = std::mem::transmute::<*mut libc::c_void, RegisterUsageFn>(f);
+            register(Some(outcore_usage));
         }
     }
 }
