@@ -171,24 +171,25 @@ pub(crate) fn auto_cap(l: &Limits) -> u64 {
         .max(16 << 20)
 }
 
-/// The most memory the process could ever get: `RLIMIT_AS` if finite,
-/// else physical memory plus swap (as far as they can be read). A request
-/// larger than this cannot be met by evicting anything.
-pub(crate) fn hard_limit() -> usize {
+/// The most memory the process could ever get, and the machine's memory:
+/// `(limit, machine)`, where `machine` is physical memory plus swap (as far
+/// as they can be read) and `limit` is `RLIMIT_AS` if finite, else
+/// `machine`. A request larger than `limit` cannot be met by evicting
+/// anything.
+pub(crate) fn hard_limits() -> (usize, usize) {
     let to_usize = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
-    if let Some(v) = rlimit_as() {
-        return to_usize(v);
-    }
     let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let field = |name: &str| -> Option<u64> {
         let line = text.lines().find(|l| l.starts_with(name))?;
         let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
         Some(kb * 1024)
     };
-    match (field("MemTotal:"), field("SwapTotal:")) {
+    let machine = match (field("MemTotal:"), field("SwapTotal:")) {
         (Some(m), s) => to_usize(m.saturating_add(s.unwrap_or(0))),
         (None, _) => usize::MAX,
-    }
+    };
+    let limit = rlimit_as().map_or(machine, |v| to_usize(v).min(machine));
+    (limit, machine)
 }
 
 fn rlimit_as() -> Option<u64> {

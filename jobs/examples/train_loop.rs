@@ -7,10 +7,9 @@
 //! ```
 
 use outcore::{format_bytes, MemoryCap, Runtime};
-use outcore_jobs::input::{Blobs, Source};
-use outcore_jobs::train::{self, Labels, TrainConfig};
+use outcore_jobs::train::{self, TrainConfig};
+use outcore_jobs::{Labels, Source};
 
-/// outcore's allocator, installed by the program.
 #[global_allocator]
 static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 
@@ -21,13 +20,13 @@ fn main() -> Result<(), outcore_jobs::Error> {
     let (dims, classes, seed) = (64, 8, 7);
     // 256 MiB of labelled points: eight Gaussian blobs, one per class.
     let src = Source::synthetic(256 << 20, dims, classes, seed);
-    let labels = Labels::Blobs(Blobs::new(dims, classes, seed));
+    let labels = Labels::Blobs;
     let cfg = TrainConfig {
         rounds: 4,
         ..TrainConfig::default()
     };
     // Shards of 8 MiB: 32 of them under a 96 MiB cap.
-    let job = train::load(&rt, &src, &labels, Some(classes), 8 << 20, &cfg)?;
+    let job = train::load(&rt, &src, &labels, Some(classes), 8 << 20, &cfg, |_, _| {})?;
     println!(
         "{} rows in {} shards; global model in its own executor",
         job.rows,

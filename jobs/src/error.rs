@@ -1,26 +1,60 @@
-//! The jobs' error type.
+//! The jobs' error type: the runtime's errors, plus bad input and files
+//! that cannot be read or written.
 
 use std::fmt;
+use std::io;
+use std::path::PathBuf;
 
-/// What can go wrong in a job: the runtime's errors, bad input, and
-/// outputs that cannot be written. Messages speak of files, shapes and
-/// parameters, never of command-line flags (the command line adds those).
+/// Everything that can go wrong in a job. Messages name the file, the
+/// parameter and the values involved.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
-    /// The runtime failed (see [`outcore::Error`]).
+    /// The runtime failed (spill files, a task, the cap).
     Runtime(outcore::Error),
-    /// Bad input: a malformed or unreadable file, inconsistent parameters.
+    /// Bad input: malformed data, or parameters that do not fit it.
     Input(String),
-    /// An output file could not be written.
-    Output(String),
+    /// A file could not be opened, read or written.
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What was being done: `cannot open`, `read failed`, ...
+        action: &'static str,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// An output file cannot be written (other than an I/O error): the path
+    /// is a directory, or the data does not match what was announced.
+    Output {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// An [`Error::Io`] for `path`.
+    pub(crate) fn io(path: impl Into<PathBuf>, action: &'static str, source: io::Error) -> Error {
+        Error::Io {
+            path: path.into(),
+            action,
+            source,
+        }
+    }
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Runtime(e) => e.fmt(f),
-            Error::Input(msg) | Error::Output(msg) => f.write_str(msg),
+            Error::Input(msg) => f.write_str(msg),
+            Error::Io {
+                path,
+                action,
+                source,
+            } => write!(f, "{}: {action}: {source}", path.display()),
+            Error::Output { path, reason } => write!(f, "{}: {reason}", path.display()),
         }
     }
 }
@@ -28,7 +62,9 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Runtime(e) => Some(e),
+            // Transparent: the runtime's error is shown as itself.
+            Error::Runtime(e) => e.source(),
+            Error::Io { source, .. } => Some(source),
             _ => None,
         }
     }
@@ -40,5 +76,5 @@ impl From<outcore::Error> for Error {
     }
 }
 
-/// `Result` with the jobs' [`Error`].
+/// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,36 +1,76 @@
 //! # outcore-jobs
 //!
-//! The jobs built on the [`outcore`] runtime, and the `outcore` command
-//! line (`src/main.rs`, `src/cli.rs`):
+//! Iterative jobs built on the [`outcore`] runtime, whose data and model
+//! state live in executors that the runtime spills to disk under a memory
+//! cap, and the `outcore` command line that runs them.
 //!
-//! - [`input`]: the input layer every job shares: sources (synthetic
-//!   Gaussian blobs, `.npy`, `.fvecs`, raw float32), row readers, and
-//!   streaming rows into partition executors with their sweep order
-//!   declared;
-//! - [`output`]: files written whole or not at all (a temporary file
-//!   renamed into place);
-//! - [`npy`]: `.npy` reading and writing;
-//! - [`kmeans`]: memory-capped K-means (mini-batch and Lloyd);
-//! - [`train`]: multinomial logistic regression with the model state in
-//!   executors.
+//! ```text
+//!   Source (synthetic blobs, .npy, .fvecs, raw float32)   Labels (supervised)
+//!        │                                                   │
+//!        ▼                                                   ▼
+//!   input layer: row readers ─► one executor per block of rows, sweep order
+//!        │                      declared to the runtime (hint_cycle)
+//!        ├──► kmeans: Partition executors, read-only sweeps (mini-batch, Lloyd)
+//!        └──► train:  Shard executors with model replicas, local SGD + averaging
+//!                        │
+//!                        ▼
+//!   outputs (.npy arrays, JSON statistics), written atomically
+//! ```
 //!
-//! The library leaves the global allocator to the program: the `outcore`
-//! binary, the tests and the examples install
-//! [`outcore::TrapAlloc`].
+//! Results do not depend on the cap: every reduction runs in a fixed order,
+//! so a job gives the same answer, bit for bit, however much of its data
+//! was spilled.
+//!
+//! The application installs outcore's allocator; this crate does not:
+//!
+//! ```
+//! use outcore::{MemoryCap, Runtime};
+//! use outcore_jobs::kmeans::{self, Config};
+//! use outcore_jobs::Source;
+//! # #[global_allocator]
+//! # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+//!
+//! let rt = Runtime::builder()
+//!     .mem_cap(MemoryCap::parse("64MiB")?)
+//!     .build()?;
+//! // 4 MiB of 16-dimensional points around 8 blobs, in partitions of
+//! // 256 KiB.
+//! let ds = kmeans::load(&rt, &Source::synthetic(4 << 20, 16, 8, 1), 256 << 10, |_, _| {})?;
+//! let cfg = Config {
+//!     k: 8,
+//!     ..Config::default()
+//! };
+//! let out = kmeans::run(&rt, &ds, &cfg, |_| {})?;
+//! assert_eq!(out.centers.values.len(), 8 * 16);
+//! # Ok::<(), outcore_jobs::Error>(())
+//! ```
+//!
+//! ## What the crate offers
+//!
+//! - [`kmeans`]: memory-capped K-means (`outcore kmeans`).
+//! - [`train`]: logistic regression with model state in executors
+//!   (`outcore train`).
+//! - [`Source`], [`Labels`], [`Partitioned`]: the input layer both jobs
+//!   load through.
+//! - [`npy`]: `.npy` arrays in and out; [`write_json`] and
+//!   [`check_writable`] for the other outputs.
+//! - [`Error`], [`Result`].
 
-#![deny(missing_docs)]
+#![deny(missing_docs, missing_debug_implementations)]
 
 mod error;
-pub mod input;
+mod files;
+mod input;
 pub mod kmeans;
 pub mod npy;
-pub mod output;
 pub mod train;
 
 pub use error::{Error, Result};
+pub use files::{check_writable, write_json};
+pub use input::{Labels, Partitioned, Source};
 
-/// The unit tests run with outcore's allocator installed, as the binary
-/// does.
+/// The unit tests run with the allocator installed, as an application
+/// would.
 #[cfg(test)]
 #[global_allocator]
 static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();

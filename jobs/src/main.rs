@@ -1,16 +1,17 @@
 //! The `outcore` command line: memory-capped K-means (`outcore kmeans`),
-//! training (`outcore train`) and synthetic data (`outcore gen`).
+//! logistic-regression training (`outcore train`) and synthetic data
+//! (`outcore gen`). The application, not the library, installs outcore's
+//! allocator: the line below.
 
 mod cli;
-
-/// outcore's allocator: the memory cap is enforced through it.
-#[global_allocator]
-static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use clap::Parser;
+
+#[global_allocator]
+static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 
 fn main() -> ExitCode {
     let args = match cli::Cli::try_parse() {

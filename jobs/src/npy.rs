@@ -1,13 +1,17 @@
 //! Minimal `.npy` reading and writing: 2-D (and 1-D) little-endian arrays
-//! of `f32`, `f64`, `i32` and `i64` in C order, read in row blocks so a file
-//! larger than memory streams through.
+//! of `f32`, `f64`, `i32` and `i64` in C order.
+//!
+//! The public part reads and writes whole arrays ([`read_matrix`],
+//! [`write_array`]); the input layer reads data and labels in row blocks
+//! through the same header parser, so a file larger than memory streams
+//! through. Writes are atomic: a failed write leaves no file.
 
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::output::AtomicFile;
+use crate::files::{open_input, AtomicFile};
 
 /// Element types outcore reads and writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,13 +47,13 @@ impl Dtype {
 
 /// The parsed header of a `.npy` file.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Header {
+pub(crate) struct Header {
     /// Element type.
-    pub dtype: Dtype,
+    pub(crate) dtype: Dtype,
     /// Shape (one or two dimensions).
-    pub shape: Vec<u64>,
+    pub(crate) shape: Vec<u64>,
     /// Offset of the data from the start of the file.
-    pub data_offset: u64,
+    pub(crate) data_offset: u64,
 }
 
 fn bad(path: &Path, msg: impl Into<String>) -> Error {
@@ -57,7 +61,7 @@ fn bad(path: &Path, msg: impl Into<String>) -> Error {
 }
 
 /// Parses a `.npy` header from the start of `r`.
-pub fn read_header(path: &Path, r: &mut impl Read) -> Result<Header> {
+pub(crate) fn read_header(path: &Path, r: &mut impl Read) -> Result<Header> {
     let mut pre = [0u8; 10];
     r.read_exact(&mut pre)
         .map_err(|_| bad(path, "not a .npy file (too short for the header)"))?;
@@ -132,7 +136,8 @@ pub fn read_header(path: &Path, r: &mut impl Read) -> Result<Header> {
 }
 
 /// A 2-D float array in a `.npy` file, read in blocks of rows as `f32`.
-pub struct NpyRows {
+#[derive(Debug)]
+pub(crate) struct NpyRows {
     path: PathBuf,
     reader: BufReader<File>,
     dtype: Dtype,
@@ -145,11 +150,7 @@ pub struct NpyRows {
 /// Opens a `.npy` file for reading: its reader (positioned after the
 /// header), its length and its header.
 fn open_with_header(path: &Path) -> Result<(BufReader<File>, u64, Header)> {
-    if path.is_dir() {
-        return Err(bad(path, "is a directory"));
-    }
-    let file = File::open(path).map_err(|e| bad(path, format!("cannot open: {e}")))?;
-    let len = file.metadata().map_err(|e| bad(path, e.to_string()))?.len();
+    let (file, len) = open_input(path)?;
     let mut reader = BufReader::with_capacity(1 << 20, file);
     let h = read_header(path, &mut reader)?;
     Ok((reader, len, h))
@@ -174,7 +175,7 @@ fn check_length(path: &Path, len: u64, h: &Header, elems: Option<u64>) -> Result
 impl NpyRows {
     /// Opens `path`, checks it is a 2-D float32/float64 C-order array and
     /// that the file holds all of its data.
-    pub fn open(path: &Path) -> Result<NpyRows> {
+    pub(crate) fn open(path: &Path) -> Result<NpyRows> {
         let (reader, len, h) = open_with_header(path)?;
         if !matches!(h.dtype, Dtype::F32 | Dtype::F64) {
             return Err(bad(
@@ -205,17 +206,17 @@ impl NpyRows {
     }
 
     /// Number of rows.
-    pub fn rows(&self) -> u64 {
+    pub(crate) fn rows(&self) -> u64 {
         self.rows
     }
 
     /// Number of columns.
-    pub fn cols(&self) -> usize {
+    pub(crate) fn cols(&self) -> usize {
         self.cols
     }
 
     /// Appends the next `n` rows to `out` as `f32`.
-    pub fn read_rows(&mut self, n: usize, out: &mut Vec<f32>) -> Result<()> {
+    pub(crate) fn read_rows(&mut self, n: usize, out: &mut Vec<f32>) -> Result<()> {
         if self.done + n as u64 > self.rows {
             return Err(bad(&self.path, "read past the last row"));
         }
@@ -243,7 +244,8 @@ impl NpyRows {
 
 /// A 1-D integer array (`int32` or `int64`) in a `.npy` file, read in
 /// blocks as `u32` labels.
-pub struct NpyInts {
+#[derive(Debug)]
+pub(crate) struct NpyInts {
     path: PathBuf,
     reader: BufReader<File>,
     dtype: Dtype,
@@ -253,7 +255,7 @@ pub struct NpyInts {
 
 impl NpyInts {
     /// Opens `path`, checks it is a 1-D int32/int64 array held in full.
-    pub fn open(path: &Path) -> Result<NpyInts> {
+    pub(crate) fn open(path: &Path) -> Result<NpyInts> {
         let (reader, flen, h) = open_with_header(path)?;
         if !matches!(h.dtype, Dtype::I32 | Dtype::I64) {
             return Err(bad(
@@ -282,17 +284,12 @@ impl NpyInts {
     }
 
     /// Number of labels.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.len
     }
 
-    /// Whether there is no label.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Reads the next `n` labels; negative or huge values are errors.
-    pub fn read(&mut self, n: usize) -> Result<Vec<u32>> {
+    pub(crate) fn read(&mut self, n: usize) -> Result<Vec<u32>> {
         self.buf.resize(n * self.dtype.size(), 0);
         self.reader
             .read_exact(&mut self.buf)
@@ -329,8 +326,8 @@ impl NpyInts {
     }
 }
 
-/// Reads a whole small 2-D float array (for `--init`) as `f32`, with its
-/// shape.
+/// Reads a whole (small) 2-D float32/float64 array as `f32`: the values,
+/// the rows and the columns.
 pub fn read_matrix(path: &Path) -> Result<(Vec<f32>, usize, usize)> {
     let mut r = NpyRows::open(path)?;
     let (rows, cols) = (r.rows() as usize, r.cols());
@@ -395,11 +392,11 @@ fn header_bytes(dtype: Dtype, shape: &[u64]) -> Vec<u8> {
     out
 }
 
-/// Writes a `.npy` file whole or not at all (through
-/// [`AtomicFile`]).
+/// Writes a `.npy` file atomically (see [`AtomicFile`]): a failed or
+/// interrupted write never leaves a file that looks valid.
 #[derive(Debug)]
-pub struct NpyWriter<T: Element> {
-    file: AtomicFile,
+pub(crate) struct NpyWriter<T: Element> {
+    out: AtomicFile,
     expect: u64,
     written: u64,
     scratch: Vec<u8>,
@@ -408,15 +405,11 @@ pub struct NpyWriter<T: Element> {
 
 impl<T: Element> NpyWriter<T> {
     /// Starts writing an array of `shape` to `path`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Output`] when the file cannot be created.
-    pub fn create(path: &Path, shape: &[u64]) -> Result<NpyWriter<T>> {
-        let mut file = AtomicFile::create(path)?;
-        file.write_all(&header_bytes(T::DTYPE, shape))?;
+    pub(crate) fn create(path: &Path, shape: &[u64]) -> Result<NpyWriter<T>> {
+        let mut out = AtomicFile::create(path)?;
+        out.write_all(&header_bytes(T::DTYPE, shape))?;
         Ok(NpyWriter {
-            file,
+            out,
             expect: shape.iter().product(),
             written: 0,
             scratch: Vec::new(),
@@ -425,36 +418,28 @@ impl<T: Element> NpyWriter<T> {
     }
 
     /// Appends elements.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Output`] when the write fails.
-    pub fn write(&mut self, items: &[T]) -> Result<()> {
+    pub(crate) fn write(&mut self, items: &[T]) -> Result<()> {
         self.scratch.clear();
         for &x in items {
             x.put(&mut self.scratch);
         }
-        self.file.write_all(&self.scratch)?;
+        self.out.write_all(&self.scratch)?;
         self.written += items.len() as u64;
         Ok(())
     }
 
     /// Checks every element was written and moves the file into place.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Output`] when the count is short or the file cannot be
-    /// committed.
-    pub fn finish(self) -> Result<()> {
+    pub(crate) fn finish(self) -> Result<()> {
         if self.written != self.expect {
-            return Err(Error::Output(format!(
-                "{}: cannot write: wrote {} elements, expected {}",
-                self.file.path().display(),
-                self.written,
-                self.expect
-            )));
+            return Err(Error::Output {
+                path: self.out.path().to_path_buf(),
+                reason: format!(
+                    "cannot write: wrote {} elements, expected {}",
+                    self.written, self.expect
+                ),
+            });
         }
-        self.file.commit()
+        self.out.commit()
     }
 }
 
@@ -505,7 +490,7 @@ mod tests {
         let p = dir.path().join("c.npy");
         let check = |bytes: Vec<u8>, want: &str| {
             std::fs::write(&p, bytes).unwrap();
-            let e = NpyRows::open(&p).err().expect("should fail").to_string();
+            let e = NpyRows::open(&p).expect_err("should fail").to_string();
             assert!(e.contains(want), "{e} should mention {want}");
         };
         check(b"hello".to_vec(), "too short");

@@ -7,10 +7,9 @@ use std::path::Path;
 mod bin_common;
 
 use outcore::Runtime;
-use outcore_jobs::kmeans::{self, Algorithm, Config, Init, Source};
-use outcore_jobs::npy;
+use outcore_jobs::kmeans::{self, Algorithm, Config, Init};
+use outcore_jobs::{npy, Source};
 
-/// outcore's allocator, installed by the program.
 #[global_allocator]
 static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 

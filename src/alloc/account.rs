@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize
 /// threshold's worth of allocation traffic instead of on every call. The
 /// threshold is 1/256 of the cap, clamped to 64 KiB..4 MiB (4 MiB with no
 /// cap): small caps get precise accounting, large ones cheap accounting.
-const MIN_FLUSH: isize = 64 * 1024;
+pub(super) const MIN_FLUSH: isize = 64 * 1024;
 const MAX_FLUSH: isize = 4 << 20;
 
 /// "No cap" is stored as `usize::MAX`.
@@ -34,6 +34,12 @@ struct Local {
     exit: Cell<u8>,
 }
 
+/// The value of `pending` while the thread is not [`HOOKED`]: far outside
+/// any threshold, so every call takes the (cold) flush branch, which
+/// registers the exit flush or, once the thread exits, publishes directly.
+/// The hot path thus checks nothing more than the threshold.
+const SENTINEL: isize = isize::MIN / 2;
+
 /// The thread has not registered its exit flush yet.
 const UNHOOKED: u8 = 0;
 /// The exit flush is registered.
@@ -43,7 +49,7 @@ const EXITING: u8 = 2;
 
 thread_local! {
     static LOCAL: Local = const {
-        Local { pending: Cell::new(0), net: Cell::new(0), exit: Cell::new(UNHOOKED) }
+        Local { pending: Cell::new(SENTINEL), net: Cell::new(0), exit: Cell::new(UNHOOKED) }
     };
     /// Depth of "bypass" scopes on this thread: eviction in progress, or a
     /// runtime lock held. Allocations in such a scope never enter the trap.
@@ -79,6 +85,10 @@ static TUNING: Line<Tuning> = Line(Tuning {
 /// The hard limit the process runs under (`RLIMIT_AS`, or physical memory
 /// plus swap), as the runtime read it when it registered.
 static LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// Physical memory plus swap: a request larger than this is one no machine
+/// like this one could meet (a probe, such as a `try_reserve` of an
+/// absurd size), refused without a diagnostic.
+static MACHINE: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 /// Process-wide trap counters (the runtime adds its own per-runtime ones).
 pub(crate) struct TrapCounters {
@@ -116,15 +126,19 @@ pub(super) fn bypassing() -> bool {
 pub(super) fn account(delta: isize) -> Option<usize> {
     let threshold = TUNING.0.flush.load(Ordering::Relaxed);
     let flushed = LOCAL.try_with(|l| {
-        if l.exit.get() != HOOKED {
-            hook_thread_exit(l);
-        }
         let v = l.pending.get().wrapping_add(delta);
-        if v > -threshold && v < threshold && l.exit.get() != EXITING {
+        if v > -threshold && v < threshold {
             l.pending.set(v);
             None
         } else {
-            l.pending.set(0);
+            let v = if l.exit.get() == HOOKED {
+                l.pending.set(0);
+                v
+            } else {
+                // `pending` held the sentinel: the delta alone is new.
+                unhooked(l);
+                delta
+            };
             l.net.set(l.net.get().wrapping_add(v as i64));
             Some(v)
         }
@@ -156,10 +170,17 @@ pub(super) fn hopeless_above() -> usize {
     TUNING.0.hopeless.load(Ordering::Relaxed)
 }
 
-/// Records the hard limit (see [`LIMIT`]).
-pub(super) fn set_hard_limit(limit: usize) {
+/// Records the hard limit and the machine's memory (see [`LIMIT`] and
+/// [`MACHINE`]).
+pub(super) fn set_limits(limit: usize, machine: usize) {
     LIMIT.store(limit, Ordering::Relaxed);
+    MACHINE.store(machine, Ordering::Relaxed);
     update_hopeless();
+}
+
+/// Physical memory plus swap (see [`MACHINE`]).
+pub(super) fn machine_memory() -> usize {
+    MACHINE.load(Ordering::Relaxed)
 }
 
 fn update_hopeless() {
@@ -173,6 +194,16 @@ static EXIT_KEY: AtomicU32 = AtomicU32::new(KEY_NONE);
 /// Key-creation state: 0 not started, 1 in progress, 2 done, 3 failed.
 static EXIT_KEY_STATE: AtomicU8 = AtomicU8::new(0);
 const KEY_NONE: u32 = u32::MAX;
+
+/// The flush branch of a thread that is not [`HOOKED`]: registers its exit
+/// flush (on its first allocation), and leaves `pending` at 0 once that
+/// worked, at the [`SENTINEL`] otherwise (exiting, or to try again).
+#[cold]
+fn unhooked(l: &Local) {
+    hook_thread_exit(l);
+    l.pending
+        .set(if l.exit.get() == HOOKED { 0 } else { SENTINEL });
+}
 
 /// Registers (once per thread) a pthread-key destructor that publishes the
 /// thread's pending bytes when it exits: any thread, not only the
@@ -222,8 +253,11 @@ fn hook_thread_exit(l: &Local) {
 /// pending bytes, and from now on its deltas (frees made by later
 /// destructors) go straight to [`USED`].
 extern "C" fn exit_flush(_: *mut libc::c_void) {
-    let _ = LOCAL.try_with(|l| l.exit.set(EXITING));
     flush_thread();
+    let _ = LOCAL.try_with(|l| {
+        l.exit.set(EXITING);
+        l.pending.set(SENTINEL);
+    });
 }
 
 /// The soft cap in bytes, [`NO_CAP`] when there is none.
@@ -275,8 +309,16 @@ pub fn reset_peak() {
 /// what a piece of code left allocated.
 pub fn thread_net_allocated() -> i64 {
     LOCAL
-        .try_with(|l| l.net.get().wrapping_add(l.pending.get() as i64))
+        .try_with(|l| l.net.get().wrapping_add(pending_bytes(l) as i64))
         .unwrap_or(0)
+}
+
+/// The thread's unpublished bytes (0 while `pending` holds the sentinel).
+fn pending_bytes(l: &Local) -> isize {
+    match l.pending.get() {
+        SENTINEL => 0,
+        p => p,
+    }
 }
 
 /// Whether the calling thread is inside an eviction (see [`EvictScope`]):
@@ -325,7 +367,10 @@ impl Drop for EvictScope {
 /// before a thread exits so its last bytes are not lost from the count.
 pub fn flush_thread() {
     if let Ok(v) = LOCAL.try_with(|l| {
-        let v = l.pending.replace(0);
+        let v = pending_bytes(l);
+        if l.exit.get() == HOOKED {
+            l.pending.set(0);
+        }
         l.net.set(l.net.get().wrapping_add(v as i64));
         v
     }) {

@@ -158,8 +158,10 @@ fn allocate(layout: Layout, attempt: impl Fn() -> *mut u8) -> *mut u8 {
 /// trap), attempt, and on failure run the hard trap.
 #[inline(always)]
 fn grow(delta: usize, layout: Layout, attempt: impl Fn() -> *mut u8) -> *mut u8 {
-    if layout.size() > account::hopeless_above() {
-        return grow_hopeless(delta, attempt);
+    // Sizes below the smallest flush threshold are never hopeless (a cap
+    // that small is not a cap): one compare with a constant on the hot path.
+    if layout.size() >= account::MIN_FLUSH as usize && layout.size() > account::hopeless_above() {
+        return grow_hopeless(layout.size(), delta, attempt);
     }
     let flushed = account_alloc(delta);
     let mut p = attempt();
@@ -178,14 +180,18 @@ fn grow(delta: usize, layout: Layout, attempt: impl Fn() -> *mut u8) -> *mut u8 
 
 /// A request larger than the cap or the hard limit: no eviction can make it
 /// fit, so it is attempted once, accounted only if it succeeds, and a
-/// failure is returned at once (no eviction, no diagnostic: a fallible
-/// caller such as `try_reserve` handles it).
+/// failure is returned at once, with no eviction. The out-of-memory line is
+/// printed only when the request is one this machine could hold: a larger
+/// one is a probe (a `try_reserve` the caller handles), refused silently.
 #[cold]
 #[inline(never)]
-fn grow_hopeless(delta: usize, attempt: impl Fn() -> *mut u8) -> *mut u8 {
+fn grow_hopeless(size: usize, delta: usize, attempt: impl Fn() -> *mut u8) -> *mut u8 {
     let p = attempt();
     if p.is_null() {
         COUNTERS.refusals.fetch_add(1, Ordering::Relaxed);
+        if size <= account::machine_memory() && !account::bypassing() {
+            trap::diagnose(size);
+        }
     } else if account::account(delta as isize).is_some() {
         account::raise_peak();
     }

@@ -73,14 +73,15 @@ pub(crate) struct Registration {
     slot: usize,
 }
 
-/// Registers `evictor` with the trap; `hard_limit` is the limit the process
-/// runs under (requests above it are refused at once, without eviction).
+/// Registers `evictor` with the trap. `limits` are the limit the process
+/// runs under (requests above it are refused at once, without eviction)
+/// and the machine's memory (a refusal above it prints no diagnostic).
 /// Returns `None` when all slots are taken (more than 64 runtimes alive at
 /// once).
-pub(crate) fn register(evictor: Arc<dyn Evictor>, hard_limit: usize) -> Option<Registration> {
+pub(crate) fn register(evictor: Arc<dyn Evictor>, limits: (usize, usize)) -> Option<Registration> {
     reserve::init();
     jemalloc::touch_init();
-    account::set_hard_limit(hard_limit);
+    account::set_limits(limits.0, limits.1);
     install_fork_handler();
     let entry = Box::into_raw(Box::new(Entry {
         evictor,
@@ -429,7 +430,7 @@ pub(crate) fn evict_external(bytes: usize) -> usize {
 
 /// Writes one line to stderr without allocating: the request, the usage,
 /// the cap and the pinned executors.
-fn diagnose(size: usize) {
+pub(super) fn diagnose(size: usize) {
     let mut buf = LineBuf::new();
     buf.push(b"outcore: out of memory: allocation of ");
     buf.num(size as u64);

@@ -152,11 +152,13 @@ impl Builder {
                 .unwrap_or(2)
         });
         let shared = Shared::new(cap, self.policy, store, workers, self.prefetch);
-        let registration =
-            alloc::register(shared.clone() as Arc<dyn Evictor>, crate::cap::hard_limit())
-                .ok_or_else(|| {
-                    Error::Runtime("too many runtimes alive in this process (64 at most)".into())
-                })?;
+        let registration = alloc::register(
+            shared.clone() as Arc<dyn Evictor>,
+            crate::cap::hard_limits(),
+        )
+        .ok_or_else(|| {
+            Error::Runtime("too many runtimes alive in this process (64 at most)".into())
+        })?;
         alloc::announce_to_shim();
         let mut guard = StartGuard {
             shared: shared.clone(),

@@ -15,7 +15,7 @@
 //! **Empty clusters**: a centre that receives no point in a step (a
 //! mini-batch or a Lloyd iteration) keeps its position.
 
-pub mod data;
+mod data;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,10 +23,10 @@ use std::time::Instant;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
-pub use crate::input::{Blobs, Source};
 pub use data::{load, Dataset, Partition};
 
 use crate::error::{Error, Result};
+use crate::input::mix;
 use outcore::Runtime;
 
 /// The centres, shared read-only with tasks.
@@ -64,15 +64,15 @@ impl Centers {
 
 /// What one task returns.
 #[derive(Clone, Debug, Default)]
-pub struct Partial {
+struct Partial {
     /// Per-cluster sums of the assigned points (`k x dims`), when asked.
-    pub sums: Vec<f64>,
+    sums: Vec<f64>,
     /// Points assigned to each cluster.
-    pub counts: Vec<u64>,
+    counts: Vec<u64>,
     /// Sum of squared distances to the assigned centres.
-    pub inertia: f64,
+    inertia: f64,
     /// The label of each row, when asked.
-    pub labels: Vec<u32>,
+    labels: Vec<u32>,
 }
 
 /// Lloyd: tasks per batch (each holds a `k x dims` partial sum until the
@@ -101,14 +101,14 @@ const BLOCK: usize = 256;
 /// write fault flushes the page from the other cores' TLBs: in a process
 /// with workers on every core that cost 12% of K-means' time. Writing the
 /// zeros up front takes one ordinary fault per page instead.
-pub(crate) fn zeros<T: Copy + Default>(n: usize) -> Vec<T> {
+fn zeros<T: Copy + Default>(n: usize) -> Vec<T> {
     let mut v = Vec::with_capacity(n);
     v.resize(n, T::default());
     v
 }
 
 /// Assigns rows `start..start + len` of `p` to their nearest centres.
-pub fn assign(
+fn assign(
     p: &Partition,
     start: usize,
     len: usize,
@@ -526,7 +526,7 @@ fn sample(rt: &Runtime, ds: &Dataset, want: u64, seed: u64) -> Result<Vec<f32>> 
             let mut out = Vec::new();
             for i in 0..p.rows as usize {
                 if threshold == u64::MAX
-                    || crate::input::mix(seed ^ 0x5a3b_1e00, p.first_row + i as u64) < threshold
+                    || mix(seed ^ 0x5a3b_1e00, p.first_row + i as u64) < threshold
                 {
                     out.extend_from_slice(p.row(i));
                 }

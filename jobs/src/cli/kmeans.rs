@@ -1,0 +1,314 @@
+//! `outcore kmeans`: K-means on data larger than the memory cap.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use outcore::{format_bytes, MemoryCap, Stats};
+use outcore_jobs::kmeans::{self, Algorithm, Config, Event, Init};
+use outcore_jobs::{check_writable, npy, write_json, Error, Result, Source};
+use serde::Serialize;
+
+use super::progress::Feedback;
+use super::{file_source, positive, runtime, synthetic_source, warn_failed_writes, MemoryArgs};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum AlgorithmArg {
+    Minibatch,
+    Lloyd,
+}
+
+/// Flags of `outcore kmeans`.
+#[derive(Args, Debug)]
+pub(super) struct KmeansArgs {
+    #[command(flatten)]
+    data: DataArgs,
+    #[command(flatten)]
+    mem: MemoryArgs,
+    /// Number of clusters. Default: 100, or the rows of an --init file.
+    #[arg(long, value_name = "K")]
+    k: Option<usize>,
+    /// Algorithm.
+    #[arg(long, value_enum, default_value_t = AlgorithmArg::Minibatch)]
+    algorithm: AlgorithmArg,
+    /// Initialisation: kmeans++, random, or a .npy file of k x D centres.
+    #[arg(
+        long,
+        default_value = "kmeans++",
+        value_name = "kmeans++|random|FILE.npy"
+    )]
+    init: String,
+    /// Mini-batch: sweeps over the data.
+    #[arg(long, default_value_t = 3)]
+    epochs: usize,
+    /// Lloyd: full passes.
+    #[arg(long, default_value_t = 10)]
+    iterations: usize,
+    /// Mini-batch: tasks per batch.
+    #[arg(long, default_value_t = 40)]
+    batch_tasks: usize,
+    /// Mini-batch: points per task.
+    #[arg(long, default_value_t = 1100)]
+    task_points: usize,
+    /// Write the centroids (float32, k x D) to this .npy file.
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Write each point's cluster (int32) to this .npy file.
+    #[arg(long, value_name = "FILE")]
+    labels: Option<PathBuf>,
+}
+
+/// Data flags of `outcore kmeans`.
+#[derive(Args, Debug, Clone)]
+struct DataArgs {
+    /// Input: .npy (2-D float32/float64, C order), .fvecs, or raw
+    /// little-endian float32 (with --dims). Without it, synthetic data.
+    #[arg(long, value_name = "FILE")]
+    input: Option<PathBuf>,
+    /// Size of the synthetic data.
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value = "2GiB",
+        allow_hyphen_values = true
+    )]
+    synthetic: String,
+    /// Dimensions of synthetic data, or columns of a raw input file.
+    #[arg(long, value_name = "D")]
+    dims: Option<usize>,
+    /// Number of blobs in synthetic data.
+    #[arg(long, value_name = "K", default_value_t = 100)]
+    true_k: usize,
+    /// Seed for the synthetic data and the initialisation.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+#[derive(Serialize)]
+struct KmeansStats<'a> {
+    algorithm: &'a str,
+    k: usize,
+    rows: u64,
+    dims: usize,
+    partitions: usize,
+    epoch_seconds: &'a [f64],
+    epoch_inertia: &'a [f64],
+    epoch_bytes_read: &'a [u64],
+    epoch_bytes_written: &'a [u64],
+    inertia: f64,
+    evictions: u64,
+    trap_evictions: u64,
+    clean_evictions: u64,
+    loads: u64,
+    prefetch_hits: u64,
+    bytes_written: u64,
+    bytes_read: u64,
+    peak_bytes: u64,
+    wall_seconds: f64,
+    load_seconds: f64,
+    mem_cap_bytes: Option<u64>,
+    policy: &'a str,
+    workers: usize,
+    runtime: &'a Stats,
+}
+
+/// Runs `outcore kmeans`.
+pub(super) fn run(a: KmeansArgs) -> Result<()> {
+    let wall = Instant::now();
+    for p in [&a.output, &a.labels, &a.mem.stats].into_iter().flatten() {
+        check_writable(p)?;
+    }
+    positive("--task-points", a.task_points)?;
+    positive("--batch-tasks", a.batch_tasks)?;
+    positive("--epochs", a.epochs)?;
+    positive("--iterations", a.iterations)?;
+    let (src, rows, dims) = open_source(&a.data)?;
+    let (init, k) = match a.init.as_str() {
+        "kmeans++" | "k-means++" => (Init::KMeansPlusPlus, a.k.unwrap_or(100)),
+        "random" => (Init::Random, a.k.unwrap_or(100)),
+        file => {
+            let (v, r, c) = npy::read_matrix(Path::new(file))?;
+            if c != dims {
+                return Err(Error::Input(format!(
+                    "--init {file}: centres have {c} dimensions, the data has {dims}"
+                )));
+            }
+            if let Some(k) = a.k {
+                if k != r {
+                    return Err(Error::Input(format!(
+                        "--init {file}: holds {r} centres but --k is {k}"
+                    )));
+                }
+            }
+            (Init::Given(v), r)
+        }
+    };
+    positive("--k", k)?;
+    if k as u64 > rows {
+        return Err(Error::Input(format!(
+            "--k {k} is larger than the number of points ({rows})"
+        )));
+    }
+    let data_bytes = rows * dims as u64 * 4;
+    let default_cap = match a.data.input {
+        None => MemoryCap::Bytes(1 << 30),
+        Some(_) => MemoryCap::Auto,
+    };
+    let (rt, part_bytes) = runtime(&a.mem, default_cap, data_bytes)?;
+    let part_bytes = kmeans::aligned_partition_bytes(part_bytes, dims, a.task_points);
+    let mut fb = Feedback::new();
+    fb.stage("loading", rows);
+    let t = Instant::now();
+    let ds = kmeans::load(&rt, &src, part_bytes, |done, _| fb.progress(done))?;
+    let load_seconds = t.elapsed().as_secs_f64();
+    // Printed once the data is in: an input error found while streaming
+    // is then the only line the user sees.
+    fb.line(&format!(
+        "outcore kmeans: {rows} points x {dims} dims ({}), k = {k}, {}, cap {}, {} workers, policy {}",
+        format_bytes(data_bytes),
+        match a.algorithm {
+            AlgorithmArg::Minibatch => "mini-batch",
+            AlgorithmArg::Lloyd => "Lloyd",
+        },
+        rt.cap().map_or("none".into(), format_bytes),
+        rt.workers(),
+        rt.policy()
+    ));
+    fb.line(&format!(
+        "loaded {} partitions of {} in {:.1}s",
+        ds.parts.len(),
+        format_bytes(part_bytes.min(data_bytes)),
+        load_seconds
+    ));
+    let cfg = Config {
+        k,
+        algorithm: match a.algorithm {
+            AlgorithmArg::Minibatch => Algorithm::MiniBatch,
+            AlgorithmArg::Lloyd => Algorithm::Lloyd,
+        },
+        init,
+        epochs: a.epochs,
+        iterations: a.iterations,
+        batch_tasks: a.batch_tasks,
+        task_points: a.task_points,
+        seed: a.data.seed,
+        labels: a.labels.is_some(),
+    };
+    let passes = match cfg.algorithm {
+        Algorithm::MiniBatch => cfg.epochs,
+        Algorithm::Lloyd => cfg.iterations,
+    };
+    let word = if cfg.algorithm == Algorithm::Lloyd {
+        "iteration"
+    } else {
+        "epoch"
+    };
+    fb.stage(&format!("{word} 1/{passes}"), rows);
+    let mut last = rt.stats();
+    let mut epoch_read = Vec::new();
+    let mut epoch_written = Vec::new();
+    let out = kmeans::run(&rt, &ds, &cfg, |ev| match ev {
+        Event::Progress { done, .. } => fb.progress(done),
+        Event::Initialized { seconds } => {
+            let s = rt.stats();
+            fb.line(&format!(
+                "initialised in {seconds:.2}s: loads {}, read {}",
+                s.loads - last.loads,
+                format_bytes(s.bytes_read - last.bytes_read)
+            ));
+            last = s;
+        }
+        Event::Epoch {
+            index,
+            seconds,
+            inertia,
+        } => {
+            let s = rt.stats();
+            fb.line(&format!(
+                "{word} {}/{passes}: {seconds:.2}s, inertia {inertia:.6e}, evictions {} (clean {}), loads {}, read {}, written {}",
+                index + 1,
+                s.evictions - last.evictions,
+                s.clean_evictions - last.clean_evictions,
+                s.loads - last.loads,
+                format_bytes(s.bytes_read - last.bytes_read),
+                format_bytes(s.bytes_written - last.bytes_written),
+            ));
+            epoch_read.push(s.bytes_read - last.bytes_read);
+            epoch_written.push(s.bytes_written - last.bytes_written);
+            last = s;
+            if index + 1 < passes {
+                fb.stage(&format!("{word} {}/{passes}", index + 2), rows);
+            }
+        }
+    })?;
+    fb.done();
+    if let Some(p) = &a.output {
+        npy::write_array(p, &[k as u64, dims as u64], &out.centers.values)?;
+    }
+    if let (Some(p), Some(labels)) = (&a.labels, &out.labels) {
+        let as_i32: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
+        npy::write_array(p, &[labels.len() as u64], &as_i32)?;
+    }
+    let s = rt.stats();
+    let wall_seconds = wall.elapsed().as_secs_f64();
+    if let Some(p) = &a.mem.stats {
+        write_json(
+            p,
+            &KmeansStats {
+                algorithm: match cfg.algorithm {
+                    Algorithm::MiniBatch => "minibatch",
+                    Algorithm::Lloyd => "lloyd",
+                },
+                k,
+                rows,
+                dims,
+                partitions: ds.parts.len(),
+                epoch_seconds: &out.epoch_seconds,
+                epoch_inertia: &out.epoch_inertia,
+                epoch_bytes_read: &epoch_read,
+                epoch_bytes_written: &epoch_written,
+                inertia: out.inertia,
+                evictions: s.evictions,
+                trap_evictions: s.trap_evictions,
+                clean_evictions: s.clean_evictions,
+                loads: s.loads,
+                prefetch_hits: s.prefetch_hits,
+                bytes_written: s.bytes_written,
+                bytes_read: s.bytes_read,
+                peak_bytes: s.peak_bytes,
+                wall_seconds,
+                load_seconds,
+                mem_cap_bytes: rt.cap(),
+                policy: &rt.policy().to_string(),
+                workers: rt.workers(),
+                runtime: &s,
+            },
+        )?;
+    }
+    warn_failed_writes(&rt, &s);
+    let cap = rt
+        .cap()
+        .map_or("no cap".into(), |c| format!("cap {}", format_bytes(c)));
+    eprintln!(
+        "done in {wall_seconds:.1}s: final inertia {:.6e}; peak {} ({cap}); evictions {} (clean {}, in the trap {}), loads {}, read {}, written {}",
+        out.inertia,
+        format_bytes(s.peak_bytes),
+        s.evictions,
+        s.clean_evictions,
+        s.trap_evictions,
+        s.loads,
+        format_bytes(s.bytes_read),
+        format_bytes(s.bytes_written),
+    );
+    Ok(())
+}
+
+/// A source and its shape, read up front.
+fn open_source(d: &DataArgs) -> Result<(Source, u64, usize)> {
+    let src = match &d.input {
+        Some(p) => file_source(p, d.dims)?,
+        None => synthetic_source(&d.synthetic, d.dims.unwrap_or(1000), d.true_k, d.seed)?,
+    };
+    let (rows, dims) = src.shape()?;
+    Ok((src, rows, dims))
+}

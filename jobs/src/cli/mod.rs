@@ -1,0 +1,160 @@
+//! Argument parsing, the checks that name flags, and the subcommands (one
+//! file each).
+//!
+//! The library speaks of its parameters; this module checks every flag
+//! before the library sees it, so that a bad value is reported by the flag
+//! the user typed.
+
+mod gen;
+mod interrupt;
+mod kmeans;
+mod progress;
+mod train;
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+use outcore::{format_bytes, parse_size, EvictionPolicy, MemoryCap, Runtime, Stats};
+use outcore_jobs::{Error, Result, Source};
+
+pub use interrupt::interrupted;
+
+/// outcore: memory-hungry iterative jobs under a memory cap.
+#[derive(Parser, Debug)]
+#[command(name = "outcore", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// K-means (mini-batch or Lloyd) on data larger than the memory cap.
+    ///
+    /// With no arguments: a demonstration on 2 GiB of synthetic data under a
+    /// 1 GiB cap, k = 100.
+    Kmeans(Box<kmeans::KmeansArgs>),
+    /// Write a synthetic Gaussian-blob dataset to a .npy file.
+    Gen(gen::GenArgs),
+    /// Multinomial logistic regression by local SGD with model averaging,
+    /// each shard's model replica held in its executor.
+    ///
+    /// With no arguments: 512 MiB of synthetic data (10 classes) under a
+    /// 256 MiB cap.
+    Train(Box<train::TrainArgs>),
+}
+
+/// Memory and runtime flags shared by the jobs.
+#[derive(Args, Debug, Clone)]
+struct MemoryArgs {
+    /// Memory cap: a size (512MiB, 2GiB, 1.5G), `auto` or `none`. Default:
+    /// 1GiB for synthetic data, `auto` for a file.
+    #[arg(long, value_name = "SIZE|auto|none", allow_hyphen_values = true)]
+    mem_cap: Option<MemoryCap>,
+    /// Directory for spill files (a private subdirectory is made inside and
+    /// removed at exit). Default: the system temporary directory.
+    #[arg(long, value_name = "DIR")]
+    spill_dir: Option<PathBuf>,
+    /// Worker threads. Default: one per core.
+    #[arg(long, value_name = "N")]
+    workers: Option<usize>,
+    /// Number of data partitions (executors). Default: sized so a partition
+    /// is 1/64 of the cap (64 MiB with no cap), rounded to whole tasks.
+    #[arg(long, value_name = "P")]
+    partitions: Option<u64>,
+    /// Eviction policy.
+    #[arg(long, value_name = "priority|lru", default_value = "priority")]
+    policy: EvictionPolicy,
+    /// Write run statistics as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    stats: Option<PathBuf>,
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<()> {
+    interrupt::install_cleanup();
+    match cli.cmd {
+        Cmd::Kmeans(a) => kmeans::run(*a),
+        Cmd::Gen(a) => gen::run(a),
+        Cmd::Train(a) => train::run(*a),
+    }
+}
+
+/// `v`, or an error naming `flag` when it is 0.
+fn positive(flag: &str, v: usize) -> Result<usize> {
+    if v == 0 {
+        return Err(Error::Input(format!("{flag} must be at least 1")));
+    }
+    Ok(v)
+}
+
+/// An input file; raw float32 data needs `--dims`.
+fn file_source(path: &Path, dims: Option<usize>) -> Result<Source> {
+    if Source::needs_dims(path) {
+        match dims {
+            None => {
+                return Err(Error::Input(format!(
+                    "{}: not a .npy or .fvecs file; for raw float32 data give --dims",
+                    path.display()
+                )))
+            }
+            Some(d) => positive("--dims", d)?,
+        };
+    }
+    Source::from_path(path, dims)
+}
+
+/// Synthetic data from `--synthetic SIZE`, `--dims` and `--true-k` (or
+/// `--classes`), checked here for every subcommand.
+fn synthetic_source(size: &str, dims: usize, true_k: usize, seed: u64) -> Result<Source> {
+    let bytes = parse_size(size)?;
+    positive("--dims", dims)?;
+    positive("--true-k", true_k)?;
+    if bytes < 4 * dims as u64 {
+        return Err(Error::Input(format!(
+            "--synthetic {size} is smaller than one point of {dims} dimensions"
+        )));
+    }
+    Ok(Source::synthetic(bytes, dims, true_k, seed))
+}
+
+/// Builds the runtime from the memory flags (`default_cap` when
+/// `--mem-cap` is not given); returns it and the partition size in bytes
+/// for `data_bytes` of data.
+fn runtime(m: &MemoryArgs, default_cap: MemoryCap, data_bytes: u64) -> Result<(Runtime, u64)> {
+    if m.partitions == Some(0) {
+        return Err(Error::Input("--partitions must be at least 1".into()));
+    }
+    let mut b = Runtime::builder()
+        .mem_cap(m.mem_cap.unwrap_or(default_cap))
+        .policy(m.policy);
+    if let Some(w) = m.workers {
+        b = b.workers(positive("--workers", w)?);
+    }
+    if let Some(d) = &m.spill_dir {
+        b = b.spill_dir(d);
+    }
+    let rt = b.build()?;
+    interrupt::remove_on_interrupt(rt.spill_dir().to_path_buf());
+    let part_bytes = match (m.partitions, rt.cap()) {
+        (Some(p), _) => data_bytes.div_ceil(p).max(1),
+        (None, Some(cap)) => (cap / 64).clamp(1 << 20, 256 << 20),
+        (None, None) => 64 << 20,
+    };
+    Ok((rt, part_bytes))
+}
+
+/// One line when spill writes failed: the run kept those executors in
+/// memory, over its cap.
+fn warn_failed_writes(rt: &Runtime, s: &Stats) {
+    if s.failed_writes > 0 {
+        let over = s.peak_bytes.saturating_sub(rt.cap().unwrap_or(u64::MAX));
+        eprintln!(
+            "outcore: warning: {} spill write(s) to {} failed ({}); those executors stayed in memory, {} over the cap at the peak; free space in the spill directory or choose another with --spill-dir",
+            s.failed_writes,
+            rt.spill_dir().display(),
+            rt.last_spill_error().unwrap_or_default(),
+            format_bytes(over)
+        );
+    }
+}

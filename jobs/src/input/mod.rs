@@ -1,0 +1,150 @@
+//! The input layer shared by the jobs: where rows come from, how they are
+//! read, and how they become executors.
+//!
+//! ```text
+//!   Source ──────────► rows.rs: Rows ──────────► load.rs: Loader::load
+//!   synthetic blobs    one reader per format     one executor per block of
+//!   .npy  .fvecs       (sizes checked up front,  rows, inserted empty, the
+//!   raw float32        rows streamed in order)   sweep order declared
+//!                                                (hint_cycle), then filled:
+//!   Labels ─── blobs or a .npy of ints ───────►  synthetic blocks by the
+//!   (supervised jobs)                            workers, file blocks read
+//!                                                here, room made first
+//! ```
+//!
+//! A job says how a block of rows ([`Block`]) becomes its executor type
+//! (K-means: a `Partition`; training: a `Shard`); everything else, from
+//! opening the file to declaring the cycle, happens here once.
+
+mod blobs;
+mod load;
+mod rows;
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::npy::NpyWriter;
+
+pub(crate) use blobs::{mix, Blobs};
+pub use load::Partitioned;
+pub(crate) use load::{Block, Loader};
+use rows::Rows;
+
+/// Where the data comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Source {
+    /// Gaussian blobs: `rows` points in `dims` dimensions around `true_k`
+    /// centres (uniform in `[-10, 10]^dims`, unit variance), all derived
+    /// from `seed`. Point `i` depends only on the seed and `i`, so the data
+    /// does not depend on how it is partitioned.
+    Synthetic {
+        /// Points.
+        rows: u64,
+        /// Dimensions.
+        dims: usize,
+        /// Number of blobs.
+        true_k: usize,
+        /// Seed.
+        seed: u64,
+    },
+    /// A 2-D float32/float64 C-order `.npy` file.
+    Npy(PathBuf),
+    /// An `.fvecs` file (each vector: its dimension as int32, then floats).
+    Fvecs(PathBuf),
+    /// Raw little-endian float32 with the given number of columns.
+    Raw(PathBuf, usize),
+}
+
+impl Source {
+    /// Picks the reader from the file name: `.npy`, `.fvecs`, or raw
+    /// float32 with `dims` columns (which raw data needs; see
+    /// [`Source::needs_dims`]).
+    pub fn from_path(path: &Path, dims: Option<usize>) -> Result<Source> {
+        let ext = extension(path);
+        match ext.as_str() {
+            "npy" => Ok(Source::Npy(path.to_path_buf())),
+            "fvecs" => Ok(Source::Fvecs(path.to_path_buf())),
+            _ => match dims {
+                Some(d) if d > 0 => Ok(Source::Raw(path.to_path_buf(), d)),
+                Some(_) => Err(Error::Input("dims must be at least 1".into())),
+                None => Err(Error::Input(format!(
+                    "{}: not a .npy or .fvecs file; raw float32 data needs its number of columns (dims)",
+                    path.display()
+                ))),
+            },
+        }
+    }
+
+    /// Whether a file at `path` is read as raw float32, whose number of
+    /// columns must be given (neither `.npy` nor `.fvecs`).
+    pub fn needs_dims(path: &Path) -> bool {
+        !matches!(extension(path).as_str(), "npy" | "fvecs")
+    }
+
+    /// Synthetic data of about `bytes` bytes of float32: `bytes / (4 *
+    /// dims)` points (none when `bytes` is smaller than one point, which
+    /// loading reports as data with no rows).
+    pub fn synthetic(bytes: u64, dims: usize, true_k: usize, seed: u64) -> Source {
+        Source::Synthetic {
+            rows: bytes / (4 * dims.max(1) as u64),
+            dims,
+            true_k,
+            seed,
+        }
+    }
+
+    /// Rows and columns, read from the file's header or size (and checked
+    /// against it) without reading the data.
+    pub fn shape(&self) -> Result<(u64, usize)> {
+        let r = Rows::open(self)?;
+        Ok((r.rows(), r.dims()))
+    }
+
+    /// Writes the data to a float32 `.npy` file (atomically), a block of
+    /// rows at a time; synthetic blocks are generated on all cores.
+    /// `progress` is called with the rows written so far and the total.
+    /// Returns the shape written.
+    pub fn write_npy(
+        &self,
+        path: &Path,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<(u64, usize)> {
+        let mut rows = Rows::open(self)?;
+        let (n, dims) = (rows.rows(), rows.dims());
+        let mut w = NpyWriter::<f32>::create(path, &[n, dims as u64])?;
+        // About 8 MiB per core at a time.
+        let threads = std::thread::available_parallelism().map_or(2, |t| t.get()) as u64;
+        let block = ((8 << 20) / (4 * dims as u64)).max(1) * threads;
+        let mut buf = Vec::new();
+        let mut first = 0;
+        while first < n {
+            let len = block.min(n - first) as usize;
+            buf.clear();
+            rows.read(first, len, &mut buf)?;
+            w.write(&buf)?;
+            first += len as u64;
+            progress(first, n);
+        }
+        w.finish()?;
+        Ok((n, dims))
+    }
+}
+
+/// The lower-case extension of `path` ("" when there is none).
+fn extension(path: &Path) -> String {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase()
+}
+
+/// Where the labels of a supervised job come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Labels {
+    /// The blob each point of a [`Source::Synthetic`] was drawn from.
+    Blobs,
+    /// A 1-D int32/int64 `.npy` file, one label per row.
+    File(PathBuf),
+}
