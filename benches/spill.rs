@@ -90,6 +90,21 @@ fn main() {
             t.elapsed()
         })
     });
+    // The durable twin: outcore's writes wait for `fdatasync` (an executor's
+    // memory is freed only once the data is on disk), so compare with a
+    // plain write that does too.
+    g.bench_function("plain_write_synced", |b| {
+        b.iter_custom(|iters| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                let mut f = File::create(&plain).expect("create");
+                std::io::Write::write_all(&mut f, &bytes).expect("write");
+                f.sync_data().expect("sync");
+                drop_cached(&f);
+            }
+            t.elapsed()
+        })
+    });
     g.bench_function("load_read", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
@@ -128,6 +143,12 @@ fn main() {
         gb(m("evict_write")),
         gb(m("plain_write")),
         m("plain_write") / m("evict_write")
+    );
+    println!(
+        "  write, both synced: outcore {:.2}, plain {:.2} ({:.2}x)",
+        gb(m("evict_write")),
+        gb(m("plain_write_synced")),
+        m("plain_write_synced") / m("evict_write")
     );
     println!(
         "  read:  outcore {:.2}, plain {:.2} ({:.2}x)",
