@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize
 /// threshold's worth of allocation traffic instead of on every call. The
 /// threshold is 1/256 of the cap, clamped to 64 KiB..4 MiB (4 MiB with no
 /// cap): small caps get precise accounting, large ones cheap accounting.
-pub(super) const MIN_FLUSH: isize = 64 * 1024;
+const MIN_FLUSH: isize = 64 * 1024;
 const MAX_FLUSH: isize = 4 << 20;
 
 /// "No cap" is stored as `usize::MAX`.
@@ -120,37 +120,62 @@ pub(super) fn bypassing() -> bool {
     BYPASS.try_with(|b| b.get() > 0).unwrap_or(true)
 }
 
+/// What accounting a change did.
+pub(super) enum Accounted {
+    /// Kept in the thread's pending bytes.
+    Kept,
+    /// Flushed: the process's usage is now this.
+    Flushed(usize),
+    /// Not accounted: the request is hopeless (see [`hopeless_above`]).
+    Hopeless,
+}
+
 /// Adds `delta` to this thread's pending bytes and flushes past the
 /// threshold. Returns the new global usage when a flush happened.
 #[inline]
 pub(super) fn account(delta: isize) -> Option<usize> {
+    match account_request(delta, 0) {
+        Accounted::Flushed(used) => Some(used),
+        _ => None,
+    }
+}
+
+/// [`account`] for a request of `size` bytes growing memory by `delta`:
+/// when the change would flush and `size` is hopeless, nothing is
+/// accounted. The check runs only on the flush branch (a hopeless request
+/// is larger than the cap, hence than any flush threshold), so the hot
+/// path is that of [`account`].
+#[inline]
+pub(super) fn account_request(delta: isize, size: usize) -> Accounted {
     let threshold = TUNING.0.flush.load(Ordering::Relaxed);
     let flushed = LOCAL.try_with(|l| {
         let v = l.pending.get().wrapping_add(delta);
         if v > -threshold && v < threshold {
             l.pending.set(v);
-            None
-        } else {
-            let v = if l.exit.get() == HOOKED {
-                l.pending.set(0);
-                v
-            } else {
-                // `pending` held the sentinel: the delta alone is new.
-                unhooked(l);
-                delta
-            };
-            l.net.set(l.net.get().wrapping_add(v as i64));
-            Some(v)
+            return Accounted::Kept;
         }
+        if size > hopeless_above() {
+            return Accounted::Hopeless;
+        }
+        let v = if l.exit.get() == HOOKED {
+            l.pending.set(0);
+            v
+        } else {
+            // `pending` held the sentinel: the delta alone is new.
+            unhooked(l);
+            delta
+        };
+        l.net.set(l.net.get().wrapping_add(v as i64));
+        Accounted::Flushed(v as usize)
     });
     let v = match flushed {
-        Ok(None) => return None,
-        Ok(Some(v)) => v,
+        Ok(Accounted::Flushed(v)) => v as isize,
+        Ok(other) => return other,
         // Thread-local storage unavailable: account directly.
         Err(_) => delta,
     };
     let used = USED.0.fetch_add(v, Ordering::Relaxed).wrapping_add(v);
-    Some(if used < 0 { 0 } else { used as usize })
+    Accounted::Flushed(if used < 0 { 0 } else { used as usize })
 }
 
 /// Raises the peak to the current usage. Called after an allocation that

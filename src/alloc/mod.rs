@@ -158,21 +158,37 @@ fn allocate(layout: Layout, attempt: impl Fn() -> *mut u8) -> *mut u8 {
 /// trap), attempt, and on failure run the hard trap.
 #[inline(always)]
 fn grow(delta: usize, layout: Layout, attempt: impl Fn() -> *mut u8) -> *mut u8 {
-    // Sizes below the smallest flush threshold are never hopeless (a cap
-    // that small is not a cap): one compare with a constant on the hot path.
-    if layout.size() >= account::MIN_FLUSH as usize && layout.size() > account::hopeless_above() {
-        return grow_hopeless(layout.size(), delta, attempt);
-    }
-    let flushed = account_alloc(delta);
-    let mut p = attempt();
-    if p.is_null() {
-        p = trap::hard(layout.size(), &attempt, layout);
-        if p.is_null() {
-            account_free(delta);
-            return p;
+    let flushed = match account::account_request(delta as isize, layout.size()) {
+        account::Accounted::Kept => false,
+        account::Accounted::Flushed(used) => {
+            soft_trap(used, delta);
+            true
         }
+        account::Accounted::Hopeless => return grow_hopeless(layout.size(), delta, attempt),
+    };
+    let p = attempt();
+    if p.is_null() {
+        return grow_failed(delta, layout, flushed, attempt);
     }
     if flushed {
+        account::raise_peak();
+    }
+    p
+}
+
+/// The allocator returned null for an accounted request: the hard trap.
+#[cold]
+#[inline(never)]
+fn grow_failed(
+    delta: usize,
+    layout: Layout,
+    flushed: bool,
+    attempt: impl Fn() -> *mut u8,
+) -> *mut u8 {
+    let p = trap::hard(layout.size(), &attempt, layout);
+    if p.is_null() {
+        account_free(delta);
+    } else if flushed {
         account::raise_peak();
     }
     p
@@ -222,19 +238,13 @@ impl TrapAlloc {
     }
 }
 
-/// Accounts an allocation of `size` bytes and runs the soft trap if it takes
-/// usage over the cap. Returns whether the thread's delta was flushed.
+/// After a flush took usage to `used` for a request of `size` bytes: the
+/// soft trap, if that is over the cap.
 #[inline]
-fn account_alloc(size: usize) -> bool {
-    match account::account(size as isize) {
-        Some(used) => {
-            let cap = account::cap_raw();
-            if used > cap && !account::bypassing() {
-                trap::soft(used, cap, size);
-            }
-            true
-        }
-        None => false,
+fn soft_trap(used: usize, size: usize) {
+    let cap = account::cap_raw();
+    if used > cap && !account::bypassing() {
+        trap::soft(used, cap, size);
     }
 }
 
