@@ -13,37 +13,9 @@ use outcore::{Error, MemoryCap, Runtime};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
 
-/// A small tmpfs mounted for the test (root only, as CI runs), unmounted on
-/// drop.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(opts: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let st = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", opts, "outcore-test"])
-            .arg(dir.path())
-            .status()
-            .expect("mount");
-        assert!(
-            st.success(),
-            "mounting a tmpfs needs root (the CI runs as root)"
-        );
-        Tmpfs { dir }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.dir.path()).status();
-    }
-}
+#[path = "common/tmpfs.rs"]
+mod tmpfs;
+use tmpfs::Tmpfs;
 
 fn job(spill: Option<&Path>, cap: MemoryCap) {
     let mut b = Runtime::builder().mem_cap(cap);

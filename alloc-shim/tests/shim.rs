@@ -163,8 +163,19 @@ fn cross_language_job(cap: MemoryCap, parts: usize, blocks: usize, block: usize)
         held.push(p);
     }
     println!("C_MALLOC={}", if ok { "ok" } else { "failed" });
+    print_sums(&rt, &hs, 4 << 20);
+    println!("EVICTIONS={}", rt.stats().trap_evictions);
+    for p in held {
+        // SAFETY: allocated by malloc above.
+        unsafe { libc::free(p.cast()) };
+    }
+}
+
+/// Checks executor `i` holds `elems` copies of `i` (as the jobs insert
+/// them) and prints `SUMS=ok|wrong`.
+fn print_sums(rt: &Runtime, hs: &[outcore::Handle<PodVec<f32>>], elems: usize) {
     let mut b = rt.batch();
-    for h in &hs {
+    for h in hs {
         b.read(h, |v: &PodVec<f32>| {
             v.iter().map(|&x| f64::from(x)).sum::<f64>()
         });
@@ -173,13 +184,8 @@ fn cross_language_job(cap: MemoryCap, parts: usize, blocks: usize, block: usize)
     let good = sums
         .iter()
         .enumerate()
-        .all(|(i, &s)| s == i as f64 * (4 << 20) as f64);
+        .all(|(i, &s)| s == i as f64 * elems as f64);
     println!("SUMS={}", if good { "ok" } else { "wrong" });
-    println!("EVICTIONS={}", rt.stats().trap_evictions);
-    for p in held {
-        // SAFETY: allocated by malloc above.
-        unsafe { libc::free(p.cast()) };
-    }
 }
 
 fn value(out: &ChildOutput, key: &str) -> Option<String> {
@@ -372,18 +378,7 @@ fn c_over_the_cap_child() {
             // SAFETY: malloc and free of a small block.
             unsafe { libc::free(std::hint::black_box(libc::malloc(64))) };
         }
-        let mut b = rt.batch();
-        for h in &hs {
-            b.read(h, |v: &PodVec<f32>| {
-                v.iter().map(|&x| f64::from(x)).sum::<f64>()
-            });
-        }
-        let sums = b.run().unwrap();
-        let good = sums
-            .iter()
-            .enumerate()
-            .all(|(i, &s)| s == i as f64 * (1 << 20) as f64);
-        println!("SUMS={}", if good { "ok" } else { "wrong" });
+        print_sums(&rt, &hs, 1 << 20);
         println!("EVICTIONS={}", rt.stats().evictions);
         for p in held {
             // SAFETY: allocated by malloc above.

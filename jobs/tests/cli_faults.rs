@@ -1,40 +1,11 @@
 //! The command line under spill faults: a full spill filesystem (root
 //! only, as CI runs: it mounts a small tmpfs).
 
-use std::path::Path;
 use std::process::Command;
 
-/// A small tmpfs mounted for the test (root only, as CI runs), unmounted on
-/// drop.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(opts: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let st = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", opts, "outcore-test"])
-            .arg(dir.path())
-            .status()
-            .expect("mount");
-        assert!(
-            st.success(),
-            "mounting a tmpfs needs root (the CI runs as root)"
-        );
-        Tmpfs { dir }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.dir.path()).status();
-    }
-}
+#[path = "../../tests/common/tmpfs.rs"]
+mod tmpfs;
+use tmpfs::Tmpfs;
 
 #[test]
 fn the_command_line_warns_about_a_full_spill_directory() {
