@@ -225,7 +225,7 @@ fn evict(bytes: usize, skip_fruitless: bool) -> Freed {
 
 /// How long the hard trap keeps retrying while evictors report only
 /// contention (another thread holds a lock they need).
-const BUSY_PATIENCE: Duration = Duration::from_secs(10);
+const BUSY_PATIENCE: Duration = Duration::from_secs(5);
 
 fn pinned_total() -> usize {
     let mut n = 0;

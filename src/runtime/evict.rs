@@ -65,13 +65,17 @@ impl Shared {
     /// now: the highest-ranked executor that frees `need` alone; if none
     /// does, the largest (then the highest-ranked), so that the request is
     /// met in few writes. `Err(())` when the registry is locked by another
-    /// thread (the trap only try-locks).
+    /// thread (the trap only try-locks), or when no executor is evictable
+    /// but some are being loaded or evicted by other threads.
     fn pick_trap_victim(&self, need: usize, skip: &[u64]) -> Result<Option<Arc<Slot>>, ()> {
         let reg = self.registry.try_lock().ok_or(())?;
         let mut fit: Option<(u64, &Arc<Slot>)> = None;
         let mut largest: Option<(usize, u64, &Arc<Slot>)> = None;
+        let mut moving = false;
         for s in reg.slots.values() {
-            if s.state_hint() != State::Resident || skip.contains(&s.id) {
+            let state = s.state_hint();
+            moving |= matches!(state, State::Loading | State::Evicting);
+            if state != State::Resident || skip.contains(&s.id) {
                 continue;
             }
             let r = self.rank(s, &reg);
@@ -83,7 +87,13 @@ impl Shared {
                 largest = Some((size, r, s));
             }
         }
-        Ok(fit.map(|(_, s)| s).or(largest.map(|(_, _, s)| s)).cloned())
+        match fit.map(|(_, s)| s).or(largest.map(|(_, _, s)| s)) {
+            Some(s) => Ok(Some(s.clone())),
+            // Executors on their way in or out will soon be evictable or
+            // freed: that is contention too, not exhaustion.
+            None if moving => Err(()),
+            None => Ok(None),
+        }
     }
 
     /// Evicts `slot` if it is resident and idle.
