@@ -150,7 +150,7 @@ pub(super) fn account_request(delta: isize, size: usize) -> Accounted {
     let threshold = TUNING.0.flush.load(Ordering::Relaxed);
     let flushed = LOCAL.try_with(|l| {
         let v = l.pending.get().wrapping_add(delta);
-        if v > -threshold && v < threshold {
+        if within(v, threshold) {
             l.pending.set(v);
             return Accounted::Kept;
         }
@@ -176,6 +176,34 @@ pub(super) fn account_request(delta: isize, size: usize) -> Accounted {
     };
     let used = USED.0.fetch_add(v, Ordering::Relaxed).wrapping_add(v);
     Accounted::Flushed(if used < 0 { 0 } else { used as usize })
+}
+
+/// The hot path: adds `delta` to this thread's pending bytes when the sum
+/// stays within the flush threshold, and returns whether it did. When it
+/// returns `false` nothing changed, and the caller takes the flush path
+/// ([`account_request`]). Kept small so the allocator's fast path needs no
+/// stack frame beyond jemalloc's call.
+#[inline(always)]
+pub(super) fn keep(delta: isize) -> bool {
+    let threshold = TUNING.0.flush.load(Ordering::Relaxed);
+    LOCAL
+        .try_with(|l| {
+            let v = l.pending.get().wrapping_add(delta);
+            let kept = within(v, threshold);
+            if kept {
+                l.pending.set(v);
+            }
+            kept
+        })
+        .unwrap_or(false)
+}
+
+/// Whether `-threshold < v < threshold` (`threshold` > 0), in one unsigned
+/// comparison: `v + threshold - 1` maps that interval, and only it, onto
+/// `0..=2 * threshold - 2` (wrapping arithmetic is a bijection).
+#[inline(always)]
+fn within(v: isize, threshold: isize) -> bool {
+    (v.wrapping_add(threshold - 1) as usize) < (2 * threshold - 1) as usize
 }
 
 /// Raises the peak to the current usage. Called after an allocation that

@@ -156,8 +156,25 @@ fn allocate(layout: Layout, attempt: impl Fn() -> *mut u8) -> *mut u8 {
 /// Memory use grows by `delta` bytes if `attempt` (an allocation or a
 /// growing reallocation to `layout`) succeeds: account it (with the soft
 /// trap), attempt, and on failure run the hard trap.
+///
+/// The fast path (the delta stays in the thread's pending bytes, jemalloc
+/// succeeds) is inlined; everything else is out of line.
 #[inline(always)]
 fn grow(delta: usize, layout: Layout, attempt: impl Fn() -> *mut u8) -> *mut u8 {
+    if account::keep(delta as isize) {
+        let p = attempt();
+        if !p.is_null() {
+            return p;
+        }
+        return grow_failed(delta, layout, false, attempt);
+    }
+    grow_flush(delta, layout, attempt)
+}
+
+/// [`grow`] when the delta flushes the thread's pending bytes.
+#[cold]
+#[inline(never)]
+fn grow_flush(delta: usize, layout: Layout, attempt: impl Fn() -> *mut u8) -> *mut u8 {
     let flushed = match account::account_request(delta as isize, layout.size()) {
         account::Accounted::Kept => false,
         account::Accounted::Flushed(used) => {
@@ -251,6 +268,15 @@ fn soft_trap(used: usize, size: usize) {
 /// Accounts a free of `size` bytes.
 #[inline]
 fn account_free(size: usize) {
+    if !account::keep(-(size as isize)) {
+        account_free_flush(size);
+    }
+}
+
+/// [`account_free`] when the change flushes the thread's pending bytes.
+#[cold]
+#[inline(never)]
+fn account_free_flush(size: usize) {
     let _ = account::account(-(size as isize));
 }
 

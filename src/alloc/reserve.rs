@@ -15,7 +15,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 /// the paths and error strings of an eviction.
 pub(crate) const RESERVE_BYTES: usize = 16 << 20;
 
-static BASE: AtomicUsize = AtomicUsize::new(0);
+/// The reserve's first address, or [`UNMAPPED`].
+static BASE: AtomicUsize = AtomicUsize::new(UNMAPPED);
+/// [`BASE`] before the reserve is mapped: the range it would start is the
+/// top of the address space, where no user-space pointer lies, so
+/// [`contains`] needs no separate "mapped yet" check.
+const UNMAPPED: usize = usize::MAX - RESERVE_BYTES + 1;
 static STATE: AtomicU64 = AtomicU64::new(0);
 
 const OFFSET_BITS: u32 = 40;
@@ -24,7 +29,7 @@ const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
 /// Maps the reserve if it is not mapped yet. Only address space is taken
 /// (that is what `RLIMIT_AS` counts); pages are faulted in on first use.
 pub(crate) fn init() {
-    if BASE.load(Ordering::Acquire) != 0 {
+    if BASE.load(Ordering::Acquire) != UNMAPPED {
         return;
     }
     // SAFETY: an anonymous private mapping with no address hint has no
@@ -43,7 +48,7 @@ pub(crate) fn init() {
         return;
     }
     if BASE
-        .compare_exchange(0, p as usize, Ordering::AcqRel, Ordering::Acquire)
+        .compare_exchange(UNMAPPED, p as usize, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
     {
         // Another thread mapped it first.
@@ -55,15 +60,15 @@ pub(crate) fn init() {
 /// Whether `p` points into the reserve.
 #[inline]
 pub(crate) fn contains(p: *mut u8) -> bool {
-    let base = BASE.load(Ordering::Relaxed);
-    let a = p as usize;
-    base != 0 && a >= base && a < base + RESERVE_BYTES
+    // One comparison: below the base wraps to a huge offset. Null is never
+    // inside (it is `RESERVE_BYTES` past an unmapped base).
+    (p as usize).wrapping_sub(BASE.load(Ordering::Relaxed)) < RESERVE_BYTES
 }
 
 /// Allocates from the reserve; null when it is unmapped or full.
 pub(crate) fn alloc(layout: Layout) -> *mut u8 {
     let base = BASE.load(Ordering::Acquire);
-    if base == 0 {
+    if base == UNMAPPED {
         return std::ptr::null_mut();
     }
     let mut cur = STATE.load(Ordering::Acquire);
