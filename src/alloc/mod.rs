@@ -18,6 +18,7 @@
 //!
 //! - `linebuf`: an allocation-free line buffer for messages;
 //! - `reserve`: the address space set aside for evictions;
+//! - `slots`: the lock-free slots the evictor registry lives in;
 //! - `jemalloc`: jemalloc settings and purging;
 //! - `account`: per-thread accounting, the cap, bypass scopes;
 //! - `trap`: the evictor registry, the token, the soft and hard traps;
@@ -29,6 +30,7 @@ mod ffi;
 mod jemalloc;
 pub(crate) mod linebuf;
 mod reserve;
+mod slots;
 mod trap;
 
 use std::alloc::{GlobalAlloc, Layout};

@@ -8,12 +8,13 @@
 //! try-lock.
 
 use std::alloc::Layout;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::account::{self, BypassGuard, COUNTERS, NO_CAP};
 use super::linebuf::LineBuf;
+use super::slots::Slots;
 use super::{jemalloc, reserve};
 
 /// Something that can free memory by evicting executors: implemented by the
@@ -59,10 +60,8 @@ struct Entry {
 
 const SLOTS: usize = 64;
 
-static REGISTRY: [AtomicPtr<Entry>; SLOTS] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; SLOTS];
-/// Traps currently reading [`REGISTRY`]; unregistering waits for zero.
-static READERS: AtomicUsize = AtomicUsize::new(0);
+/// The registered evictors (see `slots.rs` for the memory protocol).
+static REGISTRY: Slots<Entry, SLOTS> = Slots::new();
 /// 1 while a thread evicts on behalf of the allocator.
 static TOKEN: AtomicU32 = AtomicU32::new(0);
 /// Bumped when the token is released; waiters futex-wait on it.
@@ -83,49 +82,22 @@ pub(crate) fn register(evictor: Arc<dyn Evictor>, limits: (usize, usize)) -> Opt
     jemalloc::touch_init();
     account::set_limits(limits.0, limits.1);
     install_fork_handler();
-    let entry = Box::into_raw(Box::new(Entry {
+    let entry = Box::new(Entry {
         evictor,
         fruitless_at: AtomicU64::new(u64::MAX),
-    }));
-    for (i, slot) in REGISTRY.iter().enumerate() {
-        if slot
-            .compare_exchange(
-                std::ptr::null_mut(),
-                entry,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
-        {
-            recompute_cap();
-            return Some(Registration { slot: i });
-        }
-    }
-    // SAFETY: `entry` came from `Box::into_raw` above and was never shared.
-    drop(unsafe { Box::from_raw(entry) });
-    None
+    });
+    let slot = REGISTRY.insert(entry).ok()?;
+    recompute_cap();
+    Some(Registration { slot })
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        // SeqCst here and in `with_entries`: this is a store-buffer pattern
-        // (we store the slot then load READERS; a reader stores READERS
-        // then loads the slot), which acquire/release does not order. In
-        // the single total order of SeqCst operations, either the reader's
-        // increment comes first (we see it and wait) or our swap does (the
-        // reader sees null). See README.md, "Memory orderings".
-        let old = REGISTRY[self.slot].swap(std::ptr::null_mut(), Ordering::SeqCst);
+        // Waits until no trap can still be looking at the entry (a
+        // store-buffer pattern, hence SeqCst: see `slots.rs` and README.md,
+        // "Memory orderings").
+        drop(REGISTRY.remove(self.slot));
         recompute_cap();
-        // Wait until no trap can still be looking at the entry.
-        while READERS.load(Ordering::SeqCst) != 0 {
-            std::thread::yield_now();
-        }
-        if !old.is_null() {
-            // SAFETY: the pointer came from `Box::into_raw` in `register`,
-            // it is no longer reachable from the registry, and no reader is
-            // active, so this is the only reference.
-            drop(unsafe { Box::from_raw(old) });
-        }
     }
 }
 
@@ -149,7 +121,7 @@ fn install_fork_handler() {
 /// In the child of a `fork()`: only the forking thread exists, so no other
 /// thread holds the token or reads the registry.
 extern "C" fn reset_after_fork() {
-    READERS.store(0, Ordering::SeqCst);
+    REGISTRY.reset_readers();
     EPOCH.fetch_add(1, Ordering::SeqCst);
     TOKEN.store(0, Ordering::SeqCst);
 }
@@ -166,30 +138,12 @@ fn recompute_cap() {
 }
 
 /// Calls `f` on each registered entry until it returns true.
-fn with_entries(mut f: impl FnMut(&Entry) -> bool) -> bool {
-    READERS.fetch_add(1, Ordering::SeqCst);
-    let mut any = false;
-    for slot in REGISTRY.iter() {
-        let p = slot.load(Ordering::SeqCst);
-        if p.is_null() {
-            continue;
-        }
-        // SAFETY: a non-null entry stays alive while READERS > 0 (see
-        // `Registration::drop`).
-        let e = unsafe { &*p };
-        if f(e) {
-            any = true;
-            break;
-        }
-    }
-    READERS.fetch_sub(1, Ordering::Release);
-    any
+fn with_entries(f: impl FnMut(&Entry) -> bool) -> bool {
+    REGISTRY.any(f)
 }
 
 fn any_registered() -> bool {
-    REGISTRY
-        .iter()
-        .any(|s| !s.load(Ordering::Relaxed).is_null())
+    REGISTRY.occupied()
 }
 
 /// Asks the registered evictors to free `bytes`. Returns the bytes freed.
