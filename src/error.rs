@@ -65,6 +65,14 @@ pub enum Error {
         /// What failed.
         source: io::Error,
     },
+    /// Building an executor from its [`Lineage`](crate::Lineage) failed
+    /// or panicked: the executor is damaged. No data is handed back.
+    Rebuild {
+        /// The executor.
+        executor: String,
+        /// What failed.
+        source: io::Error,
+    },
     /// A task panicked. If it had `&mut` access, its executor is poisoned
     /// (see [`Error::Poisoned`]).
     TaskPanicked {
@@ -131,6 +139,9 @@ impl fmt::Display for Error {
                     file.display()
                 )
             }
+            Error::Rebuild { executor, source } => {
+                write!(f, "could not rebuild {executor} from its lineage: {source}")
+            }
             Error::TaskPanicked { executor, message } => {
                 write!(f, "task on {executor} panicked: {message}")
             }
@@ -151,7 +162,8 @@ impl std::error::Error for Error {
         match self {
             Error::SpillDir { source, .. }
             | Error::SpillWrite { source, .. }
-            | Error::SpillRead { source, .. } => Some(source),
+            | Error::SpillRead { source, .. }
+            | Error::Rebuild { source, .. } => Some(source),
             _ => None,
         }
     }

@@ -97,6 +97,7 @@ mod alloc;
 mod cap;
 mod error;
 mod executor;
+mod lineage;
 mod pod;
 mod policy;
 mod runtime;
@@ -111,6 +112,7 @@ pub use alloc::{
 pub use cap::{parse_size, MemoryCap};
 pub use error::{Error, ExecutorId, Result};
 pub use executor::State;
+pub use lineage::Lineage;
 pub use pod::{Plain, PodVec};
 pub use policy::EvictionPolicy;
 pub use runtime::{Batch, Builder, CycleId, Handle, Runtime, TaskContext};

@@ -15,6 +15,7 @@ pub(crate) struct Counters {
     pub clean_evictions: AtomicU64,
     pub failed_writes: AtomicU64,
     pub loads: AtomicU64,
+    pub rebuilds: AtomicU64,
     pub prefetches: AtomicU64,
     pub prefetch_hits: AtomicU64,
     pub demand_loads: AtomicU64,
@@ -48,8 +49,12 @@ pub struct Stats {
     pub clean_evictions: u64,
     /// Spill writes that failed (the executor stayed in memory).
     pub failed_writes: u64,
-    /// Executors loaded back from disk.
+    /// Executors loaded: read back from spill files, or built from their
+    /// lineage ([`Stats::rebuilds`]).
     pub loads: u64,
+    /// Loads that built the executor from its lineage instead of a spill
+    /// file (see [`Lineage`](crate::Lineage)).
+    pub rebuilds: u64,
     /// Loads made ahead of time by the prefetcher.
     pub prefetches: u64,
     /// Tasks that found their executor already loaded by the prefetcher.
@@ -99,6 +104,7 @@ impl Stats {
             clean_evictions: g(&c.clean_evictions),
             failed_writes: g(&c.failed_writes),
             loads: g(&c.loads),
+            rebuilds: g(&c.rebuilds),
             prefetches: g(&c.prefetches),
             prefetch_hits: g(&c.prefetch_hits),
             demand_loads: g(&c.demand_loads),

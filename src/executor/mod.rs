@@ -31,6 +31,13 @@ pub(crate) const NONE: u64 = u64::MAX;
 pub(crate) type SaveFn = fn(&(dyn Any + Send), &Path, FileKey) -> io::Result<u64>;
 /// Decodes a type-erased value from a spill file.
 pub(crate) type LoadFn = fn(&Path, FileKey) -> io::Result<(Box<dyn Any + Send>, u64)>;
+/// Rebuilds a type-erased value from its lineage.
+pub(crate) type RebuildFn = Box<dyn Fn() -> io::Result<Box<dyn Any + Send>> + Send + Sync>;
+
+/// `file_gen` of an executor whose copy is its lineage, not a spill file:
+/// while it stays clean, it is evicted by dropping it and loaded by
+/// rebuilding it.
+pub(crate) const FROM_LINEAGE: u64 = u64::MAX;
 
 fn save_impl<T: Serialize + 'static>(
     v: &(dyn Any + Send),
@@ -77,6 +84,9 @@ pub(crate) struct Slot {
     pub fingerprint: u64,
     pub save: SaveFn,
     pub load: LoadFn,
+    /// How to rebuild the value instead of reading a spill file, when the
+    /// executor was inserted with a lineage.
+    pub lineage: Option<RebuildFn>,
     inner: Mutex<Inner>,
     cond: Condvar,
     /// Mirror of `inner.state` for lock-free victim scans.
@@ -120,30 +130,41 @@ impl std::ops::DerefMut for SlotGuard<'_> {
 }
 
 impl Slot {
+    /// A slot for `value` (resident), or for an executor not built yet
+    /// (`None`: evicted, rebuilt from `lineage` when first needed). With a
+    /// lineage, the executor starts clean: its copy is the lineage.
     pub(crate) fn new<T: Serialize + DeserializeOwned + Send + 'static>(
         id: u64,
         label: String,
-        value: T,
+        value: Option<T>,
+        lineage: Option<RebuildFn>,
         size: usize,
         now: u64,
     ) -> Slot {
+        let state = if value.is_some() {
+            State::Resident
+        } else {
+            State::Evicted
+        };
+        let has_lineage = lineage.is_some();
         Slot {
             id,
             label,
             fingerprint: spill::fingerprint::<T>(),
             save: save_impl::<T>,
             load: load_impl::<T>,
+            lineage,
             inner: Mutex::new(Inner {
-                state: State::Resident,
-                value: Some(Box::new(value)),
-                dirty: true,
-                file_gen: 0,
+                state,
+                value: value.map(|v| Box::new(v) as Box<dyn Any + Send>),
+                dirty: !has_lineage,
+                file_gen: if has_lineage { FROM_LINEAGE } else { 0 },
                 next_gen: 1,
                 pending: std::collections::VecDeque::new(),
                 damage: None,
             }),
             cond: Condvar::new(),
-            state_code: AtomicU8::new(State::Resident as u8),
+            state_code: AtomicU8::new(state as u8),
             size: AtomicUsize::new(size),
             last_use: AtomicU64::new(now),
             next_task: AtomicU64::new(NONE),

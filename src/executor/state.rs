@@ -25,13 +25,15 @@ pub enum State {
     Pinned = 1,
     /// Being written to its spill file.
     Evicting = 2,
-    /// On disk only.
+    /// Not in memory: in its spill file, or (an executor with a
+    /// [`Lineage`](crate::Lineage) that is still clean) to be rebuilt from
+    /// its source.
     Evicted = 3,
-    /// Being read back from disk.
+    /// Being read back from disk, or rebuilt from its lineage.
     Loading = 4,
     /// A task panicked while it had `&mut` access.
     Poisoned = 5,
-    /// Its spill file could not be read back.
+    /// Its spill file could not be read back, or its lineage failed.
     Damaged = 6,
     /// Removed from the runtime.
     Removed = 7,

@@ -14,7 +14,7 @@ use std::time::Instant;
 use super::shared::{drop_user_value, panic_message, Shared};
 use crate::alloc;
 use crate::error::{Error, Result};
-use crate::executor::{PinStep, Slot, State};
+use crate::executor::{PinStep, Slot, State, FROM_LINEAGE};
 use crate::stats::Counters;
 
 impl Shared {
@@ -32,14 +32,27 @@ impl Shared {
         // concurrent loads do not each assume the same headroom.
         self.loading_bytes.fetch_add(size, Ordering::Relaxed);
         let before = alloc::thread_own_net();
-        // The value's `Deserialize` is user code: a panic is a damaged load.
-        let result = catch_unwind(AssertUnwindSafe(|| (slot.load)(&path, slot.key(file_gen))))
-            .unwrap_or_else(|p| {
-                Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("deserialization panicked: {}", panic_message(&*p)),
-                ))
-            });
+        // The value's `Deserialize` and the lineage are user code: a panic
+        // is a damaged load.
+        let rebuild = match (&slot.lineage, file_gen) {
+            (Some(l), FROM_LINEAGE) => Some(l),
+            _ => None,
+        };
+        let result = catch_unwind(AssertUnwindSafe(|| match rebuild {
+            Some(l) => l().map(|v| (v, 0)),
+            None => (slot.load)(&path, slot.key(file_gen)),
+        }))
+        .unwrap_or_else(|p| {
+            let what = if rebuild.is_some() {
+                "rebuilding"
+            } else {
+                "deserialization"
+            };
+            Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{what} panicked: {}", panic_message(&*p)),
+            ))
+        });
         let delta = alloc::thread_own_net() - before;
         self.loading_bytes.fetch_sub(size, Ordering::Relaxed);
         let mut g = slot.lock();
@@ -56,6 +69,9 @@ impl Shared {
                 drop(g);
                 Counters::add(&self.counters.loads, 1);
                 Counters::add(&self.counters.bytes_read, read);
+                if rebuild.is_some() {
+                    Counters::add(&self.counters.rebuilds, 1);
+                }
                 if prefetch {
                     Counters::add(&self.counters.prefetches, 1);
                 }
@@ -65,11 +81,24 @@ impl Shared {
             Err(source) => {
                 g.damage = Some((source.kind(), source.to_string()));
                 slot.set_state(&mut g, State::Damaged);
-                Err(Error::SpillRead {
-                    executor: slot.label.clone(),
-                    file: path,
-                    source,
-                })
+                Err(self.load_error(slot, file_gen, source))
+            }
+        }
+    }
+
+    /// The error for a failed load of `slot` from the copy `file_gen`
+    /// names (a spill file, or its lineage).
+    fn load_error(&self, slot: &Slot, file_gen: u64, source: io::Error) -> Error {
+        if file_gen == FROM_LINEAGE && slot.lineage.is_some() {
+            Error::Rebuild {
+                executor: slot.label.clone(),
+                source,
+            }
+        } else {
+            Error::SpillRead {
+                executor: slot.label.clone(),
+                file: self.store.path_for(slot.id),
+                source,
             }
         }
     }
@@ -128,11 +157,7 @@ impl Shared {
                                 .damage
                                 .clone()
                                 .unwrap_or((io::ErrorKind::InvalidData, String::new()));
-                            Error::SpillRead {
-                                executor: slot.label.clone(),
-                                file: self.store.path_for(slot.id),
-                                source: io::Error::new(kind, msg),
-                            }
+                            self.load_error(slot, g.file_gen, io::Error::new(kind, msg))
                         }
                         _ => Error::UnknownExecutor {
                             executor: slot.label.clone(),

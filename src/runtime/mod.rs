@@ -53,7 +53,8 @@ pub use registry::CycleId;
 
 use crate::alloc::Registration;
 use crate::error::{ExecutorId, Result};
-use crate::executor::Slot;
+use crate::executor::{RebuildFn, Slot};
+use crate::lineage::Lineage;
 use crate::policy::EvictionPolicy;
 use crate::stats::Stats;
 use shared::Shared;
@@ -141,22 +142,97 @@ impl Runtime {
     where
         T: Serialize + DeserializeOwned + Send + 'static,
     {
+        let size = encoded_len(&value);
+        Ok(self.insert_slot(name, Some(value), None, size))
+    }
+
+    /// Registers an executor that is built when a task first needs it, by
+    /// `lineage`, and rebuilt by it after each eviction while it stays
+    /// clean: it is never written to a spill file until a task changes it.
+    /// `size_hint` is the memory it will take, in bytes (used to make room
+    /// before it is built; the measured size replaces it).
+    ///
+    /// This is how data that can be read again from its source (a region
+    /// of an input file) or regenerated (from a seed) avoids a load phase
+    /// and spill writes. See [`Lineage`] for the contract.
+    ///
+    /// ```
+    /// # fn main() -> outcore::Result<()> {
+    /// let rt = outcore::Runtime::builder().workers(1).build()?;
+    /// // Rows 1000..2000 of some source, built on first use.
+    /// let h = rt.insert_lazy(Some("rows 1000.."), 1000 * 4, || {
+    ///     Ok((1000..2000u32).collect::<Vec<u32>>())
+    /// })?;
+    /// assert_eq!(h.state(), outcore::State::Evicted);
+    /// assert_eq!(rt.read(&h, |v| v[0])?, 1000);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// None today; the `Result` leaves room for admission control.
+    pub fn insert_lazy<T, L>(
+        &self,
+        name: Option<&str>,
+        size_hint: usize,
+        lineage: L,
+    ) -> Result<Handle<T>>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        L: Lineage<T>,
+    {
+        Ok(self.insert_slot(name, None, Some(erase(lineage)), size_hint))
+    }
+
+    /// Like [`Runtime::insert_named`] for a value that `lineage` can
+    /// rebuild: while the executor stays clean, eviction drops it instead
+    /// of writing it. See [`Runtime::insert_lazy`] and [`Lineage`].
+    ///
+    /// # Errors
+    ///
+    /// None today; the `Result` leaves room for admission control.
+    pub fn insert_with_lineage<T, L>(
+        &self,
+        name: Option<&str>,
+        value: T,
+        lineage: L,
+    ) -> Result<Handle<T>>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        L: Lineage<T>,
+    {
+        let size = encoded_len(&value);
+        Ok(self.insert_slot(name, Some(value), Some(erase(lineage)), size))
+    }
+
+    fn insert_slot<T>(
+        &self,
+        name: Option<&str>,
+        value: Option<T>,
+        lineage: Option<RebuildFn>,
+        size: usize,
+    ) -> Handle<T>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+    {
         let sh = &self.shared;
         let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
         let label = match name {
             Some(n) => format!("executor #{id} ({n})"),
             None => format!("executor #{id}"),
         };
-        let size = encoded_len(&value);
-        let slot = Arc::new(Slot::new(id, label, value, size, sh.tick()));
+        let resident = value.is_some();
+        let slot = Arc::new(Slot::new(id, label, value, lineage, size, sh.tick()));
         sh.registry.lock().slots.insert(id, slot.clone());
         sh.generation.fetch_add(1, Ordering::Relaxed);
-        sh.make_room(0, None);
-        Ok(Handle {
+        if resident {
+            sh.make_room(0, None);
+        }
+        Handle {
             slot: Some(slot),
             shared: Arc::downgrade(sh),
             _t: PhantomData,
-        })
+        }
     }
 
     /// Starts a batch of tasks whose results have type `R`.
@@ -287,4 +363,13 @@ fn encoded_len<T: Serialize>(value: &T) -> usize {
     let mut c = Count(0);
     let _ = bincode::serde::encode_into_std_write(value, &mut c, crate::spill::bincode_config());
     c.0
+}
+
+/// A lineage with its value type erased, as the slot stores it.
+fn erase<T: Send + 'static, L: Lineage<T>>(lineage: L) -> RebuildFn {
+    Box::new(move || {
+        lineage
+            .rebuild()
+            .map(|v| Box::new(v) as Box<dyn std::any::Any + Send>)
+    })
 }

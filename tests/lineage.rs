@@ -1,0 +1,221 @@
+//! Executors with a lineage: built on first use, dropped on eviction while
+//! clean, spilled once changed. Capped scenarios run in child processes
+//! (the cap is process-wide).
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{is_child, run_child};
+use outcore::{Error, Handle, MemoryCap, PodVec, Runtime, State};
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The value executor `i` holds: `elems` u32 derived from `i`.
+fn block(i: u32, elems: usize) -> PodVec<u32> {
+    PodVec::from(
+        (0..elems as u32)
+            .map(|j| j.wrapping_mul(2654435761) ^ i)
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn sum(v: &PodVec<u32>) -> u64 {
+    v.iter().map(|&x| u64::from(x)).sum()
+}
+
+/// Inserts `n` lazy executors of `elems` u32 each; `calls` counts rebuilds.
+fn lazy(rt: &Runtime, n: u32, elems: usize, calls: &Arc<AtomicUsize>) -> Vec<Handle<PodVec<u32>>> {
+    (0..n)
+        .map(|i| {
+            let calls = calls.clone();
+            rt.insert_lazy(Some(&format!("block {i}")), elems * 4, move || {
+                calls.fetch_add(1, Ordering::Relaxed);
+                Ok(block(i, elems))
+            })
+            .expect("insert")
+        })
+        .collect()
+}
+
+fn ok(test: &str) -> common::ChildOutput {
+    let out = run_child(test, None, TIMEOUT);
+    assert!(
+        out.status.success(),
+        "{test} failed: {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    out
+}
+
+fn num(out: &common::ChildOutput, key: &str) -> u64 {
+    out.value(key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {}", out.stdout))
+}
+
+#[test]
+fn a_lazy_executor_is_built_on_first_use_only() {
+    let rt = Runtime::builder().workers(2).build().expect("runtime");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let hs = lazy(&rt, 4, 1000, &calls);
+    assert!(hs.iter().all(|h| h.state() == State::Evicted));
+    assert_eq!(calls.load(Ordering::Relaxed), 0, "built before use");
+    for _ in 0..3 {
+        let mut b = rt.batch();
+        for h in &hs {
+            b.read(h, sum);
+        }
+        let got = b.run().expect("sweep");
+        let want: Vec<u64> = (0..4).map(|i| sum(&block(i, 1000))).collect();
+        assert_eq!(got, want);
+    }
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        4,
+        "rebuilt without an eviction"
+    );
+    let s = rt.stats();
+    assert_eq!((s.loads, s.rebuilds, s.bytes_read), (4, 4, 0));
+}
+
+#[test]
+fn evicting_a_clean_executor_with_a_lineage_writes_nothing() {
+    let rt = Runtime::builder().workers(1).build().expect("runtime");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let h = rt
+        .insert_with_lineage(Some("eager"), block(7, 5000), move || {
+            c.fetch_add(1, Ordering::Relaxed);
+            Ok(block(7, 5000))
+        })
+        .expect("insert");
+    assert_eq!(h.state(), State::Resident);
+    assert_eq!(rt.evict_all().expect("evict"), 1);
+    assert_eq!(h.state(), State::Evicted);
+    assert_eq!(rt.read(&h, sum).expect("read"), sum(&block(7, 5000)));
+    let s = rt.stats();
+    assert_eq!(s.bytes_written, 0, "a clean executor was written");
+    assert_eq!((s.clean_evictions, s.rebuilds), (1, 1));
+    assert_eq!(calls.load(Ordering::Relaxed), 1);
+    assert!(std::fs::read_dir(rt.spill_dir())
+        .expect("dir")
+        .next()
+        .is_none());
+}
+
+#[test]
+fn a_changed_executor_is_spilled_and_its_change_kept() {
+    let rt = Runtime::builder().workers(1).build().expect("runtime");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let hs = lazy(&rt, 1, 1000, &calls);
+    let h = &hs[0];
+    rt.write(h, |v: &mut PodVec<u32>| v[0] = 12345)
+        .expect("write");
+    rt.evict_all().expect("evict");
+    assert!(
+        rt.stats().bytes_written > 0,
+        "a changed executor must be written"
+    );
+    // Loaded from the spill file, not rebuilt: the change is there.
+    assert_eq!(rt.read(h, |v: &PodVec<u32>| v[0]).expect("read"), 12345);
+    assert_eq!(calls.load(Ordering::Relaxed), 1);
+    // A read task that marks it dirty is spilled too.
+    let mut b = rt.batch();
+    b.read_with(h, |v: &PodVec<u32>, cx| {
+        cx.mark_dirty();
+        v[1]
+    });
+    b.run().expect("read");
+    let written = rt.stats().bytes_written;
+    rt.evict_all().expect("evict");
+    assert!(rt.stats().bytes_written > written);
+}
+
+#[test]
+fn a_failing_lineage_is_an_error_naming_the_executor() {
+    let rt = Runtime::builder().workers(2).build().expect("runtime");
+    let good = rt
+        .insert_lazy(Some("good"), 64, || Ok(vec![1u8; 64]))
+        .expect("insert");
+    let bad: Handle<Vec<u8>> = rt
+        .insert_lazy(Some("gone"), 64, || {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "input.npy: no such file",
+            ))
+        })
+        .expect("insert");
+    let err = rt.read(&bad, |v| v.len()).expect_err("must fail");
+    assert!(matches!(err, Error::Rebuild { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("(gone)") && msg.contains("no such file"),
+        "{msg}"
+    );
+    assert_eq!(bad.state(), State::Damaged);
+    // The same error again, not a hang; the other executor is fine.
+    assert!(matches!(
+        rt.read(&bad, |v| v.len()),
+        Err(Error::Rebuild { .. })
+    ));
+    assert_eq!(rt.read(&good, |v| v.len()).expect("good"), 64);
+}
+
+#[test]
+fn a_panicking_lineage_damages_its_executor_and_nothing_else() {
+    let rt = Runtime::builder().workers(2).build().expect("runtime");
+    let bad: Handle<Vec<u8>> = rt
+        .insert_lazy(Some("bomb"), 64, || panic!("lineage exploded"))
+        .expect("insert");
+    let good = rt
+        .insert_lazy(Some("good"), 64, || Ok(vec![2u8; 64]))
+        .expect("insert");
+    let mut b = rt.batch();
+    b.read(&bad, |v| v.len());
+    b.read(&good, |v| v.len());
+    let err = b.run().expect_err("must fail");
+    assert!(err.to_string().contains("lineage exploded"), "{err}");
+    assert_eq!(bad.state(), State::Damaged);
+    assert_eq!(rt.read(&good, |v| v.len()).expect("good"), 64);
+}
+
+/// 32 executors of 4 MiB under a 40 MiB cap, swept three times: the sweeps
+/// evict and rebuild them, and no byte is written to disk.
+#[test]
+fn capped_sweeps_rebuild_instead_of_spilling() {
+    if is_child("capped_sweeps_rebuild_instead_of_spilling") {
+        let rt = Runtime::builder()
+            .workers(2)
+            .mem_cap(MemoryCap::Bytes(40 << 20))
+            .build()
+            .expect("runtime");
+        let calls = Arc::new(AtomicUsize::new(0));
+        let elems = 1 << 20;
+        let hs = lazy(&rt, 32, elems, &calls);
+        rt.hint_cycle(hs.iter().map(|h| h.id()));
+        let want: Vec<u64> = (0..32).map(|i| sum(&block(i, elems))).collect();
+        for _ in 0..3 {
+            let mut b = rt.batch();
+            for h in &hs {
+                b.read(h, sum);
+            }
+            assert_eq!(b.run().expect("sweep"), want);
+        }
+        let s = rt.stats();
+        println!("WRITTEN={}", s.bytes_written);
+        println!("REBUILDS={}", s.rebuilds);
+        println!("EVICTIONS={}", s.evictions);
+        println!("PEAK={}", s.peak_bytes);
+        return;
+    }
+    let out = ok("capped_sweeps_rebuild_instead_of_spilling");
+    assert_eq!(num(&out, "WRITTEN"), 0, "{}", out.stdout);
+    assert!(num(&out, "REBUILDS") >= 32 * 2, "{}", out.stdout);
+    assert!(num(&out, "EVICTIONS") > 0, "{}", out.stdout);
+    assert!(num(&out, "PEAK") < 64 << 20, "{}", out.stdout);
+}
