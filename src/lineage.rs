@@ -39,6 +39,15 @@ pub trait Lineage<T>: Send + Sync + 'static {
     /// When the source can no longer give the same value (a file that
     /// changed or disappeared, a read error).
     fn rebuild(&self) -> io::Result<T>;
+
+    /// Whether the lineage is used again after an eviction (the default).
+    /// A lineage that costs more than a spill write and a read back (a
+    /// generator that keeps the CPU busy) returns `false`: it then only
+    /// spares the first build (no load phase), and the executor is spilled
+    /// from its first eviction on.
+    fn repeatable(&self) -> bool {
+        true
+    }
 }
 
 impl<T, F> Lineage<T> for F

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{is_child, run_child};
-use outcore::{Error, Handle, MemoryCap, PodVec, Runtime, State};
+use outcore::{Error, Handle, Lineage, MemoryCap, PodVec, Runtime, State};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -218,4 +218,34 @@ fn capped_sweeps_rebuild_instead_of_spilling() {
     assert!(num(&out, "REBUILDS") >= 32 * 2, "{}", out.stdout);
     assert!(num(&out, "EVICTIONS") > 0, "{}", out.stdout);
     assert!(num(&out, "PEAK") < 64 << 20, "{}", out.stdout);
+}
+
+/// A lineage too costly to repeat builds the executor once; after that the
+/// executor is spilled and read back like any other.
+#[test]
+fn a_one_time_lineage_builds_once_then_spills() {
+    struct Generator(Arc<AtomicUsize>);
+    impl Lineage<PodVec<u32>> for Generator {
+        fn rebuild(&self) -> std::io::Result<PodVec<u32>> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(block(3, 4096))
+        }
+        fn repeatable(&self) -> bool {
+            false
+        }
+    }
+    let rt = Runtime::builder().workers(1).build().expect("runtime");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let h = rt
+        .insert_lazy(Some("generated"), 4096 * 4, Generator(calls.clone()))
+        .expect("insert");
+    assert_eq!(rt.stats().bytes_written, 0);
+    for _ in 0..3 {
+        assert_eq!(rt.read(&h, sum).expect("read"), sum(&block(3, 4096)));
+        rt.evict_all().expect("evict");
+    }
+    assert_eq!(calls.load(Ordering::Relaxed), 1, "rebuilt more than once");
+    let s = rt.stats();
+    assert!(s.bytes_written > 0 && s.bytes_read > 0, "{s:?}");
+    assert_eq!((s.rebuilds, s.loads), (1, 3));
 }

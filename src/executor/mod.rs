@@ -87,6 +87,9 @@ pub(crate) struct Slot {
     /// How to rebuild the value instead of reading a spill file, when the
     /// executor was inserted with a lineage.
     pub lineage: Option<RebuildFn>,
+    /// The lineage is used again after an eviction (otherwise it builds
+    /// the value once, and the executor spills from then on).
+    pub lineage_repeatable: bool,
     inner: Mutex<Inner>,
     cond: Condvar,
     /// Mirror of `inner.state` for lock-free victim scans.
@@ -137,7 +140,7 @@ impl Slot {
         id: u64,
         label: String,
         value: Option<T>,
-        lineage: Option<RebuildFn>,
+        lineage: Option<(RebuildFn, bool)>,
         size: usize,
         now: u64,
     ) -> Slot {
@@ -147,6 +150,10 @@ impl Slot {
             State::Evicted
         };
         let has_lineage = lineage.is_some();
+        let (lineage, lineage_repeatable) = match lineage {
+            Some((f, r)) => (Some(f), r),
+            None => (None, false),
+        };
         Slot {
             id,
             label,
@@ -154,6 +161,7 @@ impl Slot {
             save: save_impl::<T>,
             load: load_impl::<T>,
             lineage,
+            lineage_repeatable,
             inner: Mutex::new(Inner {
                 state,
                 value: value.map(|v| Box::new(v) as Box<dyn Any + Send>),

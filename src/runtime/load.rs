@@ -60,6 +60,11 @@ impl Shared {
             Ok((v, read)) => {
                 g.value = Some(v);
                 g.dirty = false;
+                if rebuild.is_some() && !slot.lineage_repeatable {
+                    // Built once: from now on the executor spills.
+                    g.dirty = true;
+                    g.file_gen = 0;
+                }
                 if delta > 0 {
                     slot.size.store(delta as usize, Ordering::Relaxed);
                 }

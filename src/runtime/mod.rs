@@ -209,7 +209,7 @@ impl Runtime {
         &self,
         name: Option<&str>,
         value: Option<T>,
-        lineage: Option<RebuildFn>,
+        lineage: Option<(RebuildFn, bool)>,
         size: usize,
     ) -> Handle<T>
     where
@@ -365,11 +365,14 @@ fn encoded_len<T: Serialize>(value: &T) -> usize {
     c.0
 }
 
-/// A lineage with its value type erased, as the slot stores it.
-fn erase<T: Send + 'static, L: Lineage<T>>(lineage: L) -> RebuildFn {
-    Box::new(move || {
+/// A lineage with its value type erased, as the slot stores it, and
+/// whether it is used again after an eviction.
+fn erase<T: Send + 'static, L: Lineage<T>>(lineage: L) -> (RebuildFn, bool) {
+    let repeatable = lineage.repeatable();
+    let f: RebuildFn = Box::new(move || {
         lineage
             .rebuild()
             .map(|v| Box::new(v) as Box<dyn std::any::Any + Send>)
-    })
+    });
+    (f, repeatable)
 }
