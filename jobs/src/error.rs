@@ -72,7 +72,19 @@ impl std::error::Error for Error {
 
 impl From<outcore::Error> for Error {
     fn from(e: outcore::Error) -> Error {
-        Error::Runtime(e)
+        match e {
+            // The input read again by an executor's lineage is malformed
+            // or changed: bad input, named by the reader's message.
+            outcore::Error::Rebuild { source, .. }
+                if matches!(
+                    source.kind(),
+                    io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
+                ) =>
+            {
+                Error::Input(source.to_string())
+            }
+            e => Error::Runtime(e),
+        }
     }
 }
 

@@ -141,6 +141,7 @@ pub(crate) struct NpyRows {
     path: PathBuf,
     reader: BufReader<File>,
     dtype: Dtype,
+    data_offset: u64,
     rows: u64,
     cols: usize,
     done: u64,
@@ -198,6 +199,7 @@ impl NpyRows {
             path: path.to_path_buf(),
             reader,
             dtype: h.dtype,
+            data_offset: h.data_offset,
             rows,
             cols: cols as usize,
             done: 0,
@@ -208,6 +210,16 @@ impl NpyRows {
     /// Number of rows.
     pub(crate) fn rows(&self) -> u64 {
         self.rows
+    }
+
+    /// The file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where the data starts in the file, and its element type.
+    pub(crate) fn layout(&self) -> (u64, Dtype) {
+        (self.data_offset, self.dtype)
     }
 
     /// Number of columns.

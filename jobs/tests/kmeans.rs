@@ -301,3 +301,57 @@ fn results_are_identical_with_and_without_a_cap() {
         }
     }
 }
+
+/// A `.npy` input is never copied to spill files: under a cap, evicted
+/// partitions are dropped and read again from the input (checked against
+/// the first read), and the centroids equal the uncapped run's.
+#[test]
+fn file_input_under_a_cap_is_read_again_not_spilled() {
+    let dir = tempfile::tempdir().unwrap();
+    let c: Vec<Vec<f64>> = (0..6)
+        .map(|i| (0..16).map(|j| ((i * 16 + j) % 11) as f64).collect())
+        .collect();
+    let x = blobs(120_000, &c, 1.0, 5);
+    let data = write_data(dir.path(), &x, 16);
+    let mut outputs = Vec::new();
+    for cap in ["none", "2MiB"] {
+        let out = dir.path().join(format!("c-{cap}.npy"));
+        let stats = dir.path().join(format!("s-{cap}.json"));
+        let args = [
+            "kmeans",
+            "--input",
+            data.to_str().unwrap(),
+            "--k",
+            "6",
+            "--epochs",
+            "2",
+            "--partitions",
+            "16",
+            "--workers",
+            "2",
+            "--mem-cap",
+            cap,
+            "--output",
+            out.to_str().unwrap(),
+            "--stats",
+            stats.to_str().unwrap(),
+        ];
+        let (code, err) = bin_common::outcore_cli(&args);
+        assert_eq!(code, Some(0), "cap {cap}: {err}");
+        let s: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        assert_eq!(s["bytes_written"].as_u64(), Some(0), "cap {cap}: {s}");
+        let rebuilds = s["runtime"]["rebuilds"].as_u64().unwrap();
+        if cap != "none" {
+            assert!(s["evictions"].as_u64().unwrap() > 0, "{s}");
+            assert!(
+                rebuilds > s["partitions"].as_u64().unwrap(),
+                "partitions were not read again: {s}"
+            );
+        } else {
+            assert_eq!(Some(rebuilds), s["partitions"].as_u64(), "{s}");
+        }
+        outputs.push(std::fs::read(&out).unwrap());
+    }
+    assert!(outputs[0] == outputs[1], "capped centroids differ");
+}

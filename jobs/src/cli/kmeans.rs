@@ -174,12 +174,25 @@ pub(super) fn run(a: KmeansArgs) -> Result<()> {
         rt.workers(),
         rt.policy()
     ));
-    fb.line(&format!(
-        "loaded {} partitions of {} in {:.1}s",
-        ds.parts.len(),
-        format_bytes(part_bytes.min(data_bytes)),
-        load_seconds
-    ));
+    if ds.lazy {
+        fb.line(&format!(
+            "{} partitions of {}, read from the {} as the run needs them",
+            ds.parts.len(),
+            format_bytes(part_bytes.min(data_bytes)),
+            if a.data.input.is_some() {
+                "input"
+            } else {
+                "generator"
+            }
+        ));
+    } else {
+        fb.line(&format!(
+            "loaded {} partitions of {} in {:.1}s",
+            ds.parts.len(),
+            format_bytes(part_bytes.min(data_bytes)),
+            load_seconds
+        ));
+    }
     let cfg = Config {
         k,
         algorithm: match a.algorithm {

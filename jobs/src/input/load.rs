@@ -1,11 +1,13 @@
 //! Partitioning the rows into executors and declaring the sweep order.
 
-use std::sync::Arc;
+use std::io;
+use std::sync::{Arc, OnceLock};
 
-use outcore::{Handle, Runtime};
+use outcore::{Handle, Lineage, Runtime};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::region::Region;
 use super::rows::Rows;
 use super::{Blobs, Labels, Source};
 use crate::error::{Error, Result};
@@ -24,6 +26,9 @@ pub struct Partitioned<T> {
     pub rows: u64,
     /// Columns.
     pub dims: usize,
+    /// The executors are built when first needed (from the input file or
+    /// the generator), not loaded up front.
+    pub lazy: bool,
 }
 
 /// One block of consecutive rows, handed to the job's function that turns
@@ -196,8 +201,157 @@ impl Loader<'_> {
                 part_rows,
                 rows,
                 dims,
+                lazy: false,
             },
             summaries,
         ))
+    }
+}
+
+/// Where lazily built executors get their rows.
+enum Lazy {
+    File(Arc<Region>),
+    Generated(Arc<Blobs>),
+}
+
+/// Builds a job's executor from a block of rows.
+type BuildFn<T> = Arc<dyn Fn(Block) -> T + Send + Sync>;
+
+/// The lineage of an executor over rows of an input file: read them again
+/// (checking the file has not changed) and build the executor.
+struct FromFile<T> {
+    region: Arc<Region>,
+    first: u64,
+    rows: usize,
+    dims: usize,
+    /// The block's CRC-32 at its first read.
+    crc: OnceLock<u32>,
+    build: BuildFn<T>,
+}
+
+impl<T: Send + 'static> Lineage<T> for FromFile<T> {
+    fn rebuild(&self) -> io::Result<T> {
+        let x = self.region.read(self.first, self.rows, &self.crc)?;
+        Ok((self.build)(Block {
+            first: self.first,
+            dims: self.dims,
+            x,
+            y: Vec::new(),
+        }))
+    }
+}
+
+/// The lineage of an executor over generated rows: generate them the first
+/// time only. Regenerating costs more CPU than a spill round trip (about
+/// 2.2 s per GiB against well under 1 s of mostly idle waiting), so the
+/// executor spills after its first eviction.
+struct Generated<T> {
+    blobs: Arc<Blobs>,
+    first: u64,
+    rows: usize,
+    build: BuildFn<T>,
+}
+
+impl<T: Send + 'static> Lineage<T> for Generated<T> {
+    fn rebuild(&self) -> io::Result<T> {
+        let mut x = Vec::with_capacity(self.rows * self.blobs.dims());
+        self.blobs.points(self.first, self.rows, &mut x);
+        Ok((self.build)(Block {
+            first: self.first,
+            dims: self.blobs.dims(),
+            x,
+            y: Vec::new(),
+        }))
+    }
+
+    fn repeatable(&self) -> bool {
+        false
+    }
+}
+
+impl Loader<'_> {
+    /// Declares the rows as executors built when first needed, with no
+    /// load phase: file rows are read (and read again after each eviction,
+    /// never spilled) by the runtime's loads, generated rows are generated
+    /// on first use and spilled after their first eviction. Sources that
+    /// cannot be read twice (a pipe) are loaded by [`Loader::load`]. Labels
+    /// are not supported here (`build` gets none).
+    ///
+    /// `bytes_per_row` is what one row of the built executor takes in
+    /// memory (the runtime's estimate until it is built).
+    pub(crate) fn load_lazy<T, F>(
+        &self,
+        rt: &Runtime,
+        bytes_per_row: u64,
+        build: F,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<Partitioned<T>>
+    where
+        T: Default + Serialize + DeserializeOwned + Send + 'static,
+        F: Fn(Block) -> T + Send + Sync + 'static,
+    {
+        let rows_src = Rows::open(self.source)?;
+        let (rows, dims) = (rows_src.rows(), rows_src.dims());
+        let region = rows_src.region()?.map(Arc::new);
+        let blobs = match &rows_src {
+            Rows::Synthetic(b, _) => Some(Arc::new(b.clone())),
+            _ => None,
+        };
+        let lazy = match (region, blobs) {
+            (Some(r), _) if self.labels.is_none() => Lazy::File(r),
+            (None, Some(b)) if self.labels.is_none() => Lazy::Generated(b),
+            _ => {
+                let (ds, _) = self.load(rt, move |b| (build(b), ()), progress)?;
+                return Ok(ds);
+            }
+        };
+        let build: BuildFn<T> = Arc::new(build);
+        let per = (self.part_bytes / (4 * dims as u64).max(1)).clamp(1, u64::from(u32::MAX));
+        let nparts = rows.div_ceil(per);
+        let mut parts = Vec::with_capacity(nparts as usize);
+        let mut part_rows = Vec::with_capacity(nparts as usize);
+        for p in 0..nparts {
+            let first = p * per;
+            let n = per.min(rows - first) as usize;
+            let name = format!("{} {p}", self.name);
+            let size = n as u64 * bytes_per_row;
+            let size = usize::try_from(size).unwrap_or(usize::MAX);
+            let h = match &lazy {
+                Lazy::File(region) => rt.insert_lazy(
+                    Some(&name),
+                    size,
+                    FromFile {
+                        region: region.clone(),
+                        first,
+                        rows: n,
+                        dims,
+                        crc: OnceLock::new(),
+                        build: build.clone(),
+                    },
+                )?,
+                Lazy::Generated(blobs) => rt.insert_lazy(
+                    Some(&name),
+                    size,
+                    Generated {
+                        blobs: blobs.clone(),
+                        first,
+                        rows: n,
+                        build: build.clone(),
+                    },
+                )?,
+            };
+            parts.push(h);
+            part_rows.push(n as u32);
+        }
+        rt.hint_cycle(parts.iter().map(|h| h.id()));
+        let mut progress = progress;
+        progress(rows, rows);
+        Ok(Partitioned {
+            parts,
+            part_rows,
+            rows,
+            dims,
+            lazy: true,
+        })
     }
 }

@@ -18,6 +18,7 @@
 
 mod blobs;
 mod load;
+mod region;
 mod rows;
 
 use std::path::{Path, PathBuf};

@@ -5,10 +5,11 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::PathBuf;
 
+use super::region::{Encoding, Region};
 use super::{Blobs, Source};
 use crate::error::{Error, Result};
 use crate::files::open_input;
-use crate::npy::NpyRows;
+use crate::npy::{Dtype, NpyRows};
 
 /// Row reader over any source.
 #[derive(Debug)]
@@ -136,6 +137,35 @@ impl Rows {
             Rows::Npy(r) => r.cols(),
             Rows::Plain { dims, .. } => *dims,
         }
+    }
+
+    /// A block reader over the same file, for reading rows again in any
+    /// order (the lineage of file-backed executors); `None` for generated
+    /// data and for files that cannot be read twice (pipes, devices).
+    pub(crate) fn region(&self) -> Result<Option<Region>> {
+        let (path, offset, encoding) = match self {
+            Rows::Synthetic(..) => return Ok(None),
+            Rows::Npy(r) => {
+                let (offset, dtype) = r.layout();
+                let enc = if dtype == Dtype::F64 {
+                    Encoding::F64
+                } else {
+                    Encoding::F32
+                };
+                (r.path(), offset, enc)
+            }
+            Rows::Plain { path, fvecs, .. } => (
+                path.as_path(),
+                0,
+                if *fvecs {
+                    Encoding::Fvecs
+                } else {
+                    Encoding::F32
+                },
+            ),
+        };
+        Region::open(path, offset, self.dims(), encoding)
+            .map_err(|e| Error::io(path, "cannot open", e))
     }
 
     /// Appends rows `first..first + n` to `out` (rows are read in order).

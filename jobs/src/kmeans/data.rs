@@ -67,6 +67,12 @@ pub fn load(
         part_bytes,
         name: "partition",
     };
-    let (ds, _) = loader.load(rt, |b| (Partition::new(b.first, b.dims, b.x), ()), progress)?;
-    Ok(ds)
+    // A row takes its values and its norm.
+    let bytes_per_row = 4 * src.shape()?.1 as u64 + 4;
+    loader.load_lazy(
+        rt,
+        bytes_per_row,
+        |b| Partition::new(b.first, b.dims, b.x),
+        progress,
+    )
 }

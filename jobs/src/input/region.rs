@@ -1,0 +1,401 @@
+//! Reading any block of rows from an input file, again and again: the
+//! lineage of file-backed executors (they are rebuilt from the file
+//! instead of being spilled).
+//!
+//! Reads are large and direct (`O_DIRECT`, 4 MiB pieces, two in flight,
+//! each copied out of its aligned buffer while the other is read), so they
+//! cost no page-cache copy and leave the page cache alone; where the
+//! filesystem refuses direct I/O (tmpfs), plain `pread` takes over.
+//!
+//! A file that changes under the run would silently change the data, so
+//! each read checks the file's size and modification time against those
+//! taken when it was opened, and a CRC-32 of the block's bytes against the
+//! one taken at its first read.
+
+use std::alloc::Layout;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// How rows are stored in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Encoding {
+    /// Little-endian float32 values, `dims` per row.
+    F32,
+    /// Little-endian float64 values, converted to float32.
+    F64,
+    /// `.fvecs`: each row starts with its dimension as int32.
+    Fvecs,
+}
+
+/// What identifies the file's contents as first seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    mtime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+        }
+    }
+}
+
+/// The rows of one input file, readable by block.
+#[derive(Debug)]
+pub(crate) struct Region {
+    path: PathBuf,
+    /// Opened with `O_DIRECT`, when the filesystem allows it.
+    direct: Option<File>,
+    plain: File,
+    /// Byte offset of row 0.
+    offset: u64,
+    dims: usize,
+    encoding: Encoding,
+    stamp: Stamp,
+}
+
+/// Alignment and size of direct reads.
+const ALIGN: usize = 4096;
+const PIECE: usize = 4 << 20;
+
+impl Region {
+    /// Opens `path` for block reads; `None` when it is not a regular file
+    /// (a pipe or a device cannot be read twice).
+    pub(crate) fn open(
+        path: &Path,
+        offset: u64,
+        dims: usize,
+        encoding: Encoding,
+    ) -> io::Result<Option<Region>> {
+        let plain = File::open(path)?;
+        let meta = plain.metadata()?;
+        if !meta.file_type().is_file() {
+            return Ok(None);
+        }
+        let direct = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .ok();
+        Ok(Some(Region {
+            path: path.to_path_buf(),
+            direct,
+            plain,
+            offset,
+            dims,
+            encoding,
+            stamp: Stamp::of(&meta),
+        }))
+    }
+
+    /// Bytes one row takes in the file.
+    fn record(&self) -> usize {
+        match self.encoding {
+            Encoding::F32 => 4 * self.dims,
+            Encoding::F64 => 8 * self.dims,
+            Encoding::Fvecs => 4 + 4 * self.dims,
+        }
+    }
+
+    /// Rows `first..first + n` as float32, row-major. `crc` holds the
+    /// CRC-32 of the block's bytes from its first read (set by that read);
+    /// a later read that differs, or a file whose size or modification
+    /// time changed since it was opened, is an error.
+    pub(crate) fn read(&self, first: u64, n: usize, crc: &OnceLock<u32>) -> io::Result<Vec<f32>> {
+        let now = Stamp::of(&self.plain.metadata()?);
+        if now != self.stamp {
+            return Err(self.changed(first, n, "its size or modification time changed"));
+        }
+        let pos = self.offset + first * self.record() as u64;
+        let (values, sum) = match self.encoding {
+            Encoding::F32 => {
+                let mut v = vec![0f32; n * self.dims];
+                let bytes = as_bytes_mut(&mut v);
+                self.read_exact_at(pos, bytes)?;
+                let sum = crc32fast::hash(bytes);
+                (v, sum)
+            }
+            Encoding::F64 | Encoding::Fvecs => {
+                let mut raw = vec![0u8; n * self.record()];
+                self.read_exact_at(pos, &mut raw)?;
+                let sum = crc32fast::hash(&raw);
+                (self.convert(first, &raw)?, sum)
+            }
+        };
+        if *crc.get_or_init(|| sum) != sum {
+            return Err(self.changed(first, n, "its bytes differ from the first read"));
+        }
+        Ok(values)
+    }
+
+    fn changed(&self, first: u64, n: usize, why: &str) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} changed during the run (rows {first}..{}: {why})",
+                self.path.display(),
+                first + n as u64
+            ),
+        )
+    }
+
+    fn convert(&self, first: u64, raw: &[u8]) -> io::Result<Vec<f32>> {
+        let d = self.dims;
+        let mut out = Vec::with_capacity(raw.len() / self.record() * d);
+        match self.encoding {
+            Encoding::F64 => out.extend(raw.chunks_exact(8).map(|b| {
+                f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32
+            })),
+            Encoding::Fvecs => {
+                for (k, r) in raw.chunks_exact(self.record()).enumerate() {
+                    let rd = i32::from_le_bytes([r[0], r[1], r[2], r[3]]);
+                    if rd as usize != d {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!(
+                                "{}: record {} has dimension {rd}, expected {d}",
+                                self.path.display(),
+                                first + k as u64
+                            ),
+                        ));
+                    }
+                    out.extend(
+                        r[4..]
+                            .chunks_exact(4)
+                            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                    );
+                }
+            }
+            Encoding::F32 => out.extend(
+                raw.chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            ),
+        }
+        Ok(out)
+    }
+
+    /// Fills `dst` from the file at `pos`: direct reads when possible, two
+    /// pieces in flight; plain reads otherwise.
+    fn read_exact_at(&self, pos: u64, dst: &mut [u8]) -> io::Result<()> {
+        let Some(direct) = &self.direct else {
+            return self.plain.read_exact_at(dst, pos);
+        };
+        let pieces: Vec<(u64, &mut [u8])> = dst
+            .chunks_mut(PIECE)
+            .enumerate()
+            .map(|(i, c)| (pos + (i * PIECE) as u64, c))
+            .collect();
+        let mut lanes: [Vec<(u64, &mut [u8])>; 2] = [Vec::new(), Vec::new()];
+        for (i, p) in pieces.into_iter().enumerate() {
+            lanes[i % 2].push(p);
+        }
+        let [even, odd] = lanes;
+        let results = std::thread::scope(|s| {
+            let other = s.spawn(|| self.read_pieces(direct, odd));
+            let here = self.read_pieces(direct, even);
+            let there = other
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("a reader thread panicked")));
+            here.and(there)
+        });
+        match results {
+            Ok(()) => Ok(()),
+            // The filesystem took the open but refuses the reads.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.plain.read_exact_at(dst, pos),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn read_pieces(&self, direct: &File, pieces: Vec<(u64, &mut [u8])>) -> io::Result<()> {
+        if pieces.is_empty() {
+            return Ok(());
+        }
+        // Small blocks get a small buffer (the memory counts against the
+        // cap while the read runs).
+        let longest = pieces.iter().map(|(_, d)| d.len()).max().unwrap_or(0);
+        let mut buf = AlignedBuf::new(longest.next_multiple_of(ALIGN) + 2 * ALIGN)?;
+        for (pos, dst) in pieces {
+            let start = pos - pos % ALIGN as u64;
+            let skip = (pos - start) as usize;
+            let want = (skip + dst.len()).next_multiple_of(ALIGN);
+            let b = &mut buf.as_mut()[..want];
+            let mut got = 0;
+            while got < skip + dst.len() {
+                // Direct reads need aligned offsets and lengths: `got`
+                // stays a multiple of the alignment until the end of file.
+                let n = direct.read_at(&mut b[got..], start + got as u64)?;
+                if n == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("{}: shorter than its header says", self.path.display()),
+                    ));
+                }
+                got += n;
+            }
+            dst.copy_from_slice(&b[skip..skip + dst.len()]);
+        }
+        Ok(())
+    }
+}
+
+/// The bytes of a float32 slice.
+fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
+    let len = std::mem::size_of_val(v);
+    // SAFETY: f32 has no padding and every bit pattern is a valid f32, so
+    // the same memory viewed as `len` bytes (alignment 1) is valid for
+    // reads and writes for as long as the borrow of `v`.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), len) }
+}
+
+/// A zeroed buffer aligned for direct I/O.
+struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    layout: Layout,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> io::Result<AlignedBuf> {
+        let layout = Layout::from_size_align(len.max(ALIGN), ALIGN)
+            .map_err(|_| io::Error::other("buffer too large"))?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr =
+            std::ptr::NonNull::new(p).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        Ok(AlignedBuf { ptr, layout })
+    }
+
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` holds `layout.size()` initialised (zeroed) bytes
+        // owned by this buffer, borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+// SAFETY: the buffer owns its memory exclusively, like a `Vec<u8>`.
+unsafe impl Send for AlignedBuf {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A file of `rows x dims` float32 values after a `header`-byte prefix,
+    /// in `dir`; value `(r, c)` is `r * dims + c`.
+    fn file(dir: &Path, header: usize, rows: usize, dims: usize) -> PathBuf {
+        let p = dir.join("rows.bin");
+        let mut f = File::create(&p).unwrap();
+        f.write_all(&vec![0xAB; header]).unwrap();
+        let mut bytes = Vec::with_capacity(rows * dims * 4);
+        for i in 0..rows * dims {
+            bytes.extend_from_slice(&(i as f32).to_le_bytes());
+        }
+        f.write_all(&bytes).unwrap();
+        p
+    }
+
+    fn check_blocks(dir: &Path) {
+        // 9 MiB of rows after a 128-byte header: blocks cross the 4 MiB
+        // pieces and start at unaligned offsets.
+        let (rows, dims) = (2304, 1024);
+        let p = file(dir, 128, rows, dims);
+        let r = Region::open(&p, 128, dims, Encoding::F32).unwrap().unwrap();
+        for (first, n) in [(0, 1), (3, 2000), (1, rows - 1), (rows - 7, 7)] {
+            let crc = OnceLock::new();
+            let v = r.read(first as u64, n, &crc).unwrap();
+            assert_eq!(v.len(), n * dims);
+            for (k, &x) in v.iter().enumerate() {
+                assert_eq!(x, (first * dims + k) as f32, "block {first}+{n}, value {k}");
+            }
+            // A second read matches the first's checksum.
+            assert_eq!(r.read(first as u64, n, &crc).unwrap(), v);
+        }
+        let past = r.read(rows as u64 - 1, 2, &OnceLock::new());
+        assert!(past.is_err(), "a read past the end must fail");
+    }
+
+    #[test]
+    fn blocks_read_back_exactly_on_a_disk_filesystem() {
+        let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+        check_blocks(dir.path());
+    }
+
+    #[test]
+    fn blocks_read_back_exactly_where_direct_io_is_refused() {
+        // tmpfs refuses O_DIRECT: the plain path.
+        let shm = Path::new("/dev/shm");
+        if shm.is_dir() {
+            let dir = tempfile::tempdir_in(shm).unwrap();
+            check_blocks(dir.path());
+        }
+    }
+
+    #[test]
+    fn a_file_changed_under_the_run_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = file(dir.path(), 0, 64, 4);
+        let r = Region::open(&p, 0, 4, Encoding::F32).unwrap().unwrap();
+        let crc = OnceLock::new();
+        r.read(8, 8, &crc).unwrap();
+
+        // Rewritten in place with the same size and modification time: only
+        // the checksum can tell.
+        let meta = std::fs::metadata(&p).unwrap();
+        let f = OpenOptions::new().write(true).open(&p).unwrap();
+        f.write_all_at(&7f32.to_le_bytes(), 8 * 16 + 4).unwrap();
+        f.set_modified(meta.modified().unwrap()).unwrap();
+        drop(f);
+        let e = r.read(8, 8, &crc).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("changed during the run"), "{e}");
+        assert!(e.to_string().contains("rows 8..16"), "{e}");
+
+        // Appended to: the size changed.
+        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+        f.write_all(&[0; 16]).unwrap();
+        drop(f);
+        let e = r.read(0, 8, &OnceLock::new()).unwrap_err();
+        assert!(e.to_string().contains("size or modification time"), "{e}");
+    }
+
+    #[test]
+    fn float64_and_fvecs_rows_convert() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d.bin");
+        let mut bytes = Vec::new();
+        for i in 0..30 {
+            bytes.extend_from_slice(&(i as f64 + 0.5).to_le_bytes());
+        }
+        std::fs::write(&p, &bytes).unwrap();
+        let r = Region::open(&p, 0, 3, Encoding::F64).unwrap().unwrap();
+        let v = r.read(2, 3, &OnceLock::new()).unwrap();
+        assert_eq!(v, (6..15).map(|i| i as f32 + 0.5).collect::<Vec<_>>());
+
+        let p = dir.path().join("v.fvecs");
+        let mut bytes = Vec::new();
+        for row in 0..5 {
+            bytes.extend_from_slice(&2i32.to_le_bytes());
+            for c in 0..2 {
+                bytes.extend_from_slice(&((row * 2 + c) as f32).to_le_bytes());
+            }
+        }
+        std::fs::write(&p, &bytes).unwrap();
+        let r = Region::open(&p, 0, 2, Encoding::Fvecs).unwrap().unwrap();
+        assert_eq!(
+            r.read(3, 2, &OnceLock::new()).unwrap(),
+            [6.0, 7.0, 8.0, 9.0]
+        );
+    }
+}
