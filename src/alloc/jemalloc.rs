@@ -1,5 +1,6 @@
-//! jemalloc settings: `retain:false` under an address-space limit (chosen
-//! before jemalloc starts), purging, and queries.
+//! jemalloc settings: large blocks in the ordinary arenas and `retain:false`
+//! under an address-space limit (chosen before jemalloc starts), freed pages
+//! kept for reuse while a capped runtime lives, purging, and queries.
 
 /// Asks jemalloc to return unused dirty pages to the operating system (all
 /// arenas) and flushes this thread's cache. Never allocates.
@@ -23,6 +24,35 @@ pub(crate) fn purge() {
             std::ptr::null_mut(),
             0,
         );
+    }
+}
+
+/// How long jemalloc keeps freed dirty pages before returning them to the
+/// system when no capped runtime is alive (jemalloc's default).
+const DEFAULT_DIRTY_DECAY_MS: isize = 10_000;
+
+/// While a runtime with a cap is alive, freed pages stay with jemalloc until
+/// reused (`dirty_decay_ms:-1`) instead of decaying. Under a cap, memory is
+/// freed by evictions and taken again at once by loads of the same size:
+/// decay would return those pages to the system and the next load would
+/// fault every page in again (about 3,200 faults and a kernel zeroing per
+/// 12.6 MiB partition). Dirty pages come only from freed accounted memory,
+/// so they stay within what the cap allowed; the trap and `evict_all`
+/// still purge. Called outside the allocator (registration), may allocate.
+pub(crate) fn keep_dirty_pages(keep: bool) {
+    let ms: isize = if keep { -1 } else { DEFAULT_DIRTY_DECAY_MS };
+    // SAFETY: the names are NUL-terminated and name controls of the types
+    // read and written (`unsigned` and `ssize_t`).
+    unsafe {
+        let _ = tikv_jemalloc_ctl::raw::write(b"arenas.dirty_decay_ms\0", ms);
+        let n: u32 = tikv_jemalloc_ctl::raw::read(b"arenas.narenas\0").unwrap_or(0);
+        for i in 0..n {
+            let name = format!("arena.{i}.dirty_decay_ms\0");
+            let _ = tikv_jemalloc_ctl::raw::write(name.as_bytes(), ms);
+        }
+    }
+    if !keep {
+        purge();
     }
 }
 
@@ -50,12 +80,18 @@ extern "C" fn choose_malloc_conf() {
     };
     // SAFETY: `lim` is a valid, writable rlimit struct.
     let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } == 0;
-    if ok && lim.rlim_cur != libc::RLIM_INFINITY {
-        // SAFETY: single-threaded start-up; jemalloc has not read the
-        // variable yet (it does so on its first allocation).
-        unsafe {
-            MALLOC_CONF = c"retain:false".as_ptr();
-        }
+    // Large blocks (partitions of tens of MiB) live in the ordinary arenas,
+    // where freed pages can be reused (see `keep_dirty_pages`), not in the
+    // oversize arena, which returns them to the system on every free.
+    let conf = if ok && lim.rlim_cur != libc::RLIM_INFINITY {
+        c"oversize_threshold:0,retain:false"
+    } else {
+        c"oversize_threshold:0"
+    };
+    // SAFETY: single-threaded start-up; jemalloc has not read the variable
+    // yet (it does so on its first allocation).
+    unsafe {
+        MALLOC_CONF = conf.as_ptr();
     }
 }
 

@@ -135,7 +135,14 @@ fn recompute_cap() {
         false
     });
     account::set_soft_cap(cap);
+    // Called from registration only (never from the allocator).
+    if KEEP_DIRTY.swap(cap.is_some(), Ordering::AcqRel) != cap.is_some() {
+        jemalloc::keep_dirty_pages(cap.is_some());
+    }
 }
+
+/// Whether freed pages are being kept for reuse (a capped runtime lives).
+static KEEP_DIRTY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Calls `f` on each registered entry until it returns true.
 fn with_entries(f: impl FnMut(&Entry) -> bool) -> bool {

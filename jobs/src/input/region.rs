@@ -2,8 +2,8 @@
 //! lineage of file-backed executors (they are rebuilt from the file
 //! instead of being spilled).
 //!
-//! Reads are large and direct (`O_DIRECT`, 4 MiB pieces, two in flight,
-//! each copied out of its aligned buffer while the other is read), so they
+//! Reads are large and direct (`O_DIRECT`, 1 MiB pieces, four in flight,
+//! each copied out of its aligned buffer while the others are read), so they
 //! cost no page-cache copy and leave the page cache alone; where the
 //! filesystem refuses direct I/O (tmpfs), plain `pread` takes over.
 //!
@@ -15,9 +15,11 @@
 use std::alloc::Layout;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 /// How rows are stored in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,11 +60,20 @@ pub(crate) struct Region {
     dims: usize,
     encoding: Encoding,
     stamp: Stamp,
+    /// Aligned buffers of finished reads, reused by the next ones (fresh
+    /// memory would cost a page fault per page on every read).
+    spare: Mutex<Vec<AlignedBuf>>,
 }
 
-/// Alignment and size of direct reads.
+/// A piece of a block still to read: its file position and destination
+/// (taken by the reader thread that reads it).
+type Piece<'a> = Mutex<Option<(u64, &'a mut [MaybeUninit<u8>])>>;
+
+/// Alignment and size of direct reads, and the reader threads per block
+/// (the reads in flight).
 const ALIGN: usize = 4096;
-const PIECE: usize = 4 << 20;
+const PIECE: usize = 1 << 20;
+const READERS: usize = 4;
 
 impl Region {
     /// Opens `path` for block reads; `None` when it is not a regular file
@@ -91,6 +102,7 @@ impl Region {
             dims,
             encoding,
             stamp: Stamp::of(&meta),
+            spare: Mutex::new(Vec::new()),
         }))
     }
 
@@ -115,15 +127,21 @@ impl Region {
         let pos = self.offset + first * self.record() as u64;
         let (values, sum) = match self.encoding {
             Encoding::F32 => {
-                let mut v = vec![0f32; n * self.dims];
-                let bytes = as_bytes_mut(&mut v);
-                self.read_exact_at(pos, bytes)?;
-                let sum = crc32fast::hash(bytes);
+                let count = n * self.dims;
+                let mut v: Vec<f32> = Vec::with_capacity(count);
+                self.read_exact_at(pos, uninit_bytes(&mut v.spare_capacity_mut()[..count]))?;
+                // SAFETY: `read_exact_at` initialised all `count * 4` bytes
+                // of the first `count` elements, and any bits are a valid f32.
+                unsafe { v.set_len(count) };
+                let sum = crc32fast::hash(as_bytes(&v));
                 (v, sum)
             }
             Encoding::F64 | Encoding::Fvecs => {
-                let mut raw = vec![0u8; n * self.record()];
-                self.read_exact_at(pos, &mut raw)?;
+                let len = n * self.record();
+                let mut raw: Vec<u8> = Vec::with_capacity(len);
+                self.read_exact_at(pos, &mut raw.spare_capacity_mut()[..len])?;
+                // SAFETY: `read_exact_at` initialised the first `len` bytes.
+                unsafe { raw.set_len(len) };
                 let sum = crc32fast::hash(&raw);
                 (self.convert(first, &raw)?, sum)
             }
@@ -182,78 +200,144 @@ impl Region {
 
     /// Fills `dst` from the file at `pos`: direct reads when possible, two
     /// pieces in flight; plain reads otherwise.
-    fn read_exact_at(&self, pos: u64, dst: &mut [u8]) -> io::Result<()> {
+    ///
+    /// `dst` may be uninitialised (fresh memory is never zeroed first:
+    /// zeroing would cost a pass, or page faults, over every block); it is
+    /// fully initialised when this returns `Ok`.
+    fn read_exact_at(&self, pos: u64, dst: &mut [MaybeUninit<u8>]) -> io::Result<()> {
         let Some(direct) = &self.direct else {
-            return self.plain.read_exact_at(dst, pos);
+            return self.plain_read(pos, dst);
         };
-        let pieces: Vec<(u64, &mut [u8])> = dst
+        // Pieces handed out in order to a few reader threads, so that
+        // several reads are in flight and copies overlap them.
+        let pieces: Vec<Piece<'_>> = dst
             .chunks_mut(PIECE)
             .enumerate()
-            .map(|(i, c)| (pos + (i * PIECE) as u64, c))
+            .map(|(i, c)| Mutex::new(Some((pos + (i * PIECE) as u64, c))))
             .collect();
-        let mut lanes: [Vec<(u64, &mut [u8])>; 2] = [Vec::new(), Vec::new()];
-        for (i, p) in pieces.into_iter().enumerate() {
-            lanes[i % 2].push(p);
-        }
-        let [even, odd] = lanes;
+        let next = AtomicUsize::new(0);
+        let lanes = pieces.len().min(READERS);
+        let lane = || self.read_pieces(direct, &pieces, &next);
         let results = std::thread::scope(|s| {
-            let other = s.spawn(|| self.read_pieces(direct, odd));
-            let here = self.read_pieces(direct, even);
-            let there = other
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("a reader thread panicked")));
-            here.and(there)
+            let others: Vec<_> = (1..lanes).map(|_| s.spawn(lane)).collect();
+            let mut result = lane();
+            for h in others {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(io::Error::other("a reader thread panicked")));
+                result = result.and(r);
+            }
+            result
         });
         match results {
             Ok(()) => Ok(()),
             // The filesystem took the open but refuses the reads.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.plain.read_exact_at(dst, pos),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.plain_read(pos, dst),
             Err(e) => Err(e),
         }
     }
 
-    fn read_pieces(&self, direct: &File, pieces: Vec<(u64, &mut [u8])>) -> io::Result<()> {
-        if pieces.is_empty() {
-            return Ok(());
-        }
-        // Small blocks get a small buffer (the memory counts against the
-        // cap while the read runs).
-        let longest = pieces.iter().map(|(_, d)| d.len()).max().unwrap_or(0);
-        let mut buf = AlignedBuf::new(longest.next_multiple_of(ALIGN) + 2 * ALIGN)?;
-        for (pos, dst) in pieces {
-            let start = pos - pos % ALIGN as u64;
-            let skip = (pos - start) as usize;
-            let want = (skip + dst.len()).next_multiple_of(ALIGN);
-            let b = &mut buf.as_mut()[..want];
-            let mut got = 0;
-            while got < skip + dst.len() {
-                // Direct reads need aligned offsets and lengths: `got`
-                // stays a multiple of the alignment until the end of file.
-                let n = direct.read_at(&mut b[got..], start + got as u64)?;
-                if n == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        format!("{}: shorter than its header says", self.path.display()),
-                    ));
+    /// One reader thread: takes pieces until none is left.
+    fn read_pieces(
+        &self,
+        direct: &File,
+        pieces: &[Piece<'_>],
+        next: &AtomicUsize,
+    ) -> io::Result<()> {
+        let need = PIECE + 2 * ALIGN;
+        let spare = {
+            let mut spares = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+            spares.pop()
+        };
+        let mut buf = match spare {
+            Some(b) => b,
+            None => AlignedBuf::new(need)?,
+        };
+        let mut result = Ok(());
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(cell) = pieces.get(i) else { break };
+            let taken = cell.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some((pos, dst)) = taken {
+                result = self.fill_piece(direct, pos, dst, &mut buf);
+                if result.is_err() {
+                    // Let the other readers stop too.
+                    next.store(pieces.len(), Ordering::Relaxed);
+                    break;
                 }
-                got += n;
             }
-            dst.copy_from_slice(&b[skip..skip + dst.len()]);
         }
+        let mut spares = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        if spares.len() < READERS {
+            spares.push(buf);
+        }
+        result
+    }
+
+    /// Reads `dst.len()` bytes at `pos` through the aligned `buf`.
+    fn fill_piece(
+        &self,
+        direct: &File,
+        pos: u64,
+        dst: &mut [MaybeUninit<u8>],
+        buf: &mut AlignedBuf,
+    ) -> io::Result<()> {
+        let start = pos - pos % ALIGN as u64;
+        let skip = (pos - start) as usize;
+        let want = (skip + dst.len()).next_multiple_of(ALIGN);
+        let b = &mut buf.as_mut()[..want];
+        let mut got = 0;
+        while got < skip + dst.len() {
+            // Direct reads need aligned offsets and lengths: `got` stays a
+            // multiple of the alignment until the end of the file.
+            let n = direct.read_at(&mut b[got..], start + got as u64)?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("{}: shorter than its header says", self.path.display()),
+                ));
+            }
+            got += n;
+        }
+        let src = &b[skip..skip + dst.len()];
+        // SAFETY: `src` and `dst` have the same length, and do not overlap
+        // (the aligned buffer is this reader's own); writing bytes into
+        // `MaybeUninit<u8>` is always valid.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), src.len())
+        };
         Ok(())
+    }
+
+    /// Plain `pread`s into `dst` (zeroed first: the standard reader needs
+    /// initialised memory; this path is for filesystems without direct
+    /// I/O, where the page-cache copy costs more than the zeroing).
+    fn plain_read(&self, pos: u64, dst: &mut [MaybeUninit<u8>]) -> io::Result<()> {
+        dst.fill(MaybeUninit::new(0));
+        // SAFETY: every byte was just initialised; `MaybeUninit<u8>` and
+        // `u8` have the same layout.
+        let bytes = unsafe { &mut *(dst as *mut [MaybeUninit<u8>] as *mut [u8]) };
+        self.plain.read_exact_at(bytes, pos)
     }
 }
 
-/// The bytes of a float32 slice.
-fn as_bytes_mut(v: &mut [f32]) -> &mut [u8] {
+/// The bytes of float32 values not initialised yet.
+fn uninit_bytes(v: &mut [MaybeUninit<f32>]) -> &mut [MaybeUninit<u8>] {
     let len = std::mem::size_of_val(v);
-    // SAFETY: f32 has no padding and every bit pattern is a valid f32, so
-    // the same memory viewed as `len` bytes (alignment 1) is valid for
-    // reads and writes for as long as the borrow of `v`.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), len) }
+    // SAFETY: the same memory viewed as `len` possibly uninitialised bytes
+    // (alignment 1), for as long as the borrow of `v`.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<MaybeUninit<u8>>(), len) }
+}
+
+/// The bytes of a float32 slice.
+fn as_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding, so its memory is `size_of_val` initialised
+    // bytes, borrowed for as long as `v`.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 /// A zeroed buffer aligned for direct I/O.
+#[derive(Debug)]
 struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
     layout: Layout,
