@@ -341,6 +341,10 @@ fn file_input_under_a_cap_is_read_again_not_spilled() {
         let s: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
         assert_eq!(s["bytes_written"].as_u64(), Some(0), "cap {cap}: {s}");
+        // Everything read came from the input: at least the whole file once.
+        let input = s["input_bytes_read"].as_u64().unwrap();
+        assert_eq!(s["bytes_read"].as_u64(), Some(input), "{s}");
+        assert!(input >= 120_000 * 16 * 4, "{s}");
         let rebuilds = s["runtime"]["rebuilds"].as_u64().unwrap();
         if cap != "none" {
             assert!(s["evictions"].as_u64().unwrap() > 0, "{s}");

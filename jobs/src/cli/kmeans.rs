@@ -102,7 +102,10 @@ struct KmeansStats<'a> {
     loads: u64,
     prefetch_hits: u64,
     bytes_written: u64,
+    /// Spill files and input file together.
     bytes_read: u64,
+    /// The input file (executors built and rebuilt from it).
+    input_bytes_read: u64,
     peak_bytes: u64,
     wall_seconds: f64,
     load_seconds: f64,
@@ -218,18 +221,23 @@ pub(super) fn run(a: KmeansArgs) -> Result<()> {
     };
     fb.stage(&format!("{word} 1/{passes}"), rows);
     let mut last = rt.stats();
+    // Bytes read from disk: spill files and, for executors rebuilt from
+    // the input file, the input.
+    let mut last_read = last.bytes_read + ds.input_bytes_read();
     let mut epoch_read = Vec::new();
     let mut epoch_written = Vec::new();
     let out = kmeans::run(&rt, &ds, &cfg, |ev| match ev {
         Event::Progress { done, .. } => fb.progress(done),
         Event::Initialized { seconds } => {
             let s = rt.stats();
+            let read = s.bytes_read + ds.input_bytes_read();
             fb.line(&format!(
                 "initialised in {seconds:.2}s: loads {}, read {}",
                 s.loads - last.loads,
-                format_bytes(s.bytes_read - last.bytes_read)
+                format_bytes(read - last_read)
             ));
             last = s;
+            last_read = read;
         }
         Event::Epoch {
             index,
@@ -237,18 +245,20 @@ pub(super) fn run(a: KmeansArgs) -> Result<()> {
             inertia,
         } => {
             let s = rt.stats();
+            let read = s.bytes_read + ds.input_bytes_read();
             fb.line(&format!(
                 "{word} {}/{passes}: {seconds:.2}s, inertia {inertia:.6e}, evictions {} (clean {}), loads {}, read {}, written {}",
                 index + 1,
                 s.evictions - last.evictions,
                 s.clean_evictions - last.clean_evictions,
                 s.loads - last.loads,
-                format_bytes(s.bytes_read - last.bytes_read),
+                format_bytes(read - last_read),
                 format_bytes(s.bytes_written - last.bytes_written),
             ));
-            epoch_read.push(s.bytes_read - last.bytes_read);
+            epoch_read.push(read - last_read);
             epoch_written.push(s.bytes_written - last.bytes_written);
             last = s;
+            last_read = read;
             if index + 1 < passes {
                 fb.stage(&format!("{word} {}/{passes}", index + 2), rows);
             }
@@ -287,7 +297,8 @@ pub(super) fn run(a: KmeansArgs) -> Result<()> {
                 loads: s.loads,
                 prefetch_hits: s.prefetch_hits,
                 bytes_written: s.bytes_written,
-                bytes_read: s.bytes_read,
+                bytes_read: s.bytes_read + ds.input_bytes_read(),
+                input_bytes_read: ds.input_bytes_read(),
                 peak_bytes: s.peak_bytes,
                 wall_seconds,
                 load_seconds,
@@ -310,7 +321,7 @@ pub(super) fn run(a: KmeansArgs) -> Result<()> {
         s.clean_evictions,
         s.trap_evictions,
         s.loads,
-        format_bytes(s.bytes_read),
+        format_bytes(s.bytes_read + ds.input_bytes_read()),
         format_bytes(s.bytes_written),
     );
     Ok(())

@@ -29,6 +29,16 @@ pub struct Partitioned<T> {
     /// The executors are built when first needed (from the input file or
     /// the generator), not loaded up front.
     pub lazy: bool,
+    /// The input file the executors are read from again, when they are.
+    input: Option<Arc<Region>>,
+}
+
+impl<T> Partitioned<T> {
+    /// Bytes read from the input file by the executors' lineages (builds
+    /// and rebuilds after evictions); 0 when the data was loaded up front.
+    pub fn input_bytes_read(&self) -> u64 {
+        self.input.as_ref().map_or(0, |r| r.bytes_read())
+    }
 }
 
 /// One block of consecutive rows, handed to the job's function that turns
@@ -202,6 +212,7 @@ impl Loader<'_> {
                 rows,
                 dims,
                 lazy: false,
+                input: None,
             },
             summaries,
         ))
@@ -352,6 +363,10 @@ impl Loader<'_> {
             rows,
             dims,
             lazy: true,
+            input: match &lazy {
+                Lazy::File(r) => Some(r.clone()),
+                Lazy::Generated(_) => None,
+            },
         })
     }
 }
