@@ -19,6 +19,16 @@ use crate::error::{Error, Result};
 use crate::executor::{EvictStep, Slot, State, NONE};
 use crate::stats::Counters;
 
+/// Resident executors ranked by one scan of the registry, for
+/// `make_room`: the best victim last.
+#[derive(Default)]
+pub(crate) struct Victims {
+    list: Vec<(u64, Arc<Slot>)>,
+    /// The runtime's clock when the list was built, and its length then.
+    built_at: u64,
+    built_len: u64,
+}
+
 /// Outcome of one eviction attempt.
 pub(crate) enum Evicted {
     /// Memory freed (bytes, as measured).
@@ -41,26 +51,6 @@ pub(crate) fn low_watermark(cap: u64) -> u64 {
 }
 
 impl Shared {
-    /// The resident executor to evict next, not in `skip`: the highest
-    /// rank (above `above` when given).
-    fn pick_victim(&self, above: Option<u64>, skip: &[u64]) -> Option<Arc<Slot>> {
-        let reg = self.registry.lock();
-        let mut best: Option<(u64, &Arc<Slot>)> = None;
-        for s in reg.slots.values() {
-            if s.state_hint() != State::Resident || skip.contains(&s.id) {
-                continue;
-            }
-            let r = self.rank(s, &reg);
-            if above.is_some_and(|a| r <= a) {
-                continue;
-            }
-            if best.is_none_or(|(br, _)| r > br) {
-                best = Some((r, s));
-            }
-        }
-        best.map(|(_, s)| s.clone())
-    }
-
     /// The trap's victim, not in `skip`, when `need` bytes must be freed
     /// now: the highest-ranked executor that frees `need` alone; if none
     /// does, the largest (then the highest-ranked), so that the request is
@@ -192,6 +182,75 @@ impl Shared {
         }
     }
 
+    /// The next victim for `make_room`, not in `skip`, ranked above
+    /// `above` when given: the top of the ranked list, checked against its
+    /// rank now. The list is rebuilt by one scan when it runs out or after
+    /// a quarter as many clock ticks as it held candidates (ranks drift as
+    /// the sweep moves on), so a decision costs O(log n) amortised instead
+    /// of a scan of the registry per victim.
+    fn next_victim(&self, above: Option<u64>, skip: &[u64]) -> Option<Arc<Slot>> {
+        let mut cache = self.victims.lock().unwrap_or_else(|e| e.into_inner());
+        let now = self.clock_now();
+        let mut rebuilt = false;
+        loop {
+            if cache.list.is_empty()
+                || now.saturating_sub(cache.built_at) > cache.built_len / 4 + 16
+            {
+                if rebuilt && cache.list.is_empty() {
+                    return None;
+                }
+                self.rank_victims(&mut cache, now);
+                rebuilt = true;
+                if cache.list.is_empty() {
+                    return None;
+                }
+            }
+            let Some((cached, s)) = cache.list.pop() else {
+                continue;
+            };
+            if s.state_hint() != State::Resident || skip.contains(&s.id) {
+                continue;
+            }
+            let r = {
+                let reg = self.registry.lock();
+                if !reg.slots.contains_key(&s.id) {
+                    continue;
+                }
+                self.rank(&s, &reg)
+            };
+            if r < cached && cache.list.last().is_some_and(|(next, _)| r < *next) {
+                // Needed sooner than when ranked (a task came up for it):
+                // back in the list at its rank now.
+                let at = cache.list.partition_point(|(x, _)| *x < r);
+                cache.list.insert(at, (r, s));
+                continue;
+            }
+            if above.is_some_and(|a| r <= a) {
+                // The best candidates are gone: keep this one for later.
+                cache.list.push((r, s));
+                return None;
+            }
+            return Some(s);
+        }
+    }
+
+    /// Ranks every resident executor once (ascending, so the best victim
+    /// is last).
+    fn rank_victims(&self, cache: &mut Victims, now: u64) {
+        cache.list.clear();
+        {
+            let reg = self.registry.lock();
+            for s in reg.slots.values() {
+                if s.state_hint() == State::Resident {
+                    cache.list.push((self.rank(s, &reg), s.clone()));
+                }
+            }
+        }
+        cache.list.sort_unstable_by_key(|(r, _)| *r);
+        cache.built_at = now;
+        cache.built_len = cache.list.len() as u64;
+    }
+
     /// Evicts until `bytes` more fit under the low watermark, taking only
     /// victims ranked above `above` when given. Returns whether they fit.
     pub(crate) fn make_room(&self, bytes: usize, above: Option<u64>) -> bool {
@@ -212,7 +271,7 @@ impl Shared {
             {
                 return true;
             }
-            let Some(v) = self.pick_victim(above, &skip) else {
+            let Some(v) = self.next_victim(above, &skip) else {
                 return false;
             };
             if !matches!(self.evict_slot(&v, false), Evicted::Freed(_)) {

@@ -11,7 +11,71 @@ use crate::alloc;
 use crate::executor::{Slot, State, NONE};
 use crate::policy::Cycle;
 
+/// Evicted executors ranked by one scan of the registry, for the
+/// prefetcher: the most urgent last.
+#[derive(Default)]
+pub(crate) struct Wanted {
+    list: Vec<(u64, Arc<Slot>)>,
+    /// The runtime's clock when the list was built, and its length then.
+    built_at: u64,
+    built_len: u64,
+}
+
 impl Shared {
+    /// The evicted executor needed soonest, with its rank and cycle: the
+    /// top of the ranked list, checked against its rank now. Rebuilt by one
+    /// scan when it runs out or after a quarter as many clock ticks as it
+    /// held candidates, so a step costs O(log n) amortised, not a scan.
+    fn next_to_prefetch(&self) -> Option<(u64, Cycle, Arc<Slot>)> {
+        let mut cache = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
+        let now = self.clock_now();
+        let mut rebuilt = false;
+        loop {
+            if cache.list.is_empty()
+                || now.saturating_sub(cache.built_at) > cache.built_len / 4 + 16
+            {
+                if rebuilt {
+                    return None;
+                }
+                cache.list.clear();
+                {
+                    let reg = self.registry.lock();
+                    for s in reg.slots.values() {
+                        if s.state_hint() == State::Evicted {
+                            cache.list.push((self.rank(s, &reg), s.clone()));
+                        }
+                    }
+                }
+                // Descending: the most urgent last.
+                cache
+                    .list
+                    .sort_unstable_by_key(|(r, _)| std::cmp::Reverse(*r));
+                cache.built_at = now;
+                cache.built_len = cache.list.len() as u64;
+                rebuilt = true;
+            }
+            let Some((cached, s)) = cache.list.pop() else {
+                continue;
+            };
+            if s.state_hint() != State::Evicted {
+                continue;
+            }
+            let (r, cycle) = {
+                let reg = self.registry.lock();
+                if !reg.slots.contains_key(&s.id) {
+                    continue;
+                }
+                (self.rank(&s, &reg), reg.cycle_of(&s, self.lookahead()))
+            };
+            if r > cached && cache.list.last().is_some_and(|(next, _)| r > *next) {
+                // Needed later than when ranked: back in the list.
+                let at = cache.list.partition_point(|(x, _)| *x > r);
+                cache.list.insert(at, (r, s));
+                continue;
+            }
+            return Some((r, cycle, s));
+        }
+    }
     /// The prefetcher's one step: loads the evicted executor needed soonest
     /// (lowest rank: a pending task, or one of the next turns in its
     /// declared cycle) if it fits, evicting only idle executors that are not
@@ -20,24 +84,14 @@ impl Shared {
     /// usage is below 90% of the low watermark. Returns whether it loaded
     /// something.
     fn prefetch_step(&self) -> bool {
-        let target = {
-            let reg = self.registry.lock();
-            let mut best: Option<(u64, &Arc<Slot>)> = None;
-            for s in reg.slots.values() {
-                if s.state_hint() != State::Evicted {
-                    continue;
-                }
-                let r = self.rank(s, &reg);
-                if best.is_none_or(|(br, _)| r < br) {
-                    best = Some((r, s));
-                }
-            }
-            best.map(|(r, s)| (r, reg.cycle_of(s, self.lookahead()), s.clone()))
-        };
+        let target = self.next_to_prefetch();
         let Some((rank, cycle, slot)) = target else {
             return false;
         };
         if !self.prefetch_may_load(&slot, rank, cycle) {
+            // Not now: it stays the most urgent candidate.
+            let mut cache = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
+            cache.list.push((rank, slot));
             return false;
         }
         let mut g = slot.lock();

@@ -41,6 +41,11 @@ pub(crate) struct Shared {
     pub(crate) prefetch_signal: Signal,
     pub(crate) workers: usize,
     pub(crate) writes: WriteHealth,
+    /// Victims ranked by one registry scan, for `make_room` (see
+    /// `evict.rs`). Never taken by the trap.
+    pub(crate) victims: std::sync::Mutex<super::evict::Victims>,
+    /// Evicted executors ranked by one scan, for the prefetcher.
+    pub(crate) wanted: std::sync::Mutex<super::prefetch::Wanted>,
     started: Instant,
 }
 
@@ -69,11 +74,18 @@ impl Shared {
             prefetch_signal: Signal::default(),
             workers,
             writes: WriteHealth::from_env(),
+            victims: std::sync::Mutex::new(super::evict::Victims::default()),
+            wanted: std::sync::Mutex::new(super::prefetch::Wanted::default()),
             started: Instant::now(),
         })
     }
 
     /// The next logical time.
+    /// The logical clock, without advancing it.
+    pub(crate) fn clock_now(&self) -> u64 {
+        self.clock.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn tick(&self) -> u64 {
         self.clock.fetch_add(1, Ordering::Relaxed)
     }

@@ -109,6 +109,8 @@ struct KmeansStats<'a> {
     peak_bytes: u64,
     wall_seconds: f64,
     load_seconds: f64,
+    /// The initialisation (k-means++, random or given centres).
+    init_seconds: f64,
     mem_cap_bytes: Option<u64>,
     policy: &'a str,
     workers: usize,
@@ -224,11 +226,13 @@ pub(super) fn run(a: KmeansArgs) -> Result<()> {
     // Bytes read from disk: spill files and, for executors rebuilt from
     // the input file, the input.
     let mut last_read = last.bytes_read + ds.input_bytes_read();
+    let mut init_seconds = 0.0;
     let mut epoch_read = Vec::new();
     let mut epoch_written = Vec::new();
     let out = kmeans::run(&rt, &ds, &cfg, |ev| match ev {
         Event::Progress { done, .. } => fb.progress(done),
         Event::Initialized { seconds } => {
+            init_seconds = seconds;
             let s = rt.stats();
             let read = s.bytes_read + ds.input_bytes_read();
             fb.line(&format!(
@@ -302,6 +306,7 @@ pub(super) fn run(a: KmeansArgs) -> Result<()> {
                 peak_bytes: s.peak_bytes,
                 wall_seconds,
                 load_seconds,
+                init_seconds,
                 mem_cap_bytes: rt.cap(),
                 policy: &rt.policy().to_string(),
                 workers: rt.workers(),

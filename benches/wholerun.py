@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Whole K-means runs from a .npy file against the physical bound, side by
+side in one run (issue 15, targets 0 and 1).
+
+    sudo python3 benches/wholerun.py                       # 4 GiB under 1 GiB
+    sudo python3 benches/wholerun.py --data 8GiB --cap 2GiB
+    sudo python3 benches/wholerun.py --data 2GiB --cap 1GiB --epochs 4
+
+For the data file (written once with `outcore gen` if missing) it measures:
+
+- the device's read bandwidth B: `dd iflag=direct bs=1M` of the same file,
+  page cache dropped, best of two;
+- an uncapped run and a capped run of `outcore kmeans` (mini-batch, k = 100,
+  page cache dropped before each): wall time, load phase, initialisation,
+  each epoch, bytes read per epoch.
+
+The bound of each phase is the larger of the uncapped run's time for it and
+the bytes the capped run must read in it divided by B; initialisation reads
+the whole input once (its bound is that read); each epoch and the final
+pass read at least (data - cap). Printed: each run against that bound, capped / uncapped steady
+epoch, reads per epoch / (data - cap). Needs root to drop the page cache.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+UNITS = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def size(s):
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]ib)?", s.strip().lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size {s!r}")
+    return int(float(m.group(1)) * UNITS.get(m.group(2) or "", 1))
+
+
+def drop_caches():
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def dd_bandwidth(path):
+    best = 0.0
+    for _ in range(2):
+        drop_caches()
+        t = time.perf_counter()
+        subprocess.run(["dd", f"if={path}", "of=/dev/null", "iflag=direct", "bs=1M"],
+                       check=True, capture_output=True)
+        best = max(best, os.path.getsize(path) / (time.perf_counter() - t))
+    return best
+
+
+def kmeans(binary, data, cap, epochs):
+    with tempfile.TemporaryDirectory() as d:
+        stats = os.path.join(d, "s.json")
+        drop_caches()
+        subprocess.run([binary, "kmeans", "--input", data, "--k", "100", "--epochs", str(epochs),
+                        "--mem-cap", cap, "--stats", stats], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(stats) as f:
+            return json.load(f)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", type=size, default=size("4GiB"))
+    ap.add_argument("--cap", type=size, default=size("1GiB"))
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--file", help="the .npy file (default: benches/data-<size>.npy, generated)")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("wholerun.py: run as root (it drops the page cache)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run(["cargo", "build", "--release", "-p", "outcore-jobs", "--bin", "outcore"],
+                   cwd=root, check=True, stderr=subprocess.DEVNULL)
+    binary = os.path.join(root, "target", "release", "outcore")
+    data = a.file or os.path.join(root, "target", f"bench-data-{a.data >> 20}MiB.npy")
+    if not os.path.exists(data):
+        subprocess.run([binary, "gen", "--synthetic", f"{a.data >> 20}MiB", "--output", data],
+                       check=True, stderr=subprocess.DEVNULL)
+    nbytes = os.path.getsize(data)
+    bw = dd_bandwidth(data)
+    unc = kmeans(binary, data, "none", a.epochs)
+    cap = kmeans(binary, data, f"{a.cap >> 20}MiB", a.epochs)
+    bw2 = dd_bandwidth(data)
+    bw = max(bw, bw2)
+    gib = 1 << 30
+    must = max(nbytes - a.cap, 0)
+
+    def rest(s):
+        return s["wall_seconds"] - s["load_seconds"] - s["init_seconds"] - sum(s["epoch_seconds"])
+
+    # The initialisation's own work (k-means++ on a sample) is small next to
+    # reading the input, which it overlaps: its bound is the read.
+    init_bound = nbytes / bw
+    epoch_bounds = [max(u, r / bw) for u, r in zip(unc["epoch_seconds"], cap["epoch_bytes_read"])]
+    tail_bound = max(rest(unc), must / bw)
+    bound = init_bound + sum(epoch_bounds) + tail_bound
+    steady = lambda s: sum(s["epoch_seconds"][1:]) / max(len(s["epoch_seconds"]) - 1, 1)
+    steady_bound = sum(epoch_bounds[1:]) / max(len(epoch_bounds) - 1, 1)
+
+    print(f"data {nbytes / gib:.2f} GiB, cap {a.cap / gib:.2f} GiB, {a.epochs} epochs, k = 100")
+    print(f"device: dd iflag=direct bs=1M {bw / 1e9:.2f} GB/s (best of 4, before and after)")
+    print("| run | wall s | load s | init s | epochs s | tail s | read/epoch GiB | wall / bound |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, s in [("uncapped", unc), (f"capped {a.cap / gib:.2f} GiB", cap)]:
+        reads = s["epoch_bytes_read"]
+        print(f"| {name} | {s['wall_seconds']:.1f} | {s['load_seconds']:.1f} | {s['init_seconds']:.1f} | "
+              f"{', '.join(f'{e:.2f}' for e in s['epoch_seconds'])} | {rest(s):.1f} | "
+              f"{', '.join(f'{r / gib:.2f}' for r in reads)} | {s['wall_seconds'] / bound:.2f} |")
+    print(f"bound: init {init_bound:.1f} s + epochs {' + '.join(f'{b:.2f}' for b in epoch_bounds)} s "
+          f"+ tail {tail_bound:.1f} s = {bound:.1f} s")
+    print(f"capped / uncapped steady epoch: {steady(cap) / steady(unc):.2f}; "
+          f"capped steady epoch / its bound: {steady(cap) / steady_bound:.2f}")
+    if must:
+        per = sum(cap["epoch_bytes_read"]) / len(cap["epoch_bytes_read"])
+        print(f"reads per epoch / (data - cap): {per / must:.2f}")
+    print(f"spill bytes written: capped {cap['bytes_written'] / gib:.2f} GiB, "
+          f"uncapped {unc['bytes_written'] / gib:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()
