@@ -22,11 +22,23 @@ pub(crate) struct Wanted {
 }
 
 impl Shared {
-    /// The evicted executor needed soonest, with its rank and cycle: the
-    /// top of the ranked list, checked against its rank now. Rebuilt by one
-    /// scan when it runs out or after a quarter as many clock ticks as it
-    /// held candidates, so a step costs O(log n) amortised, not a scan.
+    /// The evicted executor needed soonest, with its rank and cycle.
+    ///
+    /// Two sources, so that a step costs no scan of the registry: the
+    /// positions just ahead of each cycle's cursor (looked up directly:
+    /// ranks there move with the cursor), and, for executors with pending
+    /// tasks or in no cycle (whose ranks do not move), a list ranked by one
+    /// scan, rebuilt when it runs out or after a quarter as many clock
+    /// ticks as it held candidates.
     fn next_to_prefetch(&self) -> Option<(u64, Cycle, Arc<Slot>)> {
+        let ahead = self.lookahead();
+        let in_window = {
+            let reg = self.registry.lock();
+            reg.coming_up(ahead)
+                .filter(|s| s.state_hint() == State::Evicted)
+                .map(|s| (self.rank(s, &reg), reg.cycle_of(s, ahead), s.clone()))
+                .min_by_key(|(r, _, _)| *r)
+        };
         let mut cache = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
         let now = self.clock_now();
         let mut rebuilt = false;
@@ -35,13 +47,15 @@ impl Shared {
                 || now.saturating_sub(cache.built_at) > cache.built_len / 4 + 16
             {
                 if rebuilt {
-                    return None;
+                    return in_window;
                 }
                 cache.list.clear();
                 {
                     let reg = self.registry.lock();
                     for s in reg.slots.values() {
-                        if s.state_hint() == State::Evicted {
+                        let steady = s.next_task.load(Ordering::Relaxed) != NONE
+                            || s.cycle_id.load(Ordering::Relaxed) == NONE;
+                        if steady && s.state_hint() == State::Evicted {
                             cache.list.push((self.rank(s, &reg), s.clone()));
                         }
                     }
@@ -53,36 +67,31 @@ impl Shared {
                 cache.built_at = now;
                 cache.built_len = cache.list.len() as u64;
                 rebuilt = true;
+                continue;
             }
-            let Some((cached, s)) = cache.list.pop() else {
+            let Some((_, s)) = cache.list.last().cloned() else {
                 continue;
             };
-            if s.state_hint() != State::Evicted {
-                continue;
-            }
-            let (r, cycle) = {
+            let fresh = {
                 let reg = self.registry.lock();
-                if !reg.slots.contains_key(&s.id) {
-                    continue;
-                }
-                (self.rank(&s, &reg), reg.cycle_of(&s, self.lookahead()))
+                reg.slots
+                    .contains_key(&s.id)
+                    .then(|| (self.rank(&s, &reg), reg.cycle_of(&s, ahead)))
             };
-            if r > cached && cache.list.last().is_some_and(|(next, _)| r > *next) {
-                // Needed later than when ranked: back in the list.
-                let at = cache.list.partition_point(|(x, _)| *x > r);
-                cache.list.insert(at, (r, s));
+            let Some((r, cycle)) = fresh.filter(|_| s.state_hint() == State::Evicted) else {
+                cache.list.pop();
                 continue;
-            }
-            return Some((r, cycle, s));
+            };
+            return match in_window {
+                Some(w) if w.0 <= r => Some(w),
+                _ => {
+                    cache.list.pop();
+                    Some((r, cycle, s))
+                }
+            };
         }
     }
-    /// The prefetcher's one step: loads the evicted executor needed soonest
-    /// (lowest rank: a pending task, or one of the next turns in its
-    /// declared cycle) if it fits, evicting only idle executors that are not
-    /// coming up, highest rank first. Without a plan for an executor (idle,
-    /// outside any cycle), it comes back only when no work is pending and
-    /// usage is below 90% of the low watermark. Returns whether it loaded
-    /// something.
+
     fn prefetch_step(&self) -> bool {
         let target = self.next_to_prefetch();
         let Some((rank, cycle, slot)) = target else {

@@ -30,6 +30,8 @@ struct CycleState {
     members: u64,
     /// Position of the executor dispatched last.
     cursor: u64,
+    /// The executor at each position (its id), as declared.
+    order: Vec<u64>,
 }
 
 /// What the registry lock guards.
@@ -62,10 +64,12 @@ impl Inner {
         let id = self.next_cycle;
         let mut len = 0u64;
         let mut members = 0u64;
+        let mut ids = Vec::with_capacity(order.len());
         for eid in order {
             let Some(s) = self.slots.get(eid).cloned() else {
                 continue;
             };
+            ids.push(*eid);
             let old = s.cycle_id.swap(id, Ordering::Relaxed);
             if old != id {
                 self.leave(old);
@@ -81,10 +85,26 @@ impl Inner {
                     len,
                     members,
                     cursor: len.saturating_sub(1),
+                    order: ids,
                 },
             );
         }
         CycleId(id)
+    }
+
+    /// The executors of every cycle at the `ahead` positions after its
+    /// cursor, nearest first (those still at the position they were
+    /// declared at): what the sweeps need next, found without a scan.
+    pub(crate) fn coming_up(&self, ahead: u64) -> impl Iterator<Item = &Arc<Slot>> + '_ {
+        self.cycles.iter().flat_map(move |(&cid, c)| {
+            (1..=ahead.min(c.len)).filter_map(move |k| {
+                let pos = (c.cursor + k) % c.len.max(1);
+                let s = self.slots.get(c.order.get(pos as usize)?)?;
+                (s.cycle_id.load(Ordering::Relaxed) == cid
+                    && s.cycle_pos.load(Ordering::Relaxed) == pos)
+                    .then_some(s)
+            })
+        })
     }
 
     /// Records that the sweep of `s`'s cycle has reached `s`.
