@@ -555,6 +555,31 @@ fn sq_dist(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// Squared distances from every row of `s` (`d` columns) to the rows
+/// `centres` of `s`: `out[i * centres.len() + t]` for row `i` and centre
+/// `t`, on `threads` threads over contiguous ranges of rows. Each value is
+/// `sq_dist` of the two rows, whatever the thread count.
+fn distances_to(s: &[f32], d: usize, centres: &[usize], threads: usize) -> Vec<f32> {
+    let n = s.len() / d.max(1);
+    let m = centres.len();
+    let mut out = vec![0f32; n * m];
+    let per = n.div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|sc| {
+        for (r, block) in out.chunks_mut(per * m).enumerate() {
+            sc.spawn(move || {
+                for (j, o) in block.chunks_exact_mut(m).enumerate() {
+                    let i = r * per + j;
+                    let x = &s[i * d..(i + 1) * d];
+                    for (t, &c) in centres.iter().enumerate() {
+                        o[t] = sq_dist(x, &s[c * d..(c + 1) * d]);
+                    }
+                }
+            });
+        }
+    });
+    out
+}
+
 fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config) -> Result<Centers> {
     let d = ds.dims;
     let k = cfg.k;
@@ -595,11 +620,11 @@ fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config) -> Result<Centers> 
             // proportional to the squared distance to the nearest chosen
             // one; of 2 + ln(k) such draws, the one that lowers the total
             // most is kept.
-            let row = |i: usize| &s[i * d..(i + 1) * d];
             let trials = 2 + (k as f64).ln() as usize;
+            let threads = rt.workers().max(1);
             let first = (rng.random::<u64>() % n as u64) as usize;
             chosen.push(first);
-            let mut best: Vec<f32> = (0..n).map(|i| sq_dist(row(i), row(first))).collect();
+            let mut best = distances_to(&s, d, &[first], threads);
             let mut cand_d = vec![0f32; n];
             let mut keep_d = vec![0f32; n];
             while chosen.len() < k {
@@ -611,19 +636,25 @@ fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config) -> Result<Centers> 
                     continue;
                 }
                 let mut winner: Option<(f64, usize)> = None;
-                for _ in 0..trials {
-                    let mut r = rng.random::<f64>() * total;
-                    let mut pick = n - 1;
-                    for (i, &b) in best.iter().enumerate() {
-                        if r < f64::from(b) {
-                            pick = i;
-                            break;
+                // The draws depend only on `best`: draw them all, then
+                // measure every candidate in one parallel pass.
+                let picks: Vec<usize> = (0..trials)
+                    .map(|_| {
+                        let mut r = rng.random::<f64>() * total;
+                        for (i, &b) in best.iter().enumerate() {
+                            if r < f64::from(b) {
+                                return i;
+                            }
+                            r -= f64::from(b);
                         }
-                        r -= f64::from(b);
-                    }
+                        n - 1
+                    })
+                    .collect();
+                let dist = distances_to(&s, d, &picks, threads);
+                for (t, &pick) in picks.iter().enumerate() {
                     let mut pot = 0f64;
                     for (i, c) in cand_d.iter_mut().enumerate() {
-                        *c = best[i].min(sq_dist(row(i), row(pick)));
+                        *c = best[i].min(dist[i * trials + t]);
                         pot += f64::from(*c);
                     }
                     if winner.is_none_or(|(w, _)| pot < w) {
