@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{is_child, run_child};
+use common::{child_ok, is_child};
 use outcore::{Error, Handle, Lineage, MemoryCap, PodVec, Runtime, State};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -38,24 +38,6 @@ fn lazy(rt: &Runtime, n: u32, elems: usize, calls: &Arc<AtomicUsize>) -> Vec<Han
             .expect("insert")
         })
         .collect()
-}
-
-fn ok(test: &str) -> common::ChildOutput {
-    let out = run_child(test, None, TIMEOUT);
-    assert!(
-        out.status.success(),
-        "{test} failed: {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        out.stdout,
-        out.stderr
-    );
-    out
-}
-
-fn num(out: &common::ChildOutput, key: &str) -> u64 {
-    out.value(key)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in {}", out.stdout))
 }
 
 #[test]
@@ -213,11 +195,16 @@ fn capped_sweeps_rebuild_instead_of_spilling() {
         println!("PEAK={}", s.peak_bytes);
         return;
     }
-    let out = ok("capped_sweeps_rebuild_instead_of_spilling");
-    assert_eq!(num(&out, "WRITTEN"), 0, "{}", out.stdout);
-    assert!(num(&out, "REBUILDS") >= 32 * 2, "{}", out.stdout);
-    assert!(num(&out, "EVICTIONS") > 0, "{}", out.stdout);
-    assert!(num(&out, "PEAK") < 64 << 20, "{}", out.stdout);
+    let out = child_ok(
+        "capped_sweeps_rebuild_instead_of_spilling",
+        None,
+        TIMEOUT,
+        &[],
+    );
+    assert_eq!(out.num("WRITTEN"), 0, "{}", out.stdout);
+    assert!(out.num("REBUILDS") >= 32 * 2, "{}", out.stdout);
+    assert!(out.num("EVICTIONS") > 0, "{}", out.stdout);
+    assert!(out.num("PEAK") < 64 << 20, "{}", out.stdout);
 }
 
 /// A lineage too costly to repeat builds the executor once; after that the

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{is_child, run_child, run_child_with, run_job, Part};
+use common::{is_child, run_child, run_job, Part};
 use outcore::{EvictionPolicy, MemoryCap, Runtime};
 
 const PARTS: usize = 16;
@@ -38,21 +38,11 @@ fn ok(test: &str, limit: Option<u64>) -> common::ChildOutput {
 /// [`ok`] with extra environment variables for the child (never `set_var`:
 /// it would leak into the children of tests running alongside).
 fn ok_with(test: &str, limit: Option<u64>, env: &[(&str, &str)]) -> common::ChildOutput {
-    let out = run_child_with(test, limit, TIMEOUT, env);
-    assert!(
-        out.status.success(),
-        "{test} failed: {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        out.stdout,
-        out.stderr
-    );
-    out
+    common::child_ok(test, limit, TIMEOUT, env)
 }
 
 fn num(out: &common::ChildOutput, key: &str) -> u64 {
-    out.value(key)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in {}", out.stdout))
+    out.num(key)
 }
 
 #[test]

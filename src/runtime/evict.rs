@@ -19,16 +19,6 @@ use crate::error::{Error, Result};
 use crate::executor::{EvictStep, Slot, State, NONE};
 use crate::stats::Counters;
 
-/// Resident executors ranked by one scan of the registry, for
-/// `make_room`: the best victim last.
-#[derive(Default)]
-pub(crate) struct Victims {
-    list: Vec<(u64, Arc<Slot>)>,
-    /// The runtime's clock when the list was built, and its length then.
-    built_at: u64,
-    built_len: u64,
-}
-
 /// Outcome of one eviction attempt.
 pub(crate) enum Evicted {
     /// Memory freed (bytes, as measured).
@@ -193,13 +183,18 @@ impl Shared {
         let now = self.clock_now();
         let mut rebuilt = false;
         loop {
-            if cache.list.is_empty()
-                || now.saturating_sub(cache.built_at) > cache.built_len / 4 + 16
-            {
+            if cache.stale(now) {
                 if rebuilt && cache.list.is_empty() {
                     return None;
                 }
-                self.rank_victims(&mut cache, now);
+                let reg = self.registry.lock();
+                let resident = reg
+                    .slots
+                    .values()
+                    .filter(|s| s.state_hint() == State::Resident)
+                    .map(|s| (self.rank(s, &reg), s.clone()));
+                cache.rebuild(now, resident, true);
+                drop(reg);
                 rebuilt = true;
                 if cache.list.is_empty() {
                     return None;
@@ -232,23 +227,6 @@ impl Shared {
             }
             return Some(s);
         }
-    }
-
-    /// Ranks every resident executor once (ascending, so the best victim
-    /// is last).
-    fn rank_victims(&self, cache: &mut Victims, now: u64) {
-        cache.list.clear();
-        {
-            let reg = self.registry.lock();
-            for s in reg.slots.values() {
-                if s.state_hint() == State::Resident {
-                    cache.list.push((self.rank(s, &reg), s.clone()));
-                }
-            }
-        }
-        cache.list.sort_unstable_by_key(|(r, _)| *r);
-        cache.built_at = now;
-        cache.built_len = cache.list.len() as u64;
     }
 
     /// Evicts until `bytes` more fit under the low watermark, taking only

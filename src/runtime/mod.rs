@@ -33,6 +33,7 @@ mod handle;
 mod load;
 mod pool;
 mod prefetch;
+mod ranked;
 mod registry;
 mod shared;
 mod writes;

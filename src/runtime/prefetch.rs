@@ -11,16 +11,6 @@ use crate::alloc;
 use crate::executor::{Slot, State, NONE};
 use crate::policy::Cycle;
 
-/// Evicted executors ranked by one scan of the registry, for the
-/// prefetcher: the most urgent last.
-#[derive(Default)]
-pub(crate) struct Wanted {
-    list: Vec<(u64, Arc<Slot>)>,
-    /// The runtime's clock when the list was built, and its length then.
-    built_at: u64,
-    built_len: u64,
-}
-
 impl Shared {
     /// The evicted executor needed soonest, with its rank and cycle.
     ///
@@ -43,29 +33,22 @@ impl Shared {
         let now = self.clock_now();
         let mut rebuilt = false;
         loop {
-            if cache.list.is_empty()
-                || now.saturating_sub(cache.built_at) > cache.built_len / 4 + 16
-            {
+            if cache.stale(now) {
                 if rebuilt {
                     return in_window;
                 }
-                cache.list.clear();
-                {
-                    let reg = self.registry.lock();
-                    for s in reg.slots.values() {
-                        let steady = s.next_task.load(Ordering::Relaxed) != NONE
-                            || s.cycle_id.load(Ordering::Relaxed) == NONE;
-                        if steady && s.state_hint() == State::Evicted {
-                            cache.list.push((self.rank(s, &reg), s.clone()));
-                        }
-                    }
-                }
-                // Descending: the most urgent last.
-                cache
-                    .list
-                    .sort_unstable_by_key(|(r, _)| std::cmp::Reverse(*r));
-                cache.built_at = now;
-                cache.built_len = cache.list.len() as u64;
+                let reg = self.registry.lock();
+                let steady = reg
+                    .slots
+                    .values()
+                    .filter(|s| {
+                        (s.next_task.load(Ordering::Relaxed) != NONE
+                            || s.cycle_id.load(Ordering::Relaxed) == NONE)
+                            && s.state_hint() == State::Evicted
+                    })
+                    .map(|s| (self.rank(s, &reg), s.clone()));
+                cache.rebuild(now, steady, false);
+                drop(reg);
                 rebuilt = true;
                 continue;
             }

@@ -4,7 +4,8 @@
 //!
 //! The behaviour lives next door, one job a file: `evict.rs` (victims,
 //! writes, making room, the trap's entry point), `load.rs` (loading and
-//! pinning), `prefetch.rs` (the prefetcher).
+//! pinning), `prefetch.rs` (the prefetcher), `ranked.rs` (the ranked lists
+//! those two decide from).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -43,9 +44,9 @@ pub(crate) struct Shared {
     pub(crate) writes: WriteHealth,
     /// Victims ranked by one registry scan, for `make_room` (see
     /// `evict.rs`). Never taken by the trap.
-    pub(crate) victims: std::sync::Mutex<super::evict::Victims>,
+    pub(crate) victims: std::sync::Mutex<super::ranked::RankedList>,
     /// Evicted executors ranked by one scan, for the prefetcher.
-    pub(crate) wanted: std::sync::Mutex<super::prefetch::Wanted>,
+    pub(crate) wanted: std::sync::Mutex<super::ranked::RankedList>,
     started: Instant,
 }
 
@@ -74,8 +75,8 @@ impl Shared {
             prefetch_signal: Signal::default(),
             workers,
             writes: WriteHealth::from_env(),
-            victims: std::sync::Mutex::new(super::evict::Victims::default()),
-            wanted: std::sync::Mutex::new(super::prefetch::Wanted::default()),
+            victims: std::sync::Mutex::new(super::ranked::RankedList::default()),
+            wanted: std::sync::Mutex::new(super::ranked::RankedList::default()),
             started: Instant::now(),
         })
     }

@@ -33,6 +33,14 @@ pub struct ChildOutput {
 }
 
 impl ChildOutput {
+    /// The number in a `KEY=value` line the child printed (panics when
+    /// there is none).
+    pub fn num(&self, key: &str) -> u64 {
+        self.value(key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {}", self.stdout))
+    }
+
     /// The value of a `KEY=value` line the child printed.
     pub fn value(&self, key: &str) -> Option<String> {
         let prefix = format!("{key}=");
@@ -42,6 +50,25 @@ impl ChildOutput {
             .split_whitespace()
             .find_map(|t| t.strip_prefix(&prefix).map(str::to_string))
     }
+}
+
+/// Runs `test` in a child process (see [`run_child_with`]) and panics,
+/// showing its output, unless it succeeded.
+pub fn child_ok(
+    test: &str,
+    rlimit_as: Option<u64>,
+    timeout: Duration,
+    env: &[(&str, &str)],
+) -> ChildOutput {
+    let out = run_child_with(test, rlimit_as, timeout, env);
+    assert!(
+        out.status.success(),
+        "{test} failed: {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    out
 }
 
 /// Runs test `test` of the current test binary in a child process, with
