@@ -49,14 +49,7 @@ impl Bomb {
 }
 
 fn ok(test: &str) -> common::ChildOutput {
-    let out = run_child(test, None, TIMEOUT);
-    assert!(
-        out.status.success(),
-        "child failed ({:?}): {}",
-        out.status,
-        out.stderr
-    );
-    out
+    common::child_ok(test, None, TIMEOUT, &[])
 }
 
 /// Defect 1: a `Serialize` that panics while the soft trap evicts must not

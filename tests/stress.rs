@@ -10,7 +10,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{is_child, run_child};
+use common::{child_ok, is_child};
 use outcore::{Error, MemoryCap, PodVec, Runtime, State};
 use serde::de::Deserializer;
 use serde::ser::Serializer;
@@ -179,19 +179,10 @@ fn stress(cap: MemoryCap, elems: usize) {
     println!("EVICTIONS={}", s.evictions);
 }
 
-fn check(out: &common::ChildOutput) {
-    assert!(
-        out.status.success(),
-        "{:?}\n{}\n{}",
-        out.status,
-        out.stdout,
-        out.stderr
-    );
-    let n = |k: &str| -> u64 {
-        out.value(k)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(u64::MAX)
-    };
+/// Runs `test` in a child under `limit` and checks what it reports.
+fn check(test: &str, limit: Option<u64>) {
+    let out = child_ok(test, limit, Duration::from_secs(240), &[]);
+    let n = |k: &str| out.num(k);
     assert_eq!(n("WRONG"), 0, "{}", out.stdout);
     assert_eq!(n("LOST"), 0, "{}", out.stdout);
     assert_eq!(n("OK") + n("DAMAGED"), EXECUTORS, "{}", out.stdout);
@@ -208,11 +199,7 @@ fn stress_under_a_soft_cap() {
     if is_child("stress_under_a_soft_cap") {
         return stress(MemoryCap::Bytes(40 << 20), 1 << 20);
     }
-    check(&run_child(
-        "stress_under_a_soft_cap",
-        None,
-        Duration::from_secs(240),
-    ));
+    check("stress_under_a_soft_cap", None);
 }
 
 #[test]
@@ -222,9 +209,5 @@ fn stress_under_a_hard_limit() {
     }
     // 24 executors of 8 MiB (192 MiB) beside a test process that maps
     // about 250 MiB at start, under 450 MiB of address space.
-    check(&run_child(
-        "stress_under_a_hard_limit",
-        Some(450 << 20),
-        Duration::from_secs(240),
-    ));
+    check("stress_under_a_hard_limit", Some(450 << 20));
 }
