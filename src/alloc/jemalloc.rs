@@ -37,8 +37,9 @@ const DEFAULT_DIRTY_DECAY_MS: isize = 10_000;
 /// decay would return those pages to the system and the next load would
 /// fault every page in again (about 3,200 faults and a kernel zeroing per
 /// 12.6 MiB partition). Dirty pages come only from freed accounted memory,
-/// so they stay within what the cap allowed; the trap and `evict_all`
-/// still purge. Called outside the allocator (registration), may allocate.
+/// and `make_room` purges them once they exceed a budget ([`trim_dirty`]);
+/// the trap and `evict_all` still purge. Called outside the allocator
+/// (registration), may allocate.
 pub(crate) fn keep_dirty_pages(keep: bool) {
     let ms: isize = if keep { -1 } else { DEFAULT_DIRTY_DECAY_MS };
     // SAFETY: the names are NUL-terminated and name controls of the types
@@ -53,6 +54,34 @@ pub(crate) fn keep_dirty_pages(keep: bool) {
     }
     if !keep {
         purge();
+    }
+}
+
+/// Purges jemalloc's freed pages when they exceed `budget` bytes (all
+/// arenas), so that kept pages (see [`keep_dirty_pages`]) never hold more
+/// than that beyond what is in use: in a memory cgroup sized just above the
+/// cap, more would push the job into swap. Reads jemalloc's statistics
+/// (refreshing them), so it is called outside the allocator, after
+/// evictions.
+pub(crate) fn trim_dirty(budget: usize) {
+    // SAFETY: "epoch" takes a u64 and "stats.arenas.4096.pdirty" (all
+    // arenas) is a size_t; the names are NUL-terminated.
+    let pages: usize = unsafe {
+        let _ = tikv_jemalloc_ctl::raw::write(b"epoch\0", 1u64);
+        tikv_jemalloc_ctl::raw::read(b"stats.arenas.4096.pdirty\0").unwrap_or(0)
+    };
+    if pages.saturating_mul(page_size()) > budget {
+        purge();
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
     }
 }
 

@@ -43,7 +43,7 @@ pub use account::{
 };
 pub(crate) use account::{thread_own_net, BypassGuard, EvictScope, COUNTERS};
 pub(crate) use ffi::announce_to_shim;
-pub(crate) use jemalloc::purge;
+pub(crate) use jemalloc::{purge, trim_dirty};
 pub(crate) use trap::{register, Evictor, Freed, Registration};
 
 /// The outcore global allocator: jemalloc with accounting and an allocation

@@ -81,6 +81,7 @@ impl Shared {
                     Counters::add(&self.counters.prefetches, 1);
                 }
                 self.generation.fetch_add(1, Ordering::Relaxed);
+                self.trim_after_load();
                 Ok(())
             }
             Err(source) => {

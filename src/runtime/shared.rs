@@ -45,6 +45,9 @@ pub(crate) struct Shared {
     /// Victims ranked by one registry scan, for `make_room` (see
     /// `evict.rs`). Never taken by the trap.
     pub(crate) victims: std::sync::Mutex<super::ranked::RankedList>,
+    /// Freed pages jemalloc may keep for reuse before a load purges them
+    /// (see `trim_after_load`).
+    pub(crate) dirty_budget: usize,
     /// Evicted executors ranked by one scan, for the prefetcher.
     pub(crate) wanted: std::sync::Mutex<super::ranked::RankedList>,
     started: Instant,
@@ -75,6 +78,7 @@ impl Shared {
             prefetch_signal: Signal::default(),
             workers,
             writes: WriteHealth::from_env(),
+            dirty_budget: dirty_budget(cap, &crate::cap::detect_limits()),
             victims: std::sync::Mutex::new(super::ranked::RankedList::default()),
             wanted: std::sync::Mutex::new(super::ranked::RankedList::default()),
             started: Instant::now(),
@@ -131,4 +135,56 @@ pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// the panic hook) instead of unwinding into the runtime or the allocator.
 pub(crate) fn drop_user_value<T>(v: T) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(v)));
+}
+
+/// How many freed pages jemalloc may keep for reuse under `cap`: what the
+/// memory limit (cgroup or physical memory) leaves above the cap, less
+/// 1/32 of it for code, stacks and the page cache; at least twice the low
+/// watermark's gap (kept pages are taken again by the next loads). Without
+/// a cap, unlimited (pages then decay as jemalloc decides).
+pub(crate) fn dirty_budget(cap: Option<u64>, l: &crate::cap::Limits) -> usize {
+    let Some(cap) = cap else { return usize::MAX };
+    let gap = cap - super::evict::low_watermark(cap);
+    let floor = 2 * gap;
+    let room = [l.cgroup, l.physical]
+        .into_iter()
+        .flatten()
+        .min()
+        .map_or(floor, |m| m.saturating_sub(cap).saturating_sub(m / 32));
+    usize::try_from(room.max(floor)).unwrap_or(usize::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dirty_budget;
+    use crate::cap::Limits;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn kept_pages_fit_what_the_memory_limit_leaves_above_the_cap() {
+        let cgroup = Limits {
+            cgroup: Some(2 * GIB),
+            rlimit_as: None,
+            physical: Some(24 * GIB),
+        };
+        // 1.9 GiB under a 2 GiB cgroup: little room, so twice the gap.
+        let cap = 2 * GIB / 20 * 19;
+        let gap = cap - crate::runtime::evict::low_watermark(cap);
+        assert_eq!(dirty_budget(Some(cap), &cgroup), 2 * gap as usize);
+        // 1 GiB on a 24 GiB machine: the rest of memory less 1/32.
+        let free = Limits {
+            cgroup: None,
+            ..cgroup
+        };
+        assert_eq!(
+            dirty_budget(Some(GIB), &free) as u64,
+            23 * GIB - 24 * GIB / 32
+        );
+        assert_eq!(dirty_budget(None, &free), usize::MAX);
+        assert_eq!(
+            dirty_budget(Some(GIB), &Limits::default()) as u64,
+            2 * (GIB - crate::runtime::evict::low_watermark(GIB))
+        );
+    }
 }
