@@ -69,7 +69,11 @@ pub struct Stats {
     pub tasks: u64,
     /// Time tasks spent waiting for their executor to be loaded, in seconds.
     pub load_wait_seconds: f64,
-    /// Highest accounted usage of the process, in bytes.
+    /// Highest accounted usage of the process, in bytes. Raised whenever a
+    /// thread publishes its allocations: past the flush threshold, after
+    /// every task and load, when [`stats`](crate::Runtime::stats) is
+    /// called and when a thread exits. A spike shorter than that can be
+    /// missed by at most the flush threshold per thread.
     pub peak_bytes: u64,
     /// Accounted usage of the process now, in bytes.
     pub current_bytes: u64,

@@ -383,3 +383,22 @@ fn two_sweep_orders_in_one_runtime_keep_their_own_positions() {
     assert_eq!(a[0].cycle_position(), Some((cc, 0)));
     assert_eq!(a[1].cycle_position(), Some((ca, 1)));
 }
+
+/// A small uncapped run reports a real peak: what a task leaves allocated
+/// counts even below the allocator's flush threshold (4 MiB per thread
+/// with no cap), where the peak used to stay at 0 B.
+#[test]
+fn a_small_run_reports_its_real_peak() {
+    const TEST: &str = "a_small_run_reports_its_real_peak";
+    if common::is_child(TEST) {
+        let rt = Runtime::builder().workers(1).build().expect("runtime");
+        let h = rt.insert(Vec::<u8>::new()).expect("insert");
+        // 1 MiB built by a worker, inside the executor.
+        rt.write(&h, |v: &mut Vec<u8>| v.resize(1 << 20, 7))
+            .expect("write");
+        println!("PEAK={}", rt.stats().peak_bytes);
+        return;
+    }
+    let out = common::child_ok(TEST, None, std::time::Duration::from_secs(60), &[]);
+    assert!(out.num("PEAK") >= 1 << 20, "{}", out.stdout);
+}

@@ -416,8 +416,10 @@ impl Drop for EvictScope {
     }
 }
 
-/// Flushes the calling thread's pending delta into the global counter. Call
-/// before a thread exits so its last bytes are not lost from the count.
+/// Flushes the calling thread's pending delta into the global counter (and
+/// raises the peak when it grew). The runtime calls it after every task and
+/// every load, and threads call it when they exit, so no thread's bytes
+/// stay unpublished for long.
 pub fn flush_thread() {
     if let Ok(v) = LOCAL.try_with(|l| {
         let v = pending_bytes(l);
@@ -429,6 +431,9 @@ pub fn flush_thread() {
     }) {
         if v != 0 {
             USED.0.fetch_add(v, Ordering::Relaxed);
+            if v > 0 {
+                raise_peak();
+            }
         }
     }
 }

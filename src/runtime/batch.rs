@@ -302,6 +302,10 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     let f = t.f;
     let cx = TaskContext::default();
     let out = catch_unwind(AssertUnwindSafe(|| f(&mut *v, &cx)));
+    // Publish what the task left allocated (its result, a grown
+    // executor): the peak then sees it even when it stays below the
+    // flush threshold.
+    crate::alloc::flush_thread();
     let changed = t.write || cx.dirty.get();
     if changed {
         let delta = crate::alloc::thread_own_net() - before;

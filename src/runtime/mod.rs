@@ -333,6 +333,8 @@ impl Runtime {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
+        // The caller's own unpublished bytes count in the usage and peak.
+        crate::alloc::flush_thread();
         Stats::collect(&self.shared.counters, self.shared.cap)
     }
 }

@@ -95,6 +95,7 @@ impl Shared {
         drop(g);
         // A damaged file is reported to the task that needs the executor.
         let _ = self.load_slot(&slot, file_gen, true);
+        alloc::flush_thread();
         true
     }
 
