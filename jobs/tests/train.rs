@@ -1,5 +1,6 @@
-//! The training job: accuracy on separable data, identical results with
-//! and without a cap, dirty model state written back.
+//! The training job with local SGD (`--solver sgd`): accuracy on
+//! separable data, identical results with and without a cap, dirty model
+//! state written back. L-BFGS: tests/train_lbfgs.rs.
 
 mod bin_common;
 
@@ -13,8 +14,10 @@ fn stats(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-const BASE: [&str; 13] = [
+const BASE: [&str; 15] = [
     "train",
+    "--solver",
+    "sgd",
     "--synthetic",
     "6MiB",
     "--dims",

@@ -3,14 +3,20 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use outcore::{format_bytes, MemoryCap, Stats};
-use outcore_jobs::train::{self, TrainConfig};
+use outcore_jobs::train::{self, Solver, TrainConfig};
 use outcore_jobs::{check_writable, npy, write_json, Error, Labels, Result};
 use serde::Serialize;
 
 use super::progress::Feedback;
 use super::{file_source, positive, runtime, synthetic_source, warn_failed_writes, MemoryArgs};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum SolverArg {
+    Lbfgs,
+    Sgd,
+}
 
 /// Flags of `outcore train`.
 #[derive(Args, Debug)]
@@ -42,19 +48,39 @@ pub(super) struct TrainArgs {
     seed: u64,
     #[command(flatten)]
     mem: MemoryArgs,
-    /// Rounds of local SGD followed by model averaging.
+    /// How the model is fitted: L-BFGS on scikit-learn's objective, or
+    /// local SGD with model averaging.
+    #[arg(long, value_enum, default_value_t = SolverArg::Lbfgs)]
+    solver: SolverArg,
+    /// L-BFGS: inverse regularisation strength (scikit-learn's C).
+    #[arg(
+        long = "C",
+        value_name = "C",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
+    c: f64,
+    /// L-BFGS: stop when the largest gradient component (of the objective
+    /// divided by C x rows, as scikit-learn) is at most this.
+    #[arg(long, default_value_t = 1e-4, allow_negative_numbers = true)]
+    tol: f64,
+    /// L-BFGS: iteration limit.
+    #[arg(long, default_value_t = 100)]
+    max_iter: usize,
+    /// Local SGD: rounds of local SGD followed by model averaging.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
-    /// Local epochs per round.
+    /// Local SGD: local epochs per round.
     #[arg(long, default_value_t = 1)]
     local_epochs: usize,
-    /// Learning rate.
+    /// Local SGD: learning rate.
     #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     lr: f32,
-    /// Mini-batch size of the local SGD.
+    /// Local SGD: mini-batch size.
     #[arg(long, default_value_t = 64)]
     batch: usize,
-    /// Fraction of the rows held out for the accuracy report.
+    /// Fraction of the rows held out for the accuracy report (0: train on
+    /// all rows, no accuracy reported).
     #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     holdout: f64,
     /// Write the model (float32, classes x (D + 1), bias last) to this .npy
@@ -64,13 +90,38 @@ pub(super) struct TrainArgs {
 }
 
 #[derive(Serialize)]
+struct IterationStats {
+    seconds: f64,
+    loss: f64,
+    objective: f64,
+    grad_max: f64,
+    accuracy: Option<f64>,
+    evaluations: usize,
+}
+
+#[derive(Serialize)]
 struct TrainStats<'a> {
+    solver: &'a str,
     rows: u64,
     dims: usize,
     classes: usize,
     shards: usize,
+    /// Local SGD: seconds per round.
     round_seconds: Vec<f64>,
+    /// Held-out accuracy per round (local SGD) or per iteration (L-BFGS).
     accuracy: Vec<f64>,
+    /// L-BFGS: one entry per iteration.
+    iterations: Vec<IterationStats>,
+    /// L-BFGS: whether it converged, and why it stopped.
+    converged: Option<bool>,
+    stop: Option<&'a str>,
+    /// L-BFGS: the final objective (`C * sum logloss + 0.5 |W|^2`), the
+    /// scaled loss, the largest gradient component and passes made.
+    objective: Option<f64>,
+    loss: Option<f64>,
+    grad_max: Option<f64>,
+    evaluations: Option<usize>,
+    final_accuracy: Option<f64>,
     evictions: u64,
     trap_evictions: u64,
     clean_evictions: u64,
@@ -92,10 +143,23 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
     positive("--batch", a.batch)?;
     positive("--local-epochs", a.local_epochs)?;
     positive("--rounds", a.rounds)?;
+    positive("--max-iter", a.max_iter)?;
     if !(a.lr.is_finite() && a.lr > 0.0) {
         return Err(Error::Input(format!(
             "--lr must be a positive number, not {}",
             a.lr
+        )));
+    }
+    if !(a.c.is_finite() && a.c > 0.0) {
+        return Err(Error::Input(format!(
+            "--C must be a positive number, not {}",
+            a.c
+        )));
+    }
+    if !(a.tol.is_finite() && a.tol >= 0.0) {
+        return Err(Error::Input(format!(
+            "--tol must be a number >= 0, not {}",
+            a.tol
         )));
     }
     if !(0.0..1.0).contains(&a.holdout) {
@@ -118,8 +182,20 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
         None => MemoryCap::Bytes(256 << 20),
         Some(_) => MemoryCap::Auto,
     };
-    let (rt, shard_bytes) = runtime(&a.mem, default_cap, data_bytes)?;
+    // A shard holds 4 bytes per value and 4 per label.
+    let (rt, shard_bytes) = runtime(&a.mem, default_cap, rows * (dims as u64 * 4 + 4))?;
+    // Whole L-BFGS tasks per shard: the model does not depend on the
+    // sharding.
+    let shard_bytes = train::aligned_shard_bytes(shard_bytes, dims);
+    let solver = match a.solver {
+        SolverArg::Lbfgs => Solver::Lbfgs,
+        SolverArg::Sgd => Solver::Sgd,
+    };
     let cfg = TrainConfig {
+        solver,
+        c: a.c,
+        tol: a.tol,
+        max_iter: a.max_iter,
         rounds: a.rounds,
         local_epochs: a.local_epochs,
         lr: a.lr,
@@ -134,47 +210,129 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
     })?;
     fb.done();
     eprintln!(
-        "outcore train: {} rows x {} dims ({}), {} classes, {} shards, cap {}, {} workers",
+        "outcore train: {} rows x {} dims ({}), {} classes, {}, {} shards, cap {}, {} workers",
         job.rows,
         job.dims,
         format_bytes(data_bytes),
         job.classes,
+        match solver {
+            Solver::Lbfgs => format!("L-BFGS (C = {}, tol = {:e})", cfg.c, cfg.tol),
+            Solver::Sgd => "local SGD".to_string(),
+        },
         job.shards.len(),
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers()
     );
     let mut last = rt.stats();
-    let out = train::train(&rt, &job, &cfg, |r| {
+    let mut moved = |rt: &outcore::Runtime| {
         let s = rt.stats();
-        eprintln!(
-            "round {}/{}: {:.2}s, held-out accuracy {:.2}%, evictions {}, loads {}, read {}, written {}",
-            r.index + 1,
-            cfg.rounds,
-            r.seconds,
-            r.accuracy * 100.0,
+        let text = format!(
+            "evictions {}, loads {}, read {}, written {}",
             s.evictions - last.evictions,
             s.loads - last.loads,
             format_bytes(s.bytes_read - last.bytes_read),
             format_bytes(s.bytes_written - last.bytes_written),
         );
         last = s;
-    })?;
+        text
+    };
+    let accuracy = |a: Option<f64>| {
+        a.map_or(String::new(), |a| {
+            format!(", held-out accuracy {:.2}%", a * 100.0)
+        })
+    };
+    let out = match solver {
+        Solver::Sgd => train::train(&rt, &job, &cfg, |r| {
+            eprintln!(
+                "round {}/{}: {:.2}s{}, {}",
+                r.index + 1,
+                cfg.rounds,
+                r.seconds,
+                accuracy((cfg.holdout > 0.0).then_some(r.accuracy)),
+                moved(&rt)
+            );
+        })?,
+        Solver::Lbfgs => train::train_lbfgs(&rt, &job, &cfg, |it| {
+            eprintln!(
+                "iteration {}: {:.2}s, objective {:.6e}, max |gradient| {:.2e}{}, {} pass{}, {}",
+                it.index,
+                it.seconds,
+                it.objective,
+                it.grad_max,
+                accuracy(it.accuracy),
+                it.evaluations,
+                if it.evaluations == 1 { "" } else { "es" },
+                moved(&rt)
+            );
+        })?,
+    };
+    if let (Some(stop), Some(it)) = (out.stop, &out.last) {
+        eprintln!(
+            "{} after {} iteration{} ({} passes): {}",
+            if stop.converged() {
+                "converged"
+            } else {
+                "stopped"
+            },
+            it.index,
+            if it.index == 1 { "" } else { "s" },
+            it.evaluations,
+            stop.describe()
+        );
+    }
     if let Some(p) = &a.output {
         npy::write_array(p, &[job.classes as u64, job.dims as u64 + 1], &out.model.w)?;
     }
     let s = rt.stats();
     warn_failed_writes(&rt, &s);
     let wall_seconds = wall.elapsed().as_secs_f64();
+    let final_accuracy = match &out.last {
+        Some(it) => it.accuracy,
+        None => out
+            .rounds
+            .last()
+            .filter(|_| cfg.holdout > 0.0)
+            .map(|r| r.accuracy),
+    };
     if let Some(p) = &a.mem.stats {
         write_json(
             p,
             &TrainStats {
+                solver: match solver {
+                    Solver::Lbfgs => "lbfgs",
+                    Solver::Sgd => "sgd",
+                },
                 rows: job.rows,
                 dims: job.dims,
                 classes: job.classes,
                 shards: job.shards.len(),
                 round_seconds: out.rounds.iter().map(|r| r.seconds).collect(),
-                accuracy: out.rounds.iter().map(|r| r.accuracy).collect(),
+                accuracy: if out.rounds.is_empty() {
+                    out.iterations.iter().filter_map(|i| i.accuracy).collect()
+                } else if cfg.holdout > 0.0 {
+                    out.rounds.iter().map(|r| r.accuracy).collect()
+                } else {
+                    Vec::new()
+                },
+                iterations: out
+                    .iterations
+                    .iter()
+                    .map(|i| IterationStats {
+                        seconds: i.seconds,
+                        loss: i.loss,
+                        objective: i.objective,
+                        grad_max: i.grad_max,
+                        accuracy: i.accuracy,
+                        evaluations: i.evaluations,
+                    })
+                    .collect(),
+                converged: out.stop.map(|s| s.converged()),
+                stop: out.stop.map(|s| s.describe()),
+                objective: out.last.as_ref().map(|i| i.objective),
+                loss: out.last.as_ref().map(|i| i.loss),
+                grad_max: out.last.as_ref().map(|i| i.grad_max),
+                evaluations: out.last.as_ref().map(|i| i.evaluations),
+                final_accuracy,
                 evictions: s.evictions,
                 trap_evictions: s.trap_evictions,
                 clean_evictions: s.clean_evictions,
@@ -189,8 +347,11 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
         )?;
     }
     eprintln!(
-        "done in {wall_seconds:.1}s: held-out accuracy {:.2}%; peak {}; evictions {}, loads {}, read {}, written {}",
-        out.rounds.last().map_or(0.0, |r| r.accuracy * 100.0),
+        "done in {wall_seconds:.1}s: {}peak {}; evictions {}, loads {}, read {}, written {}",
+        final_accuracy.map_or(String::new(), |a| format!(
+            "held-out accuracy {:.2}%; ",
+            a * 100.0
+        )),
         format_bytes(s.peak_bytes),
         s.evictions,
         s.loads,

@@ -1,13 +1,26 @@
-//! A training job with model state in executors: multinomial logistic
-//! regression by local SGD with periodic model averaging.
+//! A training job with its data and model state in executors: multinomial
+//! logistic regression, by L-BFGS (the default) or by local SGD with model
+//! averaging.
 //!
-//! Each [`Shard`] executor holds a block of training rows, its held-out
-//! rows and its own model replica. A round sets every replica to the global
-//! model, runs local SGD epochs on each shard (write tasks: the shards are
-//! dirty, so an evicted shard is written back), averages the replicas in
-//! shard order (weighted by rows, so the result does not depend on timing)
-//! and stores the average in the global-model executor. Held-out accuracy
-//! is measured after every round.
+//! **L-BFGS** ([`Solver::Lbfgs`]) minimises scikit-learn's objective for
+//! `LogisticRegression(C=...)` with the multinomial loss,
+//! `C * sum_i logloss_i + 0.5 * |W|^2` with the intercepts not penalised;
+//! internally it is divided by `C * n` (as scikit-learn does), which
+//! changes the scale of the gradient tolerance but not the minimum. Each
+//! evaluation of the objective and its gradient is one pass of read-only
+//! tasks over the shards, one task per block of [`TASK_ROWS`] global rows,
+//! and the per-task partial sums are added in task order: the model does
+//! not depend on the number of shards, the cap or the timing. The
+//! held-out accuracy of every evaluated point is measured in the same
+//! pass. The L-BFGS curvature pairs live in executors (see [`lbfgs`]).
+//!
+//! **Local SGD** ([`Solver::Sgd`]): each [`Shard`] executor also holds its
+//! own model replica. A round sets every replica to the global model, runs
+//! local SGD epochs on each shard (write tasks: the shards are dirty, so an
+//! evicted shard is written back), averages the replicas in shard order
+//! (weighted by rows, so the result does not depend on timing) and stores
+//! the average in the global-model executor. Its result depends on the
+//! number of shards.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,6 +31,21 @@ use outcore::{Handle, PodVec, Runtime};
 
 use crate::error::{Error, Result};
 use crate::input::{mix, Block, Labels, Loader, Source};
+
+pub mod lbfgs;
+
+/// Rows per L-BFGS task: the unit whose partial sums are added in order.
+/// Shards hold whole tasks (see [`aligned_shard_bytes`]).
+pub const TASK_ROWS: usize = 2048;
+
+/// Shard size in bytes for `bytes` of `dims`-wide labelled rows, rounded
+/// to a whole number of [`TASK_ROWS`] tasks (at least one), so that tasks
+/// never straddle shards and the result does not depend on the sharding.
+pub fn aligned_shard_bytes(bytes: u64, dims: usize) -> u64 {
+    let row = 4 * dims as u64 + 4;
+    let task = TASK_ROWS as u64 * row;
+    (bytes / task).max(1) * task
+}
 
 /// A linear model: `classes x (dims + 1)` weights, the last column the bias.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -79,8 +107,11 @@ pub struct Shard {
     pub test_x: PodVec<f32>,
     /// Held-out labels.
     pub test_y: PodVec<u32>,
-    /// This shard's model replica.
+    /// This shard's model replica (local SGD only).
     pub model: Model,
+    /// Where each block of [`TASK_ROWS`] global rows starts among the
+    /// training rows, and the number of training rows last.
+    pub tasks: PodVec<u32>,
 }
 
 impl Shard {
@@ -96,10 +127,14 @@ impl Shard {
             test_x: PodVec::new(),
             test_y: PodVec::new(),
             model: Model::zeros(0, dims),
+            tasks: PodVec::from(vec![0]),
         };
         let mut max_label = 0u32;
         for (r, &label) in b.y.iter().enumerate() {
             max_label = max_label.max(label);
+            if r > 0 && (b.first + r as u64) % TASK_ROWS as u64 == 0 {
+                s.tasks.push(s.y.len() as u32);
+            }
             let row = &b.x[r * dims..(r + 1) * dims];
             if mix(seed ^ 0x401d_0017, b.first + r as u64) < threshold {
                 s.test_x.extend_from_slice(row);
@@ -110,6 +145,7 @@ impl Shard {
             }
         }
         let train_rows = s.y.len() as u64;
+        s.tasks.push(train_rows as u32);
         (s, (train_rows, max_label))
     }
 
@@ -149,6 +185,59 @@ impl Shard {
         }
     }
 
+    /// The log-loss of task `task`'s training rows under the weights `w`
+    /// (`classes x (dims + 1)`, f64), its gradient, and (when `held_out`)
+    /// the correct predictions over the shard's held-out rows. Row after
+    /// row, in f64: the result depends only on the rows and `w`.
+    fn loss_part(&self, task: usize, w: &[f64], classes: usize, held_out: bool) -> Part {
+        let d = self.dims as usize;
+        let stride = d + 1;
+        let (a, b) = (self.tasks[task] as usize, self.tasks[task + 1] as usize);
+        let mut part = Part {
+            loss: 0.0,
+            grad: vec![0.0; classes * stride],
+            correct: 0,
+            held: 0,
+        };
+        let mut z = vec![0f64; classes];
+        let mut xr = vec![0f64; d];
+        for r in a..b {
+            for (o, &v) in xr.iter_mut().zip(&self.x[r * d..(r + 1) * d]) {
+                *o = f64::from(v);
+            }
+            scores64(w, &xr, &mut z);
+            let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + z.iter().map(|&v| (v - m).exp()).sum::<f64>().ln();
+            let y = self.y[r] as usize;
+            part.loss += lse - z[y];
+            for (c, &zc) in z.iter().enumerate() {
+                let p = (zc - lse).exp() - if c == y { 1.0 } else { 0.0 };
+                let g = &mut part.grad[c * stride..(c + 1) * stride];
+                for (gj, &xj) in g[..d].iter_mut().zip(&xr) {
+                    *gj += p * xj;
+                }
+                g[d] += p;
+            }
+        }
+        if held_out {
+            for (r, &y) in self.test_y.iter().enumerate() {
+                for (o, &v) in xr.iter_mut().zip(&self.test_x[r * d..(r + 1) * d]) {
+                    *o = f64::from(v);
+                }
+                scores64(w, &xr, &mut z);
+                let mut best = 0;
+                for c in 1..classes {
+                    if z[c] > z[best] {
+                        best = c;
+                    }
+                }
+                part.correct += u64::from(best == y as usize);
+                part.held += 1;
+            }
+        }
+        part
+    }
+
     /// Correct predictions and total over the held-out rows.
     fn evaluate(&self, m: &Model) -> (u64, u64) {
         let d = self.dims as usize;
@@ -160,6 +249,37 @@ impl Shard {
             }
         }
         (correct, self.test_y.len() as u64)
+    }
+}
+
+/// One L-BFGS task's partial sums.
+#[derive(Debug)]
+struct Part {
+    loss: f64,
+    grad: Vec<f64>,
+    correct: u64,
+    held: u64,
+}
+
+/// Class scores `w_c . x + b_c` in f64 (`w` is `classes x (dims + 1)`),
+/// each dot product summed in four lanes, always in the same order.
+fn scores64(w: &[f64], x: &[f64], out: &mut [f64]) {
+    let d = x.len();
+    for (c, o) in out.iter_mut().enumerate() {
+        let wc = &w[c * (d + 1)..(c + 1) * (d + 1)];
+        let mut acc = [0f64; 4];
+        let mut wi = wc[..d].chunks_exact(4);
+        let mut xi = x.chunks_exact(4);
+        for (a, b) in (&mut wi).zip(&mut xi) {
+            for t in 0..4 {
+                acc[t] += a[t] * b[t];
+            }
+        }
+        let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        for (a, b) in wi.remainder().iter().zip(xi.remainder()) {
+            s += a * b;
+        }
+        *o = s + wc[d];
     }
 }
 
@@ -175,9 +295,27 @@ fn softmax(v: &mut [f32]) {
     }
 }
 
+/// How the model is fitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Solver {
+    /// L-BFGS on scikit-learn's objective (see the module docs).
+    Lbfgs,
+    /// Local SGD with model averaging.
+    Sgd,
+}
+
 /// Training settings.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
+    /// The solver.
+    pub solver: Solver,
+    /// L-BFGS: inverse regularisation strength (scikit-learn's `C`).
+    pub c: f64,
+    /// L-BFGS: stop when the largest gradient component of the scaled
+    /// objective is at most this (scikit-learn's `tol`).
+    pub tol: f64,
+    /// L-BFGS: iteration limit (scikit-learn's `max_iter`).
+    pub max_iter: usize,
     /// Rounds of local SGD plus averaging.
     pub rounds: usize,
     /// Local epochs per round.
@@ -195,6 +333,10 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
+            solver: Solver::Lbfgs,
+            c: 1.0,
+            tol: 1e-4,
+            max_iter: 100,
             rounds: 5,
             local_epochs: 1,
             lr: 0.05,
@@ -212,6 +354,8 @@ pub struct Job {
     pub shards: Vec<Handle<Shard>>,
     /// Training rows per shard (for weighting the average).
     pub weights: Vec<u64>,
+    /// L-BFGS tasks per shard.
+    pub tasks: Vec<usize>,
     /// The global model.
     pub global: Handle<Model>,
     /// Classes.
@@ -251,7 +395,15 @@ pub fn load(
         part_bytes: shard_bytes,
         name: "shard",
     };
-    let (data, summaries) = loader.load(rt, move |b| Shard::split(b, seed, threshold), progress)?;
+    let (data, summaries) = loader.load(
+        rt,
+        move |b| {
+            let (s, (rows, label)) = Shard::split(b, seed, threshold);
+            let tasks = s.tasks.len() - 1;
+            (s, (rows, label, tasks))
+        },
+        progress,
+    )?;
     let max_label = summaries.iter().map(|s| s.1).max().unwrap_or(0);
     let classes = match classes {
         Some(c) if (max_label as usize) < c => c,
@@ -269,6 +421,7 @@ pub fn load(
     Ok(Job {
         shards: data.parts,
         weights: summaries.iter().map(|s| s.0).collect(),
+        tasks: summaries.iter().map(|s| s.2).collect(),
         global,
         classes,
         dims: data.dims,
@@ -287,13 +440,40 @@ pub struct Round {
     pub accuracy: f64,
 }
 
+/// One L-BFGS iteration's report.
+#[derive(Clone, Debug)]
+pub struct Iteration {
+    /// Iteration index (from 1).
+    pub index: usize,
+    /// Seconds it took.
+    pub seconds: f64,
+    /// The objective scaled as scikit-learn minimises it:
+    /// `mean logloss + |W|^2 / (2 C n)`.
+    pub loss: f64,
+    /// The objective as `C * sum logloss + 0.5 * |W|^2`.
+    pub objective: f64,
+    /// Largest component of the scaled objective's gradient.
+    pub grad_max: f64,
+    /// Held-out accuracy of the new model (none without held-out rows).
+    pub accuracy: Option<f64>,
+    /// Passes over the data this iteration made (line-search trials).
+    pub evaluations: usize,
+}
+
 /// The outcome of training.
 #[derive(Clone, Debug)]
 pub struct Trained {
     /// The final global model.
     pub model: Model,
-    /// Per-round reports.
+    /// Per-round reports (local SGD).
     pub rounds: Vec<Round>,
+    /// Per-iteration reports (L-BFGS).
+    pub iterations: Vec<Iteration>,
+    /// Why L-BFGS stopped (none for local SGD).
+    pub stop: Option<lbfgs::Stop>,
+    /// L-BFGS: the final objective, its gradient's largest component and
+    /// the held-out accuracy (at the start point when no step was taken).
+    pub last: Option<Iteration>,
 }
 
 /// Trains the job.
@@ -358,5 +538,153 @@ pub fn train(
         rounds.push(r);
     }
     let model = rt.read(&job.global, |m: &Model| m.clone())?;
-    Ok(Trained { model, rounds })
+    Ok(Trained {
+        model,
+        rounds,
+        iterations: Vec::new(),
+        stop: None,
+        last: None,
+    })
+}
+
+/// What one pass measures besides the objective and its gradient.
+#[derive(Clone, Copy, Debug)]
+struct Measured {
+    objective: f64,
+    accuracy: Option<f64>,
+}
+
+/// Trains the job by L-BFGS (see the module docs); `on_iter` is called
+/// after every iteration.
+pub fn train_lbfgs(
+    rt: &Runtime,
+    job: &Job,
+    cfg: &TrainConfig,
+    mut on_iter: impl FnMut(&Iteration),
+) -> Result<Trained> {
+    if !(cfg.c.is_finite() && cfg.c > 0.0) {
+        return Err(Error::Input(format!(
+            "C must be a positive number, not {}",
+            cfg.c
+        )));
+    }
+    if !(cfg.tol.is_finite() && cfg.tol >= 0.0) {
+        return Err(Error::Input(format!(
+            "tol must be a number >= 0, not {}",
+            cfg.tol
+        )));
+    }
+    let n: u64 = job.weights.iter().sum();
+    if n == 0 {
+        return Err(Error::Input(
+            "no training rows left after the held-out split".into(),
+        ));
+    }
+    let (classes, d) = (job.classes, job.dims);
+    let stride = d + 1;
+    // The plan: every task of every shard, in row order.
+    let plan: Vec<(usize, usize)> = job
+        .tasks
+        .iter()
+        .enumerate()
+        .flat_map(|(s, &t)| (0..t).map(move |i| (s, i)))
+        .collect();
+    let held_out = cfg.holdout > 0.0;
+    let scale = 1.0 / n as f64;
+    let reg = 1.0 / (cfg.c * n as f64);
+    let objective_scale = cfg.c * n as f64;
+    let eval = |w: &[f64]| -> Result<lbfgs::Value<Measured>> {
+        let shared = Arc::new(w.to_vec());
+        let mut loss = 0.0;
+        let mut grad = vec![0.0; w.len()];
+        let (mut correct, mut held) = (0u64, 0u64);
+        // Groups bound the partial gradients held at once.
+        for group in plan.chunks(32) {
+            let mut b = rt.batch();
+            for &(s, t) in group {
+                let w = shared.clone();
+                b.read(&job.shards[s], move |sh: &Shard| {
+                    sh.loss_part(t, &w, classes, held_out && t == 0)
+                });
+            }
+            for p in b.run()? {
+                loss += p.loss;
+                for (a, v) in grad.iter_mut().zip(&p.grad) {
+                    *a += v;
+                }
+                correct += p.correct;
+                held += p.held;
+            }
+        }
+        let mut penalty = 0.0;
+        for c in 0..classes {
+            for j in 0..d {
+                let v = w[c * stride + j];
+                penalty += v * v;
+            }
+        }
+        let f = loss * scale + 0.5 * reg * penalty;
+        for (i, g) in grad.iter_mut().enumerate() {
+            *g *= scale;
+            if i % stride != d {
+                *g += reg * w[i];
+            }
+        }
+        let measured = Measured {
+            objective: f * objective_scale,
+            accuracy: (held > 0).then(|| correct as f64 / held as f64),
+        };
+        Ok((f, grad, measured))
+    };
+    let settings = lbfgs::Settings {
+        tol: cfg.tol,
+        max_iter: cfg.max_iter,
+        ..lbfgs::Settings::default()
+    };
+    let mut iterations = Vec::new();
+    let mut t = Instant::now();
+    let min = lbfgs::minimize(
+        rt,
+        vec![0.0; classes * stride],
+        &settings,
+        eval,
+        |step, _, m: &Measured| {
+            let it = Iteration {
+                index: step.iteration,
+                seconds: t.elapsed().as_secs_f64(),
+                loss: step.value,
+                objective: m.objective,
+                grad_max: step.grad_max,
+                accuracy: m.accuracy,
+                evaluations: step.evaluations,
+            };
+            on_iter(&it);
+            iterations.push(it);
+            t = Instant::now();
+        },
+    )?;
+    let last = Iteration {
+        index: min.iterations,
+        seconds: 0.0,
+        loss: min.value,
+        objective: min.extra.objective,
+        grad_max: min.grad_max,
+        accuracy: min.extra.accuracy,
+        evaluations: min.evaluations,
+    };
+    let w: Vec<f32> = min.x.iter().map(|&v| v as f32).collect();
+    let model = Model {
+        classes: classes as u32,
+        dims: d as u32,
+        w: PodVec::from(w),
+    };
+    let stored = model.clone();
+    rt.write(&job.global, move |m: &mut Model| *m = stored)?;
+    Ok(Trained {
+        model,
+        rounds: Vec::new(),
+        iterations,
+        stop: Some(min.stop),
+        last: Some(last),
+    })
 }
