@@ -199,26 +199,79 @@ impl Shard {
             correct: 0,
             held: 0,
         };
-        let mut z = vec![0f64; classes];
-        let mut xr = vec![0f64; d];
-        for r in a..b {
-            for (o, &v) in xr.iter_mut().zip(&self.x[r * d..(r + 1) * d]) {
-                *o = f64::from(v);
+        let n = b - a;
+        if n > 0 {
+            // The task's rows in f64, then two GEMMs: the scores
+            // Z = X . W^T, and, once Z holds P - Y, the gradient P^T . X.
+            let xd: Vec<f64> = self.x[a * d..b * d].iter().map(|&v| f64::from(v)).collect();
+            let mut z = vec![0f64; n * classes];
+            // SAFETY:
+            // - `xd` holds n*d values, row stride d, column stride 1;
+            // - W^T (d x classes) is read from `w` (classes*(d+1) values)
+            //   with row stride 1 and column stride d+1: element (j, c)
+            //   is w[c*(d+1) + j], j < d, never the bias column;
+            // - `z` holds n*classes values, row stride classes; beta = 0,
+            //   so its prior contents are not read; nothing aliases.
+            unsafe {
+                matrixmultiply::dgemm(
+                    n,
+                    d,
+                    classes,
+                    1.0,
+                    xd.as_ptr(),
+                    d as isize,
+                    1,
+                    w.as_ptr(),
+                    1,
+                    stride as isize,
+                    0.0,
+                    z.as_mut_ptr(),
+                    classes as isize,
+                    1,
+                );
             }
-            scores64(w, &xr, &mut z);
-            let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let lse = m + z.iter().map(|&v| (v - m).exp()).sum::<f64>().ln();
-            let y = self.y[r] as usize;
-            part.loss += lse - z[y];
-            for (c, &zc) in z.iter().enumerate() {
-                let p = (zc - lse).exp() - if c == y { 1.0 } else { 0.0 };
-                let g = &mut part.grad[c * stride..(c + 1) * stride];
-                for (gj, &xj) in g[..d].iter_mut().zip(&xr) {
-                    *gj += p * xj;
+            for (r, zr) in z.chunks_exact_mut(classes).enumerate() {
+                for (c, v) in zr.iter_mut().enumerate() {
+                    *v += w[c * stride + d];
                 }
-                g[d] += p;
+                let m = zr.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let lse = m + zr.iter().map(|&v| (v - m).exp()).sum::<f64>().ln();
+                let y = self.y[a + r] as usize;
+                part.loss += lse - zr[y];
+                for (c, v) in zr.iter_mut().enumerate() {
+                    *v = (*v - lse).exp() - if c == y { 1.0 } else { 0.0 };
+                    part.grad[c * stride + d] += *v;
+                }
+            }
+            // SAFETY:
+            // - P^T (classes x n) is read from `z` (n*classes values) with
+            //   row stride 1 and column stride classes;
+            // - `xd` holds n*d values, row stride d, column stride 1;
+            // - the gradient's weight columns (classes x d) are written
+            //   in `part.grad` with row stride d+1 and column stride 1,
+            //   never touching the bias column; beta = 0 (they are all
+            //   zero), and `part.grad` aliases neither input.
+            unsafe {
+                matrixmultiply::dgemm(
+                    classes,
+                    n,
+                    d,
+                    1.0,
+                    z.as_ptr(),
+                    1,
+                    classes as isize,
+                    xd.as_ptr(),
+                    d as isize,
+                    1,
+                    0.0,
+                    part.grad.as_mut_ptr(),
+                    stride as isize,
+                    1,
+                );
             }
         }
+        let mut z = vec![0f64; classes];
+        let mut xr = vec![0f64; d];
         if held_out {
             for (r, &y) in self.test_y.iter().enumerate() {
                 for (o, &v) in xr.iter_mut().zip(&self.test_x[r * d..(r + 1) * d]) {
