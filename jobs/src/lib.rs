@@ -67,7 +67,7 @@ pub mod train;
 
 pub use error::{Error, Result};
 pub use files::{check_writable, write_json};
-pub use input::{BlockReader, Labels, Partitioned, Source};
+pub use input::{BlockReader, InputReads, Labels, Partitioned, Source};
 
 /// The unit tests run with the allocator installed, as an application
 /// would.

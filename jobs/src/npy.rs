@@ -262,6 +262,7 @@ pub(crate) struct NpyInts {
     reader: BufReader<File>,
     dtype: Dtype,
     len: u64,
+    data_offset: u64,
     buf: Vec<u8>,
 }
 
@@ -291,6 +292,7 @@ impl NpyInts {
             reader,
             dtype: h.dtype,
             len,
+            data_offset: h.data_offset,
             buf: Vec::new(),
         })
     }
@@ -300,20 +302,40 @@ impl NpyInts {
         self.len
     }
 
+    /// The file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Reads the next `n` labels; negative or huge values are errors.
     pub(crate) fn read(&mut self, n: usize) -> Result<Vec<u32>> {
         self.buf.resize(n * self.dtype.size(), 0);
         self.reader
             .read_exact(&mut self.buf)
             .map_err(|e| bad(&self.path, format!("read failed: {e}")))?;
+        self.decode(&self.buf)
+    }
+
+    /// Reads labels `first..first + n` wherever the stream is (positioned
+    /// reads: any thread, any order), with the raw bytes for a checksum.
+    pub(crate) fn read_at(&self, first: u64, n: usize) -> Result<(Vec<u32>, Vec<u8>)> {
+        use std::os::unix::fs::FileExt;
+        let size = self.dtype.size() as u64;
+        let mut bytes = vec![0u8; n * size as usize];
+        self.reader
+            .get_ref()
+            .read_exact_at(&mut bytes, self.data_offset + first * size)
+            .map_err(|e| bad(&self.path, format!("read failed: {e}")))?;
+        Ok((self.decode(&bytes)?, bytes))
+    }
+
+    fn decode(&self, buf: &[u8]) -> Result<Vec<u32>> {
         let vals: Vec<i64> = match self.dtype {
-            Dtype::I32 => self
-                .buf
+            Dtype::I32 => buf
                 .chunks_exact(4)
                 .map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
                 .collect(),
-            _ => self
-                .buf
+            _ => buf
                 .chunks_exact(8)
                 .map(|b| {
                     let mut a = [0u8; 8];

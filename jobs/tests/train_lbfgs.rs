@@ -238,3 +238,55 @@ fn bad_solver_settings_are_one_line_errors() {
         assert!(err.contains(want), "{err}");
     }
 }
+
+/// Shards of a file input are built from the file when first needed and
+/// read from it again after an eviction, never written to spill files;
+/// the model is the one trained without a cap.
+#[test]
+fn file_shards_are_read_again_not_spilled() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rows, dims) = (40_000usize, 32usize);
+    let x: Vec<f32> = (0..rows * dims)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0)
+        .collect();
+    let y: Vec<i64> = (0..rows)
+        .map(|r| i64::from(x[r * dims] + x[r * dims + 1] > 1.0) + i64::from(x[r * dims + 2] > 0.5))
+        .collect();
+    let xp = dir.path().join("x.npy");
+    let yp = dir.path().join("y.npy");
+    outcore_jobs::npy::write_array(&xp, &[rows as u64, dims as u64], &x).unwrap();
+    outcore_jobs::npy::write_array(&yp, &[rows as u64], &y).unwrap();
+    let mut models = Vec::new();
+    for cap in ["none", "2MiB"] {
+        let m = dir.path().join(format!("m-{cap}.npy"));
+        let s = dir.path().join(format!("s-{cap}.json"));
+        let (ok, err) = outcore(&[
+            "train",
+            "--input",
+            xp.to_str().unwrap(),
+            "--targets",
+            yp.to_str().unwrap(),
+            "--max-iter",
+            "6",
+            "--partitions",
+            "10",
+            "--mem-cap",
+            cap,
+            "--output",
+            m.to_str().unwrap(),
+            "--stats",
+            s.to_str().unwrap(),
+        ]);
+        assert!(ok, "{cap}: {err}");
+        let v = stats(&s);
+        if cap != "none" {
+            let data = (rows * dims * 4) as u64;
+            assert!(v["evictions"].as_u64().unwrap() > 0, "{v}");
+            // Only the L-BFGS history (a few KiB) is written.
+            assert!(v["bytes_written"].as_u64().unwrap() < 256 << 10, "{v}");
+            assert!(v["input_bytes_read"].as_u64().unwrap() > 2 * data, "{v}");
+        }
+        models.push(std::fs::read(&m).unwrap());
+    }
+    assert!(models[0] == models[1], "the model differs with a cap");
+}

@@ -127,7 +127,10 @@ struct TrainStats<'a> {
     clean_evictions: u64,
     loads: u64,
     bytes_written: u64,
+    /// Spill files and input file together.
     bytes_read: u64,
+    /// The input file (shards built and rebuilt from it).
+    input_bytes_read: u64,
     peak_bytes: u64,
     wall_seconds: f64,
     mem_cap_bytes: Option<u64>,
@@ -223,17 +226,23 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers()
     );
+    // Bytes read from disk: spill files and the input file.
+    let reads = job.input_reads.clone();
+    let read = move |s: &Stats| s.bytes_read + reads.bytes();
     let mut last = rt.stats();
+    let mut last_read = read(&last);
     let mut moved = |rt: &outcore::Runtime| {
         let s = rt.stats();
+        let now_read = read(&s);
         let text = format!(
             "evictions {}, loads {}, read {}, written {}",
             s.evictions - last.evictions,
             s.loads - last.loads,
-            format_bytes(s.bytes_read - last.bytes_read),
+            format_bytes(now_read - last_read),
             format_bytes(s.bytes_written - last.bytes_written),
         );
         last = s;
+        last_read = now_read;
         text
     };
     let accuracy = |a: Option<f64>| {
@@ -338,7 +347,8 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
                 clean_evictions: s.clean_evictions,
                 loads: s.loads,
                 bytes_written: s.bytes_written,
-                bytes_read: s.bytes_read,
+                bytes_read: read(&s),
+                input_bytes_read: job.input_reads.bytes(),
                 peak_bytes: s.peak_bytes,
                 wall_seconds,
                 mem_cap_bytes: rt.cap(),
@@ -355,7 +365,7 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
         format_bytes(s.peak_bytes),
         s.evictions,
         s.loads,
-        format_bytes(s.bytes_read),
+        format_bytes(read(&s)),
         format_bytes(s.bytes_written)
     );
     Ok(())

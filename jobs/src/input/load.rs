@@ -39,6 +39,23 @@ impl<T> Partitioned<T> {
     pub fn input_bytes_read(&self) -> u64 {
         self.input.as_ref().map_or(0, |r| r.bytes_read())
     }
+
+    /// A counter of the bytes read from the input file, which outlives
+    /// this value.
+    pub(crate) fn input_reads(&self) -> InputReads {
+        InputReads(self.input.clone())
+    }
+}
+
+/// Bytes read from an input file by the executors' lineages.
+#[derive(Clone, Debug, Default)]
+pub struct InputReads(Option<Arc<Region>>);
+
+impl InputReads {
+    /// Bytes read so far (0 when the data was loaded up front).
+    pub fn bytes(&self) -> u64 {
+        self.0.as_ref().map_or(0, |r| r.bytes_read())
+    }
 }
 
 /// One block of consecutive rows, handed to the job's function that turns
@@ -219,10 +236,58 @@ impl Loader<'_> {
     }
 }
 
-/// Where lazily built executors get their rows.
+/// Where lazily built executors get their rows (and labels).
 enum Lazy {
-    File(Arc<Region>),
-    Generated(Arc<Blobs>),
+    File(Arc<Region>, Option<Arc<LabelsAt>>),
+    Generated(Arc<Blobs>, bool),
+}
+
+/// A labels file read at any position, checked against the file as first
+/// seen (size and modification time).
+struct LabelsAt {
+    ints: NpyInts,
+    stamp: (u64, i64, i64),
+}
+
+impl LabelsAt {
+    fn open(path: &std::path::Path) -> Result<LabelsAt> {
+        let ints = NpyInts::open(path)?;
+        let stamp = stamp(path).map_err(|e| Error::io(path, "cannot read its size", e))?;
+        Ok(LabelsAt { ints, stamp })
+    }
+
+    /// Labels `first..first + n`, checked against the file's first state
+    /// and, from the second read on, against the block's first checksum.
+    fn read(&self, first: u64, n: usize, crc: &OnceLock<u32>) -> io::Result<Vec<u32>> {
+        let changed = || {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: the labels file changed during the run",
+                    self.ints.path().display()
+                ),
+            )
+        };
+        if stamp(self.ints.path())? != self.stamp {
+            return Err(changed());
+        }
+        let (labels, bytes) = self
+            .ints
+            .read_at(first, n)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        let sum = crc32fast::hash(&bytes);
+        if *crc.get_or_init(|| sum) != sum {
+            return Err(changed());
+        }
+        Ok(labels)
+    }
+}
+
+/// Size and modification time of `path`.
+fn stamp(path: &std::path::Path) -> io::Result<(u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    Ok((m.len(), m.mtime(), m.mtime_nsec()))
 }
 
 /// Builds a job's executor from a block of rows.
@@ -232,22 +297,29 @@ type BuildFn<T> = Arc<dyn Fn(Block) -> T + Send + Sync>;
 /// (checking the file has not changed) and build the executor.
 struct FromFile<T> {
     region: Arc<Region>,
+    labels: Option<Arc<LabelsAt>>,
     first: u64,
     rows: usize,
     dims: usize,
     /// The block's CRC-32 at its first read.
     crc: OnceLock<u32>,
+    /// Its labels' CRC-32 at their first read.
+    label_crc: OnceLock<u32>,
     build: BuildFn<T>,
 }
 
 impl<T: Send + 'static> Lineage<T> for FromFile<T> {
     fn rebuild(&self) -> io::Result<T> {
         let x = self.region.read(self.first, self.rows, &self.crc)?;
+        let y = match &self.labels {
+            Some(l) => l.read(self.first, self.rows, &self.label_crc)?,
+            None => Vec::new(),
+        };
         Ok((self.build)(Block {
             first: self.first,
             dims: self.dims,
             x,
-            y: Vec::new(),
+            y,
         }))
     }
 }
@@ -258,6 +330,8 @@ impl<T: Send + 'static> Lineage<T> for FromFile<T> {
 /// executor spills after its first eviction.
 struct Generated<T> {
     blobs: Arc<Blobs>,
+    /// Whether the block carries its blob labels.
+    labels: bool,
     first: u64,
     rows: usize,
     build: BuildFn<T>,
@@ -267,11 +341,17 @@ impl<T: Send + 'static> Lineage<T> for Generated<T> {
     fn rebuild(&self) -> io::Result<T> {
         let mut x = Vec::with_capacity(self.rows * self.blobs.dims());
         self.blobs.points(self.first, self.rows, &mut x);
+        let last = self.first + self.rows as u64;
+        let y = if self.labels {
+            (self.first..last).map(|i| self.blobs.label(i)).collect()
+        } else {
+            Vec::new()
+        };
         Ok((self.build)(Block {
             first: self.first,
             dims: self.blobs.dims(),
             x,
-            y: Vec::new(),
+            y,
         }))
     }
 
@@ -286,7 +366,8 @@ impl Loader<'_> {
     /// never spilled) by the runtime's loads, generated rows are generated
     /// on first use and spilled after their first eviction. Sources that
     /// cannot be read twice (a pipe) are loaded by [`Loader::load`]. Labels
-    /// are not supported here (`build` gets none).
+    /// come with their rows: read from their file (checked like the rows)
+    /// or derived from the generator.
     ///
     /// `bytes_per_row` is what one row of the built executor takes in
     /// memory (the runtime's estimate until it is built).
@@ -308,16 +389,30 @@ impl Loader<'_> {
             Rows::Synthetic(b, _) => Some(Arc::new(b.clone())),
             _ => None,
         };
-        let lazy = match (region, blobs) {
-            (Some(r), _) if self.labels.is_none() => Lazy::File(r),
-            (None, Some(b)) if self.labels.is_none() => Lazy::Generated(b),
+        let lazy = match (region, blobs, self.labels) {
+            (Some(r), _, None) => Lazy::File(r, None),
+            (Some(r), _, Some(Labels::File(p))) => {
+                let l = LabelsAt::open(p)?;
+                if l.ints.len() != rows {
+                    return Err(Error::Input(format!(
+                        "{}: {} labels for {rows} rows of data",
+                        p.display(),
+                        l.ints.len()
+                    )));
+                }
+                Lazy::File(r, Some(Arc::new(l)))
+            }
+            (None, Some(b), None) => Lazy::Generated(b, false),
+            (None, Some(b), Some(Labels::Blobs)) => Lazy::Generated(b, true),
             _ => {
                 let (ds, _) = self.load(rt, move |b| (build(b), ()), progress)?;
                 return Ok(ds);
             }
         };
         let build: BuildFn<T> = Arc::new(build);
-        let per = (self.part_bytes / (4 * dims as u64).max(1)).clamp(1, u64::from(u32::MAX));
+        // The same blocks as `load`'s: 4 bytes per value and per label.
+        let row_bytes = 4 * dims as u64 + if self.labels.is_some() { 4 } else { 0 };
+        let per = (self.part_bytes / row_bytes.max(1)).clamp(1, u64::from(u32::MAX));
         let nparts = rows.div_ceil(per);
         let mut parts = Vec::with_capacity(nparts as usize);
         let mut part_rows = Vec::with_capacity(nparts as usize);
@@ -328,23 +423,26 @@ impl Loader<'_> {
             let size = n as u64 * bytes_per_row;
             let size = usize::try_from(size).unwrap_or(usize::MAX);
             let h = match &lazy {
-                Lazy::File(region) => rt.insert_lazy(
+                Lazy::File(region, labels) => rt.insert_lazy(
                     Some(&name),
                     size,
                     FromFile {
                         region: region.clone(),
+                        labels: labels.clone(),
                         first,
                         rows: n,
                         dims,
                         crc: OnceLock::new(),
+                        label_crc: OnceLock::new(),
                         build: build.clone(),
                     },
                 )?,
-                Lazy::Generated(blobs) => rt.insert_lazy(
+                Lazy::Generated(blobs, labels) => rt.insert_lazy(
                     Some(&name),
                     size,
                     Generated {
                         blobs: blobs.clone(),
+                        labels: *labels,
                         first,
                         rows: n,
                         build: build.clone(),
@@ -364,8 +462,8 @@ impl Loader<'_> {
             dims,
             lazy: true,
             input: match &lazy {
-                Lazy::File(r) => Some(r.clone()),
-                Lazy::Generated(_) => None,
+                Lazy::File(r, _) => Some(r.clone()),
+                Lazy::Generated(..) => None,
             },
         })
     }

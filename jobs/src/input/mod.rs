@@ -27,8 +27,8 @@ use crate::error::{Error, Result};
 use crate::npy::NpyWriter;
 
 pub(crate) use blobs::{mix, Blobs};
-pub use load::Partitioned;
 pub(crate) use load::{Block, Loader};
+pub use load::{InputReads, Partitioned};
 use rows::Rows;
 
 /// Where the data comes from.

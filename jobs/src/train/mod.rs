@@ -30,7 +30,8 @@ use serde::{Deserialize, Serialize};
 use outcore::{Handle, PodVec, Runtime};
 
 use crate::error::{Error, Result};
-use crate::input::{mix, Block, Labels, Loader, Source};
+use crate::input::{mix, Block, InputReads, Labels, Loader, Source};
+use crate::npy::NpyInts;
 
 pub mod lbfgs;
 
@@ -136,7 +137,7 @@ impl Shard {
                 s.tasks.push(s.y.len() as u32);
             }
             let row = &b.x[r * dims..(r + 1) * dims];
-            if mix(seed ^ 0x401d_0017, b.first + r as u64) < threshold {
+            if held_out(seed, threshold, b.first + r as u64) {
                 s.test_x.extend_from_slice(row);
                 s.test_y.push(label);
             } else {
@@ -305,6 +306,12 @@ impl Shard {
     }
 }
 
+/// Whether row `row` is held out (its hash with `seed` under
+/// `threshold`).
+fn held_out(seed: u64, threshold: u64, row: u64) -> bool {
+    mix(seed ^ 0x401d_0017, row) < threshold
+}
+
 /// One L-BFGS task's partial sums.
 #[derive(Debug)]
 struct Part {
@@ -417,6 +424,9 @@ pub struct Job {
     pub dims: usize,
     /// Rows.
     pub rows: u64,
+    /// Bytes the shards read from the input file (built and rebuilt
+    /// after evictions).
+    pub input_reads: InputReads,
 }
 
 /// Loads `src` with its labels into shards of about `shard_bytes` (4
@@ -442,22 +452,27 @@ pub fn load(
     }
     let threshold = (cfg.holdout * u64::MAX as f64) as u64;
     let seed = cfg.seed;
-    let loader = Loader {
-        source: src,
-        labels: Some(labels),
-        part_bytes: shard_bytes,
-        name: "shard",
+    // The largest label, known before any shard is built: the labels file
+    // is scanned once (it is small next to the data), blob labels are
+    // below the number of blobs.
+    let max_label = match (labels, src) {
+        (Labels::File(p), _) => {
+            let mut r = NpyInts::open(p)?;
+            let (mut left, mut max) = (r.len(), 0u32);
+            while left > 0 {
+                let n = left.min(1 << 20) as usize;
+                max = r.read(n)?.into_iter().fold(max, u32::max);
+                left -= n as u64;
+            }
+            max
+        }
+        (Labels::Blobs, Source::Synthetic { true_k, .. }) => (*true_k).max(1) as u32 - 1,
+        (Labels::Blobs, _) => {
+            return Err(Error::Input(
+                "labels from the blobs need synthetic data".into(),
+            ))
+        }
     };
-    let (data, summaries) = loader.load(
-        rt,
-        move |b| {
-            let (s, (rows, label)) = Shard::split(b, seed, threshold);
-            let tasks = s.tasks.len() - 1;
-            (s, (rows, label, tasks))
-        },
-        progress,
-    )?;
-    let max_label = summaries.iter().map(|s| s.1).max().unwrap_or(0);
     let classes = match classes {
         Some(c) if (max_label as usize) < c => c,
         Some(c) => {
@@ -467,14 +482,49 @@ pub fn load(
         }
         None => max_label as usize + 1,
     };
+    let loader = Loader {
+        source: src,
+        labels: Some(labels),
+        part_bytes: shard_bytes,
+        name: "shard",
+    };
+    // Shards are built when first needed (read from the input again after
+    // an eviction while they are clean).
+    let bytes_per_row = 4 * src.shape()?.1 as u64 + 4;
+    let data = loader.load_lazy(
+        rt,
+        bytes_per_row,
+        move |b| Shard::split(b, seed, threshold).0,
+        progress,
+    )?;
+    // What each shard will hold, from the row indices alone.
+    let mut weights = Vec::with_capacity(data.parts.len());
+    let mut tasks = Vec::with_capacity(data.parts.len());
+    let mut first = 0u64;
+    for &n in &data.part_rows {
+        let last = first + u64::from(n);
+        weights.push(
+            (first..last)
+                .filter(|&r| !held_out(seed, threshold, r))
+                .count() as u64,
+        );
+        tasks.push(
+            1 + (first + 1..last)
+                .filter(|r| r % TASK_ROWS as u64 == 0)
+                .count(),
+        );
+        first = last;
+    }
     if classes < 2 {
         return Err(Error::Input("training needs at least 2 classes".into()));
     }
     let global = rt.insert_named(Some("global model"), Model::zeros(classes, data.dims))?;
+    let input_reads = data.input_reads();
     Ok(Job {
         shards: data.parts,
-        weights: summaries.iter().map(|s| s.0).collect(),
-        tasks: summaries.iter().map(|s| s.2).collect(),
+        weights,
+        tasks,
+        input_reads,
         global,
         classes,
         dims: data.dims,
