@@ -26,11 +26,7 @@ fn main() -> ExitCode {
                 eprint!("{}", e.render());
                 return ExitCode::from(2);
             }
-            // One readable line, not clap's usage block.
-            let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("outcore: error: {first} (see 'outcore --help')");
+            eprintln!("{}", condense(&e.to_string()));
             return ExitCode::from(2);
         }
     };
@@ -48,4 +44,48 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// clap's error message in at most three lines: what is wrong (with the
+/// arguments it lists, such as the missing ones, on the same line), then
+/// its tip or the allowed values; without the usage block.
+fn condense(text: &str) -> String {
+    let mut lines = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"));
+    let first = lines.next().unwrap_or("invalid arguments");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    let rest: Vec<&str> = lines.collect();
+    let (listed, notes): (Vec<&str>, Vec<&str>) = if first.ends_with(':') {
+        // "the following required arguments were not provided:" and the
+        // like: the arguments belong on the same line.
+        rest.iter()
+            .partition(|l| !l.starts_with("tip:") && !l.starts_with('['))
+    } else {
+        (Vec::new(), rest)
+    };
+    let mut out = format!("outcore: error: {first}");
+    if !listed.is_empty() {
+        out.push(' ');
+        out.push_str(&listed.join(", "));
+    }
+    out.push_str(" (see 'outcore --help')");
+    match notes.len() {
+        0 => {}
+        1 | 2 => {
+            for n in notes {
+                out.push_str("\n  ");
+                out.push_str(n);
+            }
+        }
+        _ => {
+            out.push_str("\n  ");
+            out.push_str(notes[0]);
+            out.push_str("\n  ");
+            out.push_str(&notes[1..].join("; "));
+        }
+    }
+    out
 }

@@ -426,10 +426,13 @@ fn header_bytes(dtype: Dtype, shape: &[u64]) -> Vec<u8> {
     out
 }
 
-/// Writes a `.npy` file atomically (see [`AtomicFile`]): a failed or
+/// Writes a `.npy` array piece by piece, for outputs too large to hold
+/// (such as one label per row of a large input). The file is written
+/// atomically: until [`NpyWriter::finish`] it is a temporary file next to
+/// the target, removed if the writer is dropped, so a failed or
 /// interrupted write never leaves a file that looks valid.
 #[derive(Debug)]
-pub(crate) struct NpyWriter<T: Element> {
+pub struct NpyWriter<T: Element> {
     out: AtomicFile,
     expect: u64,
     written: u64,
@@ -439,7 +442,7 @@ pub(crate) struct NpyWriter<T: Element> {
 
 impl<T: Element> NpyWriter<T> {
     /// Starts writing an array of `shape` to `path`.
-    pub(crate) fn create(path: &Path, shape: &[u64]) -> Result<NpyWriter<T>> {
+    pub fn create(path: &Path, shape: &[u64]) -> Result<NpyWriter<T>> {
         let mut out = AtomicFile::create(path)?;
         out.write_all(&header_bytes(T::DTYPE, shape))?;
         Ok(NpyWriter {
@@ -452,7 +455,7 @@ impl<T: Element> NpyWriter<T> {
     }
 
     /// Appends elements.
-    pub(crate) fn write(&mut self, items: &[T]) -> Result<()> {
+    pub fn write(&mut self, items: &[T]) -> Result<()> {
         self.scratch.clear();
         for &x in items {
             x.put(&mut self.scratch);
@@ -463,7 +466,7 @@ impl<T: Element> NpyWriter<T> {
     }
 
     /// Checks every element was written and moves the file into place.
-    pub(crate) fn finish(self) -> Result<()> {
+    pub fn finish(self) -> Result<()> {
         if self.written != self.expect {
             return Err(Error::Output {
                 path: self.out.path().to_path_buf(),

@@ -5,7 +5,6 @@
 mod bin_common;
 
 use std::path::Path;
-use std::process::Command;
 
 /// Runs the binary; whether it succeeded, and its stderr.
 fn outcore(args: &[&str]) -> (bool, String) {
@@ -17,39 +16,6 @@ fn stats(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-/// Whether python3 with scikit-learn is available. When it is not, the
-/// test is skipped with a message, unless `OUTCORE_REQUIRE_SKLEARN=1` (CI)
-/// makes that a failure.
-fn have_sklearn() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import sklearn, numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            std::env::var("OUTCORE_REQUIRE_SKLEARN").as_deref() != Ok("1"),
-            "scikit-learn is required (OUTCORE_REQUIRE_SKLEARN=1) but python3 cannot import it"
-        );
-        eprintln!("skipped: python3 with scikit-learn is not installed");
-    }
-    ok
-}
-
-fn python(script: &str, args: &[&str]) -> String {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .args(args)
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "python failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Digits as scikit-learn ships them (pixels scaled to [0, 1]), split 80/20
 /// with a fixed seed; scikit-learn's `LogisticRegression(C=1.0)` fitted on
 /// the training part; outcore trained on the same part with `--holdout 0`.
@@ -57,12 +23,12 @@ fn python(script: &str, args: &[&str]) -> String {
 /// its accuracy on the test part within one point.
 #[test]
 fn digits_match_scikit_learn() {
-    if !have_sklearn() {
+    if !bin_common::have_python("sklearn, numpy") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    python(
+    bin_common::python(
         r#"
 import sys, numpy as np
 from sklearn.datasets import load_digits
@@ -98,7 +64,7 @@ for n, a in [("xtr", Xtr), ("ytr", ytr), ("xte", Xte), ("yte", yte)]:
     assert_eq!(v["solver"], "lbfgs");
     assert_eq!(v["converged"], true, "{v}");
     let outcore_objective = v["objective"].as_f64().unwrap();
-    let report = python(
+    let report = bin_common::python(
         r#"
 import sys, numpy as np
 from sklearn.linear_model import LogisticRegression

@@ -8,6 +8,7 @@
 mod gen;
 mod interrupt;
 mod kmeans;
+mod predict;
 mod progress;
 mod train;
 
@@ -34,6 +35,9 @@ enum Cmd {
     /// With no arguments: a demonstration on 2 GiB of synthetic data under a
     /// 1 GiB cap, k = 100.
     Kmeans(Box<kmeans::KmeansArgs>),
+    /// Label rows with trained centroids (nearest centre) or a trained
+    /// model (largest score), streaming the input under the cap.
+    Predict(Box<predict::PredictArgs>),
     /// Write a synthetic Gaussian-blob dataset to a .npy file.
     Gen(gen::GenArgs),
     /// Multinomial logistic regression by local SGD with model averaging,
@@ -75,6 +79,7 @@ pub fn run(cli: Cli) -> Result<()> {
     interrupt::install_cleanup();
     match cli.cmd {
         Cmd::Kmeans(a) => kmeans::run(*a),
+        Cmd::Predict(a) => predict::run(*a),
         Cmd::Gen(a) => gen::run(a),
         Cmd::Train(a) => train::run(*a),
     }

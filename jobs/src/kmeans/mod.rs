@@ -73,6 +73,19 @@ struct Partial {
     inertia: f64,
     /// The label of each row, when asked.
     labels: Vec<u32>,
+    /// The squared distance of each row to its centre, when asked.
+    dists: Vec<f32>,
+}
+
+/// What a task computes besides counts and inertia.
+#[derive(Clone, Copy, Debug, Default)]
+struct Want {
+    /// Per-cluster sums of the assigned points.
+    sums: bool,
+    /// The label of each row.
+    labels: bool,
+    /// The squared distance of each row to its centre.
+    dists: bool,
 }
 
 /// Lloyd: tasks per batch (each holds a `k x dims` partial sum until the
@@ -108,21 +121,20 @@ fn zeros<T: Copy + Default>(n: usize) -> Vec<T> {
 }
 
 /// Assigns rows `start..start + len` of `p` to their nearest centres.
-fn assign(
-    p: &Partition,
-    start: usize,
-    len: usize,
-    c: &Centers,
-    want_sums: bool,
-    want_labels: bool,
-) -> Partial {
+fn assign(p: &Partition, start: usize, len: usize, c: &Centers, want: Want) -> Partial {
     let d = c.dims;
     let k = c.k;
+    let (want_sums, want_labels) = (want.sums, want.labels);
     let mut out = Partial {
         sums: if want_sums { zeros(k * d) } else { Vec::new() },
         counts: vec![0; k],
         inertia: 0.0,
         labels: if want_labels {
+            Vec::with_capacity(len)
+        } else {
+            Vec::new()
+        },
+        dists: if want.dists {
             Vec::with_capacity(len)
         } else {
             Vec::new()
@@ -180,6 +192,9 @@ fn assign(
             }
             if want_labels {
                 out.labels.push(best as u32);
+            }
+            if want.dists {
+                out.dists.push(best_d.max(0.0));
             }
         }
         row += n;
@@ -346,7 +361,16 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
                     // Room for the batch's partial sums.
                     rt.make_room(batch.len() * cfg.k * ds.dims * 8);
                     let shared = Arc::new(centers.clone());
-                    let parts = sweep(rt, ds, batch, &shared, true, false)?;
+                    let parts = sweep(
+                        rt,
+                        ds,
+                        batch,
+                        &shared,
+                        Want {
+                            sums: true,
+                            ..Want::default()
+                        },
+                    )?;
                     let (sums, n, i) = reduce(&parts, cfg.k, ds.dims);
                     inertia += i;
                     minibatch_update(&mut centers, &mut counts, &sums, &n);
@@ -383,7 +407,16 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
                 // sums held at once; the declared cycle still tells the
                 // runtime what comes next.
                 for group in plan.chunks(LLOYD_GROUP) {
-                    let parts = sweep(rt, ds, group, &shared, true, false)?;
+                    let parts = sweep(
+                        rt,
+                        ds,
+                        group,
+                        &shared,
+                        Want {
+                            sums: true,
+                            ..Want::default()
+                        },
+                    )?;
                     let (s, c, i) = reduce(&parts, cfg.k, ds.dims);
                     for (a, b) in sums.iter_mut().zip(&s) {
                         *a += b;
@@ -434,15 +467,14 @@ fn sweep(
     ds: &Dataset,
     plan: &[Chunk],
     c: &Arc<Centers>,
-    sums: bool,
-    labels: bool,
+    want: Want,
 ) -> Result<Vec<Partial>> {
     let mut b = rt.batch();
     for ch in plan {
         let c = c.clone();
         let ch = *ch;
         b.read(&ds.parts[ch.part], move |p: &Partition| {
-            assign(p, ch.start, ch.len, &c, sums, labels)
+            assign(p, ch.start, ch.len, &c, want)
         });
     }
     Ok(b.run()?)
@@ -496,7 +528,16 @@ fn final_pass(
     let mut inertia = 0.0;
     let mut all = labels.then(|| Vec::with_capacity(ds.rows as usize));
     for group in chunks(ds, task_points).chunks(LLOYD_GROUP) {
-        for p in sweep(rt, ds, group, &shared, false, labels)? {
+        for p in sweep(
+            rt,
+            ds,
+            group,
+            &shared,
+            Want {
+                labels,
+                ..Want::default()
+            },
+        )? {
             inertia += p.inertia;
             if let Some(all) = all.as_mut() {
                 all.extend_from_slice(&p.labels);
@@ -504,6 +545,40 @@ fn final_pass(
         }
     }
     Ok((inertia, all))
+}
+
+/// Labels every row with its nearest centre (ties to the lowest index, as
+/// scikit-learn) and, when `dists` is set, its squared distance to it,
+/// sweeping the data in order. `on_block` receives the labels (and
+/// distances, else an empty slice) of consecutive blocks of rows, in row
+/// order, so the caller can stream them out: at most a few blocks of
+/// results are held at once.
+pub fn predict(
+    rt: &Runtime,
+    ds: &Dataset,
+    centers: &Centers,
+    dists: bool,
+    task_points: usize,
+    mut on_block: impl FnMut(&[u32], &[f32]) -> Result<()>,
+) -> Result<()> {
+    if centers.dims != ds.dims {
+        return Err(Error::Input(format!(
+            "the centres have {} dimensions, the data has {}",
+            centers.dims, ds.dims
+        )));
+    }
+    let shared = Arc::new(centers.clone());
+    let want = Want {
+        labels: true,
+        dists,
+        ..Want::default()
+    };
+    for group in chunks(ds, task_points.max(1)).chunks(LLOYD_GROUP) {
+        for p in sweep(rt, ds, group, &shared, want)? {
+            on_block(&p.labels, &p.dists)?;
+        }
+    }
+    Ok(())
 }
 
 /// Points sampled for the initialisation: at least 10,000 and 20 per

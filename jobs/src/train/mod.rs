@@ -791,3 +791,90 @@ pub fn train_lbfgs(
         last: Some(last),
     })
 }
+
+/// Labels every row of `ds` with the model's class (the largest score
+/// `w_c . x + b_c`, ties to the lowest class), sweeping the data in order.
+/// `on_block` receives the labels of consecutive blocks of rows, in row
+/// order, so the caller can stream them out.
+pub fn predict(
+    rt: &Runtime,
+    ds: &crate::kmeans::Dataset,
+    model: &Model,
+    mut on_block: impl FnMut(&[u32]) -> Result<()>,
+) -> Result<()> {
+    if model.dims as usize != ds.dims {
+        return Err(Error::Input(format!(
+            "the model has {} features, the data has {} columns",
+            model.dims, ds.dims
+        )));
+    }
+    let shared = Arc::new(model.clone());
+    let group = (rt.workers() * 2).max(1);
+    for hs in ds.parts.chunks(group) {
+        let mut b = rt.batch();
+        for h in hs {
+            let m = shared.clone();
+            b.read(h, move |p: &crate::kmeans::Partition| {
+                model_labels(&m, &p.data, p.rows as usize)
+            });
+        }
+        for labels in b.run()? {
+            on_block(&labels)?;
+        }
+    }
+    Ok(())
+}
+
+/// The model's class for each of the `rows` rows of `x`.
+fn model_labels(m: &Model, x: &[f32], rows: usize) -> Vec<u32> {
+    const BLOCK: usize = 256;
+    let d = m.dims as usize;
+    let classes = m.classes as usize;
+    let stride = d + 1;
+    let mut out = Vec::with_capacity(rows);
+    let mut z = vec![0f32; BLOCK.min(rows.max(1)) * classes];
+    let mut row = 0;
+    while row < rows {
+        let n = BLOCK.min(rows - row);
+        let xb = &x[row * d..(row + n) * d];
+        // SAFETY:
+        // - `xb` holds n*d floats, row stride d, column stride 1;
+        // - W^T (d x classes) is read from `m.w` (classes*(d+1) floats)
+        //   with row stride 1 and column stride d+1, never reaching the
+        //   bias column;
+        // - `z` holds at least n*classes floats, row stride classes;
+        //   beta = 0, so its contents are not read; nothing aliases.
+        unsafe {
+            matrixmultiply::sgemm(
+                n,
+                d,
+                classes,
+                1.0,
+                xb.as_ptr(),
+                d as isize,
+                1,
+                m.w.as_ptr(),
+                1,
+                stride as isize,
+                0.0,
+                z.as_mut_ptr(),
+                classes as isize,
+                1,
+            );
+        }
+        for zr in z[..n * classes].chunks_exact(classes) {
+            let mut best = 0;
+            let mut best_s = f32::NEG_INFINITY;
+            for (c, &v) in zr.iter().enumerate() {
+                let s = v + m.w[c * stride + d];
+                if s > best_s {
+                    best_s = s;
+                    best = c;
+                }
+            }
+            out.push(best as u32);
+        }
+        row += n;
+    }
+    out
+}

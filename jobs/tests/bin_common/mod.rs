@@ -16,3 +16,61 @@ pub fn outcore_cli(args: &[&str]) -> (Option<i32>, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Whether python3 can import `modules` (comma-separated). When it cannot,
+/// the caller skips its test with a message, unless
+/// `OUTCORE_REQUIRE_SKLEARN=1` (set by CI) makes that a failure.
+#[allow(dead_code)]
+pub fn have_python(modules: &str) -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var("OUTCORE_REQUIRE_SKLEARN").as_deref() != Ok("1"),
+            "python3 with {modules} is required (OUTCORE_REQUIRE_SKLEARN=1) but cannot be imported"
+        );
+        eprintln!("skipped: python3 with {modules} is not installed");
+    }
+    ok
+}
+
+/// Runs a python3 script with arguments; its standard output (panics,
+/// showing stderr, when it fails).
+#[allow(dead_code)]
+pub fn python(script: &str, args: &[&str]) -> String {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "python failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The data of a little-endian `.npy` file of 4-byte elements (int32 or
+/// float32), as raw 4-byte words, and the descr it declares.
+#[allow(dead_code)]
+pub fn npy_words(path: &std::path::Path) -> (String, Vec<[u8; 4]>) {
+    let b = std::fs::read(path).unwrap();
+    assert_eq!(&b[..6], b"\x93NUMPY");
+    let hlen = u16::from_le_bytes([b[8], b[9]]) as usize;
+    let header = String::from_utf8_lossy(&b[10..10 + hlen]).into_owned();
+    let descr = header
+        .split("'descr': '")
+        .nth(1)
+        .and_then(|r| r.split('\'').next())
+        .unwrap_or("")
+        .to_string();
+    let words = b[10 + hlen..]
+        .chunks_exact(4)
+        .map(|c| [c[0], c[1], c[2], c[3]])
+        .collect();
+    (descr, words)
+}

@@ -1,0 +1,211 @@
+//! `outcore predict`: labels rows with trained centroids or a trained
+//! model, streaming the input under the cap.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::{ArgGroup, Args};
+use outcore::{format_bytes, MemoryCap, Stats};
+use outcore_jobs::kmeans::{self, Centers};
+use outcore_jobs::npy::{self, NpyWriter};
+use outcore_jobs::train::{self, Model};
+use outcore_jobs::{check_writable, write_json, Error, Result};
+use serde::Serialize;
+
+use super::progress::Feedback;
+use super::{file_source, runtime, warn_failed_writes, MemoryArgs};
+
+/// Flags of `outcore predict`.
+#[derive(Args, Debug)]
+#[command(group(ArgGroup::new("predictor").required(true).args(["centroids", "model"])))]
+pub(super) struct PredictArgs {
+    /// Centroids: a k x D .npy (float32 or float64), such as `outcore
+    /// kmeans --output`. Each row gets its nearest centre.
+    #[arg(long, value_name = "FILE")]
+    centroids: Option<PathBuf>,
+    /// A model from `outcore train --output`: classes x (D + 1), the
+    /// intercept last. Each row gets the class with the largest score.
+    #[arg(long, value_name = "FILE")]
+    model: Option<PathBuf>,
+    /// Rows to label: .npy (2-D float32/float64, C order), .fvecs, or raw
+    /// little-endian float32 (with --dims).
+    #[arg(long, value_name = "FILE")]
+    input: PathBuf,
+    /// Columns of a raw input file.
+    #[arg(long, value_name = "D")]
+    dims: Option<usize>,
+    /// Write each row's label (int32 .npy, one per row).
+    #[arg(long, value_name = "FILE")]
+    labels: PathBuf,
+    /// With --centroids: write each row's squared distance to its centre
+    /// (float32 .npy, one per row).
+    #[arg(long, value_name = "FILE")]
+    distances: Option<PathBuf>,
+    #[command(flatten)]
+    mem: MemoryArgs,
+}
+
+#[derive(Serialize)]
+struct PredictStats<'a> {
+    /// "centroids" or "model".
+    by: &'a str,
+    rows: u64,
+    dims: usize,
+    /// Centres or classes.
+    k: usize,
+    partitions: usize,
+    evictions: u64,
+    loads: u64,
+    bytes_written: u64,
+    /// Spill files and input file together.
+    bytes_read: u64,
+    input_bytes_read: u64,
+    peak_bytes: u64,
+    wall_seconds: f64,
+    mem_cap_bytes: Option<u64>,
+    runtime: &'a Stats,
+}
+
+enum Predictor {
+    Centres(Centers),
+    Model(Model),
+}
+
+/// Runs `outcore predict`.
+pub(super) fn run(a: PredictArgs) -> Result<()> {
+    let wall = Instant::now();
+    for p in [Some(&a.labels), a.distances.as_ref(), a.mem.stats.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        check_writable(p)?;
+    }
+    if a.distances.is_some() && a.model.is_some() {
+        return Err(Error::Input(
+            "--distances applies to --centroids, not to --model".into(),
+        ));
+    }
+    let src = file_source(&a.input, a.dims)?;
+    let (rows, dims) = src.shape()?;
+    let predictor = match (&a.centroids, &a.model) {
+        (Some(p), _) => {
+            let (v, k, c) = npy::read_matrix(p)?;
+            if c != dims {
+                return Err(Error::Input(format!(
+                    "--centroids {}: centres have {c} dimensions, the input has {dims}",
+                    p.display()
+                )));
+            }
+            Predictor::Centres(Centers::new(k, dims, v))
+        }
+        (None, Some(p)) => Predictor::Model(read_model(p, dims)?),
+        (None, None) => {
+            return Err(Error::Input("give --centroids or --model".into()));
+        }
+    };
+    let k = match &predictor {
+        Predictor::Centres(c) => c.k,
+        Predictor::Model(m) => m.classes as usize,
+    };
+    let data_bytes = rows * dims as u64 * 4;
+    let (rt, part_bytes) = runtime(&a.mem, MemoryCap::Auto, data_bytes)?;
+    let mut fb = Feedback::new();
+    let ds = kmeans::load(&rt, &src, part_bytes, |_, _| {})?;
+    fb.line(&format!(
+        "outcore predict: {rows} points x {dims} dims ({}), {}, cap {}, {} workers",
+        format_bytes(data_bytes),
+        match &predictor {
+            Predictor::Centres(_) => format!("nearest of {k} centres"),
+            Predictor::Model(_) => format!("model of {k} classes"),
+        },
+        rt.cap().map_or("none".into(), format_bytes),
+        rt.workers()
+    ));
+    fb.stage("labelling", rows);
+    let mut labels = NpyWriter::<i32>::create(&a.labels, &[rows])?;
+    let mut dists = match &a.distances {
+        Some(p) => Some(NpyWriter::<f32>::create(p, &[rows])?),
+        None => None,
+    };
+    let mut done = 0u64;
+    let mut scratch: Vec<i32> = Vec::new();
+    let mut put = |l: &[u32]| -> Result<()> {
+        scratch.clear();
+        scratch.extend(l.iter().map(|&v| v as i32));
+        labels.write(&scratch)?;
+        done += l.len() as u64;
+        fb.progress(done);
+        Ok(())
+    };
+    match &predictor {
+        Predictor::Centres(c) => {
+            kmeans::predict(&rt, &ds, c, dists.is_some(), 1100, |l, d| {
+                put(l)?;
+                if let Some(w) = dists.as_mut() {
+                    w.write(d)?;
+                }
+                Ok(())
+            })?;
+        }
+        Predictor::Model(m) => train::predict(&rt, &ds, m, put)?,
+    }
+    labels.finish()?;
+    if let Some(w) = dists {
+        w.finish()?;
+    }
+    fb.done();
+    let s = rt.stats();
+    warn_failed_writes(&rt, &s);
+    let read = s.bytes_read + ds.input_bytes_read();
+    let wall_seconds = wall.elapsed().as_secs_f64();
+    if let Some(p) = &a.mem.stats {
+        write_json(
+            p,
+            &PredictStats {
+                by: match predictor {
+                    Predictor::Centres(_) => "centroids",
+                    Predictor::Model(_) => "model",
+                },
+                rows,
+                dims,
+                k,
+                partitions: ds.parts.len(),
+                evictions: s.evictions,
+                loads: s.loads,
+                bytes_written: s.bytes_written,
+                bytes_read: read,
+                input_bytes_read: ds.input_bytes_read(),
+                peak_bytes: s.peak_bytes,
+                wall_seconds,
+                mem_cap_bytes: rt.cap(),
+                runtime: &s,
+            },
+        )?;
+    }
+    eprintln!(
+        "done in {wall_seconds:.1}s: {rows} rows labelled; peak {}; evictions {}, loads {}, read {}, written {}",
+        format_bytes(s.peak_bytes),
+        s.evictions,
+        s.loads,
+        format_bytes(read),
+        format_bytes(s.bytes_written)
+    );
+    Ok(())
+}
+
+/// A model file: `classes x (dims + 1)`, the intercept in the last column.
+fn read_model(p: &Path, dims: usize) -> Result<Model> {
+    let (w, classes, cols) = npy::read_matrix(p)?;
+    if cols != dims + 1 {
+        return Err(Error::Input(format!(
+            "--model {}: a model for {} features (shape {classes} x {cols}), the input has {dims} columns",
+            p.display(),
+            cols.saturating_sub(1)
+        )));
+    }
+    Ok(Model {
+        classes: classes as u32,
+        dims: dims as u32,
+        w: w.into(),
+    })
+}
