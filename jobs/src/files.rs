@@ -32,36 +32,78 @@ pub(crate) fn open_input(path: &Path) -> Result<(File, u64)> {
 /// An output file written in full or not at all.
 ///
 /// Bytes go to a temporary file next to the target (same directory, so the
-/// final rename stays on one filesystem); [`AtomicFile::commit`] syncs it
-/// and renames it over the target. Dropped without a commit, the temporary
-/// file is removed and the target is untouched.
+/// final rename stays on one filesystem), created with mode 0666 less the
+/// umask, as other tools' outputs are; [`AtomicFile::commit`] syncs it and
+/// renames it over the target. Dropped without a commit, the temporary
+/// file is removed and the target is untouched. A symlink to a regular
+/// file is followed: the file it points to is replaced, the link stays.
+///
+/// Two targets are written in place instead: `-` (standard output) and an
+/// existing file that is not a regular file (a FIFO, a terminal,
+/// `/dev/null`, `/dev/stdout`), which a rename would replace.
 #[derive(Debug)]
 pub(crate) struct AtomicFile {
-    out: BufWriter<NamedTempFile>,
+    out: Sink,
     path: PathBuf,
+}
+
+#[derive(Debug)]
+enum Sink {
+    /// A temporary file, renamed over the target on commit.
+    Temp(BufWriter<NamedTempFile>),
+    /// An existing non-regular file, written in place.
+    InPlace(BufWriter<File>),
+    /// Standard output (`-`).
+    Stdout(BufWriter<std::io::Stdout>),
+}
+
+/// Where an output goes.
+enum Target {
+    Stdout,
+    InPlace,
+    /// A regular file (new or replaced) at this path.
+    Replace(PathBuf),
+}
+
+fn target(path: &Path) -> Result<Target> {
+    if path.as_os_str() == "-" {
+        return Ok(Target::Stdout);
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Err(Error::Output {
+            path: path.to_path_buf(),
+            reason: "is a directory".into(),
+        }),
+        Ok(m) if !m.is_file() => Ok(Target::InPlace),
+        // A regular file, maybe behind a symlink: replace the file.
+        Ok(_) => Ok(Target::Replace(
+            std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
+        )),
+        Err(_) => Ok(Target::Replace(path.to_path_buf())),
+    }
 }
 
 impl AtomicFile {
     /// Starts writing `path`. Fails when `path` is a directory or its
-    /// directory cannot hold a new file.
+    /// directory cannot hold a new file. Opening a FIFO waits for its
+    /// reader, as a shell redirection does.
     pub(crate) fn create(path: &Path) -> Result<AtomicFile> {
-        if path.is_dir() {
-            return Err(Error::Output {
-                path: path.to_path_buf(),
-                reason: "is a directory".into(),
-            });
-        }
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
+        let out = match target(path)? {
+            Target::Stdout => Sink::Stdout(BufWriter::with_capacity(1 << 16, std::io::stdout())),
+            Target::InPlace => {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(|e| Error::io(path, "cannot write", e))?;
+                Sink::InPlace(BufWriter::with_capacity(1 << 20, f))
+            }
+            Target::Replace(real) => Sink::Temp(BufWriter::with_capacity(
+                1 << 20,
+                temp_next_to(&real, path)?,
+            )),
         };
-        let tmp = tempfile::Builder::new()
-            .prefix(".outcore-partial-")
-            .suffix(".tmp")
-            .tempfile_in(dir)
-            .map_err(|e| Error::io(path, "cannot write", e))?;
         Ok(AtomicFile {
-            out: BufWriter::with_capacity(1 << 20, tmp),
+            out,
             path: path.to_path_buf(),
         })
     }
@@ -73,28 +115,84 @@ impl AtomicFile {
 
     /// Appends bytes.
     pub(crate) fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
-        self.out
-            .write_all(bytes)
-            .map_err(|e| Error::io(&self.path, "cannot write", e))
+        let r = match &mut self.out {
+            Sink::Temp(w) => w.write_all(bytes),
+            Sink::InPlace(w) => w.write_all(bytes),
+            Sink::Stdout(w) => w.write_all(bytes),
+        };
+        r.map_err(|e| Error::io(&self.path, "cannot write", e))
     }
 
-    /// Flushes and syncs the temporary file and renames it over the
+    /// Flushes the bytes out: syncs and renames a temporary file over the
     /// target.
     pub(crate) fn commit(self) -> Result<()> {
         let path = self.path;
         let err = |e| Error::io(&path, "cannot write", e);
-        let tmp = self.out.into_inner().map_err(|e| err(e.into_error()))?;
-        tmp.as_file().sync_all().map_err(err)?;
-        tmp.persist(&path).map_err(|e| err(e.error))?;
+        match self.out {
+            Sink::Temp(w) => {
+                let tmp = w.into_inner().map_err(|e| err(e.into_error()))?;
+                tmp.as_file().sync_all().map_err(err)?;
+                // Onto the file a symlink points to, next to which the
+                // temporary file was made.
+                tmp.persist(target_path(&path)).map_err(|e| err(e.error))?;
+            }
+            Sink::InPlace(mut w) => w.flush().map_err(err)?,
+            Sink::Stdout(mut w) => w.flush().map_err(err)?,
+        }
         Ok(())
     }
 }
 
+/// The regular file a target path names (through a symlink), or the path.
+fn target_path(path: &Path) -> PathBuf {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
+        _ => path.to_path_buf(),
+    }
+}
+
+/// A temporary file, mode 0666 less the umask (the kernel applies it), in
+/// the directory of `real`; errors name `shown`.
+fn temp_next_to(real: &Path, shown: &Path) -> Result<NamedTempFile> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = match real.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    tempfile::Builder::new()
+        .prefix(".outcore-partial-")
+        .suffix(".tmp")
+        .permissions(std::fs::Permissions::from_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(|e| Error::io(shown, "cannot write", e))
+}
+
 /// Checks that `path` can be written (it is not a directory, and its
-/// directory takes a new file) before any work is done. Nothing is left
-/// behind.
+/// directory takes a new file; `-` and existing non-regular files are
+/// written in place) before any work is done. Nothing is left behind, and
+/// a FIFO is not opened.
 pub fn check_writable(path: &Path) -> Result<()> {
-    AtomicFile::create(path).map(drop)
+    match target(path)? {
+        Target::Stdout => Ok(()),
+        Target::InPlace => {
+            let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
+                Error::Output {
+                    path: path.to_path_buf(),
+                    reason: "the path holds a NUL byte".into(),
+                }
+            })?;
+            // SAFETY: `c` is a NUL-terminated path that outlives the call.
+            if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
+                return Err(Error::io(
+                    path,
+                    "cannot write",
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            Ok(())
+        }
+        Target::Replace(real) => temp_next_to(&real, path).map(drop),
+    }
 }
 
 /// Writes `value` as pretty-printed JSON to `path`, atomically.

@@ -8,13 +8,16 @@ mod cli;
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 #[global_allocator]
 static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 
 fn main() -> ExitCode {
-    let args = match cli::Cli::try_parse() {
+    let parsed = cli::Cli::command()
+        .try_get_matches()
+        .and_then(|m| cli::Cli::from_arg_matches(&m).map(|c| (c, cli::Given::from_matches(&m))));
+    let args = match parsed {
         Ok(a) => a,
         Err(e) => {
             if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
@@ -30,7 +33,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match cli::run(args) {
+    match cli::run(args.0, &args.1) {
         Ok(()) => ExitCode::SUCCESS,
         Err(_) if cli::interrupted() => {
             // The signal handler is removing the spill files and exits the

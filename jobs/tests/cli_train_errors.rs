@@ -105,9 +105,11 @@ fn train_rejects_bad_input() {
     );
     // Options.
     call(&["--classes", "1"], "classes");
-    call(&["--lr", "-1"], "--lr");
-    call(&["--batch", "0"], "--batch");
-    call(&["--rounds", "0"], "--rounds");
+    call(&["--solver", "sgd", "--lr", "-1"], "--lr");
+    call(&["--solver", "sgd", "--batch", "0"], "--batch");
+    call(&["--solver", "sgd", "--rounds", "0"], "--rounds");
+    call(&["--C", "-1"], "--C");
+    call(&["--max-iter", "0"], "--max-iter");
     call(&["--holdout", "1.5"], "--holdout");
     bad(
         &[

@@ -10,7 +10,10 @@ use outcore_jobs::{check_writable, npy, write_json, Error, Result, Source};
 use serde::Serialize;
 
 use super::progress::Feedback;
-use super::{file_source, positive, runtime, synthetic_source, warn_failed_writes, MemoryArgs};
+use super::{
+    file_source, plural, positive, runtime, synthetic_source, warn_dims, warn_failed_writes, Given,
+    MemoryArgs,
+};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum AlgorithmArg {
@@ -118,8 +121,25 @@ struct KmeansStats<'a> {
 }
 
 /// Runs `outcore kmeans`.
-pub(super) fn run(a: KmeansArgs) -> Result<()> {
+pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
     let wall = Instant::now();
+    warn_dims(given, a.data.input.as_deref());
+    if a.data.input.is_some() {
+        given.warn_unused(
+            &[("synthetic", "--synthetic"), ("true_k", "--true-k")],
+            "applies to synthetic data, not to --input",
+        );
+    }
+    match a.algorithm {
+        AlgorithmArg::Lloyd => given.warn_unused(
+            &[("epochs", "--epochs"), ("batch_tasks", "--batch-tasks")],
+            "applies to --algorithm minibatch",
+        ),
+        AlgorithmArg::Minibatch => given.warn_unused(
+            &[("iterations", "--iterations")],
+            "applies to --algorithm lloyd",
+        ),
+    }
     for p in [&a.output, &a.labels, &a.mem.stats].into_iter().flatten() {
         check_writable(p)?;
     }
@@ -181,8 +201,8 @@ pub(super) fn run(a: KmeansArgs) -> Result<()> {
     ));
     if ds.lazy {
         fb.line(&format!(
-            "{} partitions of {}, read from the {} as the run needs them",
-            ds.parts.len(),
+            "{} of {}, read from the {} as the run needs them",
+            plural(ds.parts.len(), "partition"),
             format_bytes(part_bytes.min(data_bytes)),
             if a.data.input.is_some() {
                 "input"
@@ -192,8 +212,8 @@ pub(super) fn run(a: KmeansArgs) -> Result<()> {
         ));
     } else {
         fb.line(&format!(
-            "loaded {} partitions of {} in {:.1}s",
-            ds.parts.len(),
+            "loaded {} of {} in {:.1}s",
+            plural(ds.parts.len(), "partition"),
             format_bytes(part_bytes.min(data_bytes)),
             load_seconds
         ));

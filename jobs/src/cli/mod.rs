@@ -74,14 +74,74 @@ struct MemoryArgs {
     stats: Option<PathBuf>,
 }
 
-/// Runs a parsed command line.
-pub fn run(cli: Cli) -> Result<()> {
+/// The flags given on the command line (not defaults), to warn about
+/// those that do not apply to the run.
+#[derive(Debug, Default)]
+pub struct Given(std::collections::HashSet<String>);
+
+impl Given {
+    /// The flags of the subcommand in `m` given on the command line.
+    pub fn from_matches(m: &clap::ArgMatches) -> Given {
+        let mut set = std::collections::HashSet::new();
+        if let Some((_, sub)) = m.subcommand() {
+            for id in sub.ids() {
+                if sub.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine) {
+                    set.insert(id.as_str().to_string());
+                }
+            }
+        }
+        Given(set)
+    }
+
+    /// Whether the flag with clap id `id` was given.
+    fn has(&self, id: &str) -> bool {
+        self.0.contains(id)
+    }
+
+    /// One warning line for each of `flags` (clap id, flag as typed)
+    /// that was given, saying `why` it does not apply.
+    fn warn_unused(&self, flags: &[(&str, &str)], why: &str) {
+        for (id, flag) in flags {
+            if self.has(id) {
+                eprintln!("outcore: warning: {flag} {why}; ignored");
+            }
+        }
+    }
+}
+
+/// Runs a parsed command line; `given` tells which flags were typed.
+pub fn run(cli: Cli, given: &Given) -> Result<()> {
     interrupt::install_cleanup();
     match cli.cmd {
-        Cmd::Kmeans(a) => kmeans::run(*a),
-        Cmd::Predict(a) => predict::run(*a),
+        Cmd::Kmeans(a) => kmeans::run(*a, given),
+        Cmd::Predict(a) => predict::run(*a, given),
         Cmd::Gen(a) => gen::run(a),
-        Cmd::Train(a) => train::run(*a),
+        Cmd::Train(a) => train::run(*a, given),
+    }
+}
+
+/// Warns about `--dims` given with an input whose header or records
+/// carry the number of columns.
+fn warn_dims(given: &Given, input: Option<&Path>) {
+    if let Some(p) = input {
+        if !Source::needs_dims(p) {
+            given.warn_unused(
+                &[("dims", "--dims")],
+                &format!(
+                    "does not apply to {} (its columns come from the file)",
+                    p.display()
+                ),
+            );
+        }
+    }
+}
+
+/// "1 partition", "3 partitions".
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
     }
 }
 

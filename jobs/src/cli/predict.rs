@@ -13,7 +13,7 @@ use outcore_jobs::{check_writable, write_json, Error, Result};
 use serde::Serialize;
 
 use super::progress::Feedback;
-use super::{file_source, runtime, warn_failed_writes, MemoryArgs};
+use super::{file_source, runtime, warn_dims, warn_failed_writes, Given, MemoryArgs};
 
 /// Flags of `outcore predict`.
 #[derive(Args, Debug)]
@@ -72,8 +72,9 @@ enum Predictor {
 }
 
 /// Runs `outcore predict`.
-pub(super) fn run(a: PredictArgs) -> Result<()> {
+pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
     let wall = Instant::now();
+    warn_dims(given, Some(&a.input));
     for p in [Some(&a.labels), a.distances.as_ref(), a.mem.stats.as_ref()]
         .into_iter()
         .flatten()

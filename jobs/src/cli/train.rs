@@ -10,7 +10,10 @@ use outcore_jobs::{check_writable, npy, write_json, Error, Labels, Result};
 use serde::Serialize;
 
 use super::progress::Feedback;
-use super::{file_source, positive, runtime, synthetic_source, warn_failed_writes, MemoryArgs};
+use super::{
+    file_source, plural, positive, runtime, synthetic_source, warn_dims, warn_failed_writes, Given,
+    MemoryArgs,
+};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum SolverArg {
@@ -138,32 +141,61 @@ struct TrainStats<'a> {
 }
 
 /// Runs `outcore train`.
-pub(super) fn run(a: TrainArgs) -> Result<()> {
+pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
     let wall = Instant::now();
+    warn_dims(given, a.input.as_deref());
+    if a.input.is_some() {
+        given.warn_unused(
+            &[("synthetic", "--synthetic")],
+            "applies to synthetic data, not to --input",
+        );
+    }
+    match a.solver {
+        SolverArg::Lbfgs => given.warn_unused(
+            &[
+                ("rounds", "--rounds"),
+                ("local_epochs", "--local-epochs"),
+                ("lr", "--lr"),
+                ("batch", "--batch"),
+            ],
+            "applies to --solver sgd",
+        ),
+        SolverArg::Sgd => given.warn_unused(
+            &[("c", "--C"), ("tol", "--tol"), ("max_iter", "--max-iter")],
+            "applies to --solver lbfgs",
+        ),
+    }
     for p in [&a.output, &a.mem.stats].into_iter().flatten() {
         check_writable(p)?;
     }
-    positive("--batch", a.batch)?;
-    positive("--local-epochs", a.local_epochs)?;
-    positive("--rounds", a.rounds)?;
-    positive("--max-iter", a.max_iter)?;
-    if !(a.lr.is_finite() && a.lr > 0.0) {
-        return Err(Error::Input(format!(
-            "--lr must be a positive number, not {}",
-            a.lr
-        )));
-    }
-    if !(a.c.is_finite() && a.c > 0.0) {
-        return Err(Error::Input(format!(
-            "--C must be a positive number, not {}",
-            a.c
-        )));
-    }
-    if !(a.tol.is_finite() && a.tol >= 0.0) {
-        return Err(Error::Input(format!(
-            "--tol must be a number >= 0, not {}",
-            a.tol
-        )));
+    // Each solver's own settings, checked when that solver runs.
+    match a.solver {
+        SolverArg::Sgd => {
+            positive("--batch", a.batch)?;
+            positive("--local-epochs", a.local_epochs)?;
+            positive("--rounds", a.rounds)?;
+            if !(a.lr.is_finite() && a.lr > 0.0) {
+                return Err(Error::Input(format!(
+                    "--lr must be a positive number, not {}",
+                    a.lr
+                )));
+            }
+        }
+        SolverArg::Lbfgs => {
+            positive("--max-iter", a.max_iter)?;
+            if !(a.c.is_finite() && a.c > 0.0) {
+                return Err(Error::Input(format!(
+                    "--C must be a positive number, not {}",
+                    a.c
+                )));
+            }
+            if !(a.tol.is_finite() && a.tol >= 0.0) {
+                return Err(Error::Input(format!(
+                    "--tol must be a number >= 0, not {}",
+                    a.tol
+                )));
+            }
+        }
     }
     if !(0.0..1.0).contains(&a.holdout) {
         return Err(Error::Input(format!(
@@ -213,7 +245,7 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
     })?;
     fb.done();
     eprintln!(
-        "outcore train: {} rows x {} dims ({}), {} classes, {}, {} shards, cap {}, {} workers",
+        "outcore train: {} rows x {} dims ({}), {} classes, {}, {}, cap {}, {} workers",
         job.rows,
         job.dims,
         format_bytes(data_bytes),
@@ -222,7 +254,7 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
             Solver::Lbfgs => format!("L-BFGS (C = {}, tol = {:e})", cfg.c, cfg.tol),
             Solver::Sgd => "local SGD".to_string(),
         },
-        job.shards.len(),
+        plural(job.shards.len(), "shard"),
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers()
     );

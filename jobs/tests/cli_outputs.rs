@@ -1,0 +1,279 @@
+//! Output files behave like other tools' outputs: mode 0666 less the
+//! umask, `-` for standard output, non-regular targets (FIFOs, devices,
+//! links to them) written in place and never replaced, links to regular
+//! files followed.
+
+use std::ffi::CString;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+const RUN: [&str; 13] = [
+    "kmeans",
+    "--synthetic",
+    "1MiB",
+    "--dims",
+    "16",
+    "--k",
+    "4",
+    "--true-k",
+    "4",
+    "--epochs",
+    "1",
+    "--mem-cap",
+    "none",
+];
+
+/// Runs `outcore` in `dir` under `umask`.
+fn run_in(dir: &Path, umask: u32, extra: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
+    c.current_dir(dir).args(RUN).args(extra);
+    // SAFETY: umask is async-signal-safe and touches only this child.
+    unsafe {
+        c.pre_exec(move || {
+            libc::umask(umask as libc::mode_t);
+            Ok(())
+        });
+    }
+    let out = c.output().expect("run outcore");
+    assert!(
+        out.status.success(),
+        "outcore {extra:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn outputs_get_0666_less_the_umask() {
+    for (umask, want) in [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)] {
+        let dir = tempfile::tempdir().unwrap();
+        run_in(
+            dir.path(),
+            umask,
+            &[
+                "--output", "c.npy", "--labels", "l.npy", "--stats", "s.json",
+            ],
+        );
+        for f in ["c.npy", "l.npy", "s.json"] {
+            assert_eq!(mode(&dir.path().join(f)), want, "{f} under umask {umask:o}");
+        }
+        // Nothing else is left (no temporary files).
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3);
+    }
+}
+
+#[test]
+fn a_dash_means_standard_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_in(dir.path(), 0o022, &["--stats", "-"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert!(v["inertia"].as_f64().is_some(), "{v}");
+    assert!(!dir.path().join("-").exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+fn mkfifo(p: &Path) {
+    let c = CString::new(p.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+}
+
+/// A FIFO, and a symlink to one, are written in place and stay what they
+/// are.
+#[test]
+fn a_fifo_is_written_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("stats.fifo");
+    mkfifo(&fifo);
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&fifo, &link).unwrap();
+    for target in [&fifo, &link] {
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+        };
+        run_in(dir.path(), 0o022, &["--stats", target.to_str().unwrap()]);
+        // Checked before waiting for the reader, which would wait forever
+        // on a FIFO that was replaced instead of written.
+        assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let text = reader.join().unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).expect("JSON through the FIFO");
+        assert!(v["inertia"].as_f64().is_some(), "{v}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+}
+
+/// A link to this process's standard output (what /dev/stdout is, as
+/// root) is written through, not replaced by a regular file.
+#[test]
+fn a_link_to_standard_output_stays_a_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("stdout");
+    std::os::unix::fs::symlink("/proc/self/fd/1", &link).unwrap();
+    let out = run_in(dir.path(), 0o022, &["--stats", link.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert!(v["inertia"].as_f64().is_some(), "{v}");
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
+
+/// A symlink to a regular file: the file is replaced, the link stays.
+#[test]
+fn a_link_to_a_file_is_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real.json");
+    std::fs::write(&real, "old").unwrap();
+    let link = dir.path().join("s.json");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    run_in(dir.path(), 0o022, &["--stats", "s.json"]);
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&real).unwrap()).unwrap();
+    assert!(v["inertia"].as_f64().is_some(), "{v}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+}
+
+/// Flags that do not apply to the run get one warning line each; the run
+/// goes on. Flags that apply get none.
+#[test]
+fn flags_that_do_not_apply_are_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = dir.path().join("x.npy");
+    outcore_jobs::npy::write_array(&x, &[64, 4], &vec![1f32; 256]).unwrap();
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (
+            vec![
+                "kmeans",
+                "--input",
+                x.to_str().unwrap(),
+                "--k",
+                "2",
+                "--dims",
+                "4",
+                "--true-k",
+                "3",
+            ],
+            vec![
+                "--dims does not apply",
+                "--true-k applies to synthetic data",
+            ],
+        ),
+        (
+            vec![
+                "kmeans",
+                "--synthetic",
+                "64KiB",
+                "--dims",
+                "4",
+                "--k",
+                "2",
+                "--algorithm",
+                "lloyd",
+                "--epochs",
+                "2",
+                "--iterations",
+                "2",
+            ],
+            vec!["--epochs applies to --algorithm minibatch"],
+        ),
+        (
+            vec![
+                "kmeans",
+                "--synthetic",
+                "64KiB",
+                "--dims",
+                "4",
+                "--k",
+                "2",
+                "--epochs",
+                "1",
+                "--iterations",
+                "2",
+            ],
+            vec!["--iterations applies to --algorithm lloyd"],
+        ),
+        (
+            vec![
+                "train",
+                "--synthetic",
+                "64KiB",
+                "--dims",
+                "4",
+                "--classes",
+                "2",
+                "--max-iter",
+                "2",
+                "--lr",
+                "0.1",
+            ],
+            vec!["--lr applies to --solver sgd"],
+        ),
+        (
+            vec![
+                "train",
+                "--synthetic",
+                "64KiB",
+                "--dims",
+                "4",
+                "--classes",
+                "2",
+                "--solver",
+                "sgd",
+                "--rounds",
+                "1",
+                "--C",
+                "2",
+            ],
+            vec!["--C applies to --solver lbfgs"],
+        ),
+        (
+            vec![
+                "kmeans",
+                "--synthetic",
+                "64KiB",
+                "--dims",
+                "4",
+                "--true-k",
+                "2",
+                "--k",
+                "2",
+                "--epochs",
+                "1",
+            ],
+            vec![],
+        ),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
+            .current_dir(dir.path())
+            .args(&args)
+            .args(["--mem-cap", "none"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {err}");
+        let warnings: Vec<&str> = err
+            .lines()
+            .filter(|l| l.starts_with("outcore: warning:"))
+            .collect();
+        assert_eq!(warnings.len(), want.len(), "{args:?}: {err}");
+        for (w, text) in warnings.iter().zip(&want) {
+            assert!(w.contains(text), "{args:?}: {w}");
+        }
+    }
+}
