@@ -367,6 +367,7 @@ pub fn read_matrix(path: &Path) -> Result<(Vec<f32>, usize, usize)> {
     let (rows, cols) = (r.rows() as usize, r.cols());
     let mut out = Vec::with_capacity(rows * cols);
     r.read_rows(rows, &mut out)?;
+    crate::input::check_finite(&out, cols, 0).map_err(|e| bad(path, e))?;
     Ok((out, rows, cols))
 }
 

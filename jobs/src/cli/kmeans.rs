@@ -186,9 +186,10 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
     let t = Instant::now();
     let ds = kmeans::load(&rt, &src, part_bytes, |done, _| fb.progress(done))?;
     let load_seconds = t.elapsed().as_secs_f64();
-    // Printed once the data is in: an input error found while streaming
-    // is then the only line the user sees.
-    fb.line(&format!(
+    // The start lines wait for the initialisation, which reads the data
+    // (k-means++ and random samples read every partition): an input error
+    // found on the way is then the only line the user sees.
+    let mut intro = vec![format!(
         "outcore kmeans: {rows} points x {dims} dims ({}), k = {k}, {}, cap {}, {} workers, policy {}",
         format_bytes(data_bytes),
         match a.algorithm {
@@ -198,9 +199,9 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers(),
         rt.policy()
-    ));
+    )];
     if ds.lazy {
-        fb.line(&format!(
+        intro.push(format!(
             "{} of {}, read from the {} as the run needs them",
             plural(ds.parts.len(), "partition"),
             format_bytes(part_bytes.min(data_bytes)),
@@ -211,7 +212,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
             }
         ));
     } else {
-        fb.line(&format!(
+        intro.push(format!(
             "loaded {} of {} in {:.1}s",
             plural(ds.parts.len(), "partition"),
             format_bytes(part_bytes.min(data_bytes)),
@@ -252,6 +253,9 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
     let out = kmeans::run(&rt, &ds, &cfg, |ev| match ev {
         Event::Progress { done, .. } => fb.progress(done),
         Event::Initialized { seconds } => {
+            for l in intro.drain(..) {
+                fb.line(&l);
+            }
             init_seconds = seconds;
             let s = rt.stats();
             let read = s.bytes_read + ds.input_bytes_read();

@@ -157,8 +157,23 @@ impl Region {
         };
         self.read_bytes
             .fetch_add((n * self.record()) as u64, Ordering::Relaxed);
-        if *crc.get_or_init(|| sum) != sum {
+        // The first read validates the values; later reads are checked
+        // against its checksum instead.
+        let mut first_read = false;
+        if *crc.get_or_init(|| {
+            first_read = true;
+            sum
+        }) != sum
+        {
             return Err(self.changed(first, n, "its bytes differ from the first read"));
+        }
+        if first_read {
+            if let Err(bad) = super::check_finite(&values, self.dims, first) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: {bad}", self.path.display()),
+                ));
+            }
         }
         Ok(values)
     }

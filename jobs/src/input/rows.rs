@@ -169,7 +169,20 @@ impl Rows {
     }
 
     /// Appends rows `first..first + n` to `out` (rows are read in order).
+    /// A value that is not finite is an error naming its row and column.
     pub(crate) fn read(&mut self, first: u64, n: usize, out: &mut Vec<f32>) -> Result<()> {
+        let start = out.len();
+        self.read_any(first, n, out)?;
+        let path = match self {
+            Rows::Synthetic(..) => return Ok(()),
+            Rows::Npy(r) => r.path().to_path_buf(),
+            Rows::Plain { path, .. } => path.clone(),
+        };
+        super::check_finite(&out[start..], self.dims(), first)
+            .map_err(|bad| Error::Input(format!("{}: {bad}", path.display())))
+    }
+
+    fn read_any(&mut self, first: u64, n: usize, out: &mut Vec<f32>) -> Result<()> {
         match self {
             Rows::Synthetic(b, _) => {
                 let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
