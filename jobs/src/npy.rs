@@ -360,6 +360,82 @@ impl NpyInts {
     }
 }
 
+/// A 1-D float32/float64 array in a `.npy` file (such as one sample
+/// weight per row), read at any position as `f32`.
+#[derive(Debug)]
+pub(crate) struct NpyVector {
+    path: PathBuf,
+    file: File,
+    dtype: Dtype,
+    len: u64,
+    data_offset: u64,
+}
+
+impl NpyVector {
+    /// Opens `path`, checks it is a 1-D float32/float64 array held in full.
+    pub(crate) fn open(path: &Path) -> Result<NpyVector> {
+        let (reader, flen, h) = open_with_header(path)?;
+        if !matches!(h.dtype, Dtype::F32 | Dtype::F64) {
+            return Err(bad(
+                path,
+                format!("must be float32 or float64, not {}", h.dtype.descr()),
+            ));
+        }
+        if h.shape.len() != 1 {
+            return Err(bad(
+                path,
+                format!("must be a 1-D array, this one has shape {:?}", h.shape),
+            ));
+        }
+        let len = h.shape[0];
+        check_length(path, flen, &h, Some(len))?;
+        Ok(NpyVector {
+            path: path.to_path_buf(),
+            file: reader.into_inner(),
+            dtype: h.dtype,
+            len,
+            data_offset: h.data_offset,
+        })
+    }
+
+    /// Number of values.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Values `first..first + n` as `f32` (float64 is rounded, as
+    /// scikit-learn casts sample weights to the data's float32), with the
+    /// raw bytes for a checksum. Positioned reads: any thread, any order.
+    pub(crate) fn read_at(&self, first: u64, n: usize) -> Result<(Vec<f32>, Vec<u8>)> {
+        use std::os::unix::fs::FileExt;
+        let size = self.dtype.size();
+        let mut bytes = vec![0u8; n * size];
+        self.file
+            .read_exact_at(&mut bytes, self.data_offset + first * size as u64)
+            .map_err(|e| bad(&self.path, format!("read failed: {e}")))?;
+        let v = match self.dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            _ => bytes
+                .chunks_exact(8)
+                .map(|b| {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(b);
+                    f64::from_le_bytes(a) as f32
+                })
+                .collect(),
+        };
+        Ok((v, bytes))
+    }
+}
+
 /// Reads a whole (small) 2-D float32/float64 array as `f32`: the values,
 /// the rows and the columns.
 pub fn read_matrix(path: &Path) -> Result<(Vec<f32>, usize, usize)> {

@@ -53,6 +53,25 @@ pub(super) struct KmeansArgs {
     /// Mini-batch: points per task.
     #[arg(long, default_value_t = 1100)]
     task_points: usize,
+    /// Convergence tolerance, relative to the data's mean per-feature
+    /// variance (scikit-learn's tol). Lloyd stops when the squared centre
+    /// shift of an iteration is at most this (default 1e-4); mini-batch
+    /// when a step moves the centres that little (default 0: never).
+    #[arg(long, value_name = "T", allow_negative_numbers = true)]
+    tol: Option<f64>,
+    /// Mini-batch: stop after N steps in a row without improvement of the
+    /// smoothed batch inertia (scikit-learn's max_no_improvement; default:
+    /// never).
+    #[arg(long, value_name = "N")]
+    max_no_improvement: Option<usize>,
+    /// Runs from N initialisations (the first from --seed); the lowest
+    /// final inertia is kept.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    n_init: usize,
+    /// Sample weights: a 1-D float32/float64 .npy, one finite weight >= 0
+    /// per row (scikit-learn's sample_weight).
+    #[arg(long, value_name = "W.npy")]
+    sample_weight: Option<PathBuf>,
     /// Write the centroids (float32, k x D) to this .npy file.
     #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
@@ -99,6 +118,20 @@ struct KmeansStats<'a> {
     epoch_bytes_read: &'a [u64],
     epoch_bytes_written: &'a [u64],
     inertia: f64,
+    /// Epochs (mini-batch) or iterations (Lloyd) run.
+    iterations: usize,
+    /// Mini-batch steps (batches) run.
+    steps: usize,
+    /// Whether the run stopped early on convergence, and why.
+    converged: bool,
+    stop: Option<&'a str>,
+    tol: f64,
+    max_no_improvement: Option<usize>,
+    n_init: usize,
+    /// The run kept (from 0) and every run's final inertia.
+    best_init: usize,
+    init_inertia: &'a [f64],
+    weighted: bool,
     evictions: u64,
     trap_evictions: u64,
     clean_evictions: u64,
@@ -132,7 +165,11 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
     }
     match a.algorithm {
         AlgorithmArg::Lloyd => given.warn_unused(
-            &[("epochs", "--epochs"), ("batch_tasks", "--batch-tasks")],
+            &[
+                ("epochs", "--epochs"),
+                ("batch_tasks", "--batch-tasks"),
+                ("max_no_improvement", "--max-no-improvement"),
+            ],
             "applies to --algorithm minibatch",
         ),
         AlgorithmArg::Minibatch => given.warn_unused(
@@ -147,6 +184,19 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
     positive("--batch-tasks", a.batch_tasks)?;
     positive("--epochs", a.epochs)?;
     positive("--iterations", a.iterations)?;
+    positive("--n-init", a.n_init)?;
+    if let Some(t) = a.tol {
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(Error::Input(format!(
+                "--tol must be a number >= 0, not {t}"
+            )));
+        }
+    }
+    if a.max_no_improvement == Some(0) {
+        return Err(Error::Input(
+            "--max-no-improvement must be at least 1".into(),
+        ));
+    }
     let (src, rows, dims) = open_source(&a.data)?;
     let (init, k) = match a.init.as_str() {
         "kmeans++" | "k-means++" => (Init::KMeansPlusPlus, a.k.unwrap_or(100)),
@@ -164,6 +214,12 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
                         "--init {file}: holds {r} centres but --k is {k}"
                     )));
                 }
+            }
+            if a.n_init > 1 {
+                eprintln!(
+                    "outcore: warning: --n-init {} with --init {file}: every run would start from the same centres; running once",
+                    a.n_init
+                );
             }
             (Init::Given(v), r)
         }
@@ -184,7 +240,13 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
     let mut fb = Feedback::new();
     fb.stage("loading", rows);
     let t = Instant::now();
-    let ds = kmeans::load(&rt, &src, part_bytes, |done, _| fb.progress(done))?;
+    let ds = kmeans::load_weighted(
+        &rt,
+        &src,
+        a.sample_weight.as_deref(),
+        part_bytes,
+        |done, _| fb.progress(done),
+    )?;
     let load_seconds = t.elapsed().as_secs_f64();
     // The start lines wait for the initialisation, which reads the data
     // (k-means++ and random samples read every partition): an input error
@@ -232,6 +294,12 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
         task_points: a.task_points,
         seed: a.data.seed,
         labels: a.labels.is_some(),
+        tol: a.tol.unwrap_or(match a.algorithm {
+            AlgorithmArg::Minibatch => 0.0,
+            AlgorithmArg::Lloyd => 1e-4,
+        }),
+        max_no_improvement: a.max_no_improvement,
+        n_init: a.n_init,
     };
     let passes = match cfg.algorithm {
         Algorithm::MiniBatch => cfg.epochs,
@@ -252,6 +320,26 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
     let mut epoch_written = Vec::new();
     let out = kmeans::run(&rt, &ds, &cfg, |ev| match ev {
         Event::Progress { done, .. } => fb.progress(done),
+        Event::Run { index, of } => {
+            for l in intro.drain(..) {
+                fb.line(&l);
+            }
+            fb.line(&format!("run {}/{of}:", index + 1));
+        }
+        Event::RunDone { index, inertia } => {
+            fb.line(&format!("run {}: final inertia {inertia:.6e}", index + 1));
+            fb.stage(&format!("{word} 1/{passes}"), rows);
+        }
+        Event::Converged { steps, why } => {
+            fb.line(&format!(
+                "converged after {}: {}",
+                match cfg.algorithm {
+                    Algorithm::MiniBatch => format!("{steps} steps"),
+                    Algorithm::Lloyd => plural(steps, "iteration"),
+                },
+                why.describe()
+            ));
+        }
         Event::Initialized { seconds } => {
             for l in intro.drain(..) {
                 fb.line(&l);
@@ -319,6 +407,16 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
                 epoch_bytes_read: &epoch_read,
                 epoch_bytes_written: &epoch_written,
                 inertia: out.inertia,
+                iterations: out.iterations,
+                steps: out.steps,
+                converged: out.converged.is_some(),
+                stop: out.converged.map(|c| c.describe()),
+                tol: cfg.tol,
+                max_no_improvement: cfg.max_no_improvement,
+                n_init: out.init_inertia.len(),
+                best_init: out.best_init,
+                init_inertia: &out.init_inertia,
+                weighted: a.sample_weight.is_some(),
                 evictions: s.evictions,
                 trap_evictions: s.trap_evictions,
                 clean_evictions: s.clean_evictions,

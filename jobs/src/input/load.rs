@@ -11,7 +11,7 @@ use super::region::Region;
 use super::rows::Rows;
 use super::{Blobs, Labels, Source};
 use crate::error::{Error, Result};
-use crate::npy::NpyInts;
+use crate::npy::{NpyInts, NpyVector};
 
 /// A dataset spread over executors: one per block of consecutive rows, in
 /// row order, declared to the runtime as the cycle the jobs sweep.
@@ -70,6 +70,8 @@ pub(crate) struct Block {
     pub x: Vec<f32>,
     /// One label per row when the job has labels; empty otherwise.
     pub y: Vec<u32>,
+    /// One sample weight per row when the job has them; empty otherwise.
+    pub w: Vec<f32>,
 }
 
 /// What to load and how to cut it.
@@ -79,6 +81,8 @@ pub(crate) struct Loader<'a> {
     pub source: &'a Source,
     /// Their labels, for a supervised job.
     pub labels: Option<&'a Labels>,
+    /// A file of sample weights (1-D float32/float64 `.npy`, one per row).
+    pub weights: Option<&'a std::path::Path>,
     /// Bytes per executor, counting 4 per value and 4 per label: blocks
     /// of that many rows (at least 1, at most `u32::MAX`; the last block
     /// holds the rest).
@@ -148,6 +152,10 @@ impl Loader<'_> {
                 label_file = Some(r);
             }
         }
+        let weight_file = match self.weights {
+            Some(p) => Some(open_weights(p, rows)?),
+            None => None,
+        };
         let row_bytes = 4 * dims as u64 + if self.labels.is_some() { 4 } else { 0 };
         let per = (self.part_bytes / row_bytes.max(1)).clamp(1, u64::from(u32::MAX));
         let nparts = rows.div_ceil(per);
@@ -195,6 +203,10 @@ impl Loader<'_> {
                     (None, Some(Labels::Blobs), Some(g)) => Fill::Generate(g.clone()),
                     _ => Fill::Nothing,
                 };
+                let w = match &weight_file {
+                    Some(c) => c.col.read_at(first, n)?.0,
+                    None => Vec::new(),
+                };
                 let build = build.clone();
                 b.write(h, move |t: &mut T| {
                     let x = match x {
@@ -213,7 +225,13 @@ impl Loader<'_> {
                         }
                         Fill::Nothing => Vec::new(),
                     };
-                    let (value, summary) = build(Block { first, dims, x, y });
+                    let (value, summary) = build(Block {
+                        first,
+                        dims,
+                        x,
+                        y,
+                        w,
+                    });
                     *t = value;
                     summary
                 });
@@ -238,49 +256,125 @@ impl Loader<'_> {
 
 /// Where lazily built executors get their rows (and labels).
 enum Lazy {
-    File(Arc<Region>, Option<Arc<LabelsAt>>),
+    File(Arc<Region>, Option<Arc<Checked<NpyInts>>>),
     Generated(Arc<Blobs>, bool),
 }
 
-/// A labels file read at any position, checked against the file as first
-/// seen (size and modification time).
-struct LabelsAt {
-    ints: NpyInts,
+/// A file of one value per row (labels, sample weights), read at any
+/// position.
+pub(crate) trait Column: Send + Sync + 'static {
+    /// The value type.
+    type Item: Send;
+    /// The file.
+    fn path(&self) -> &std::path::Path;
+    /// Values held.
+    fn count(&self) -> u64;
+    /// Values `first..first + n` and their raw bytes.
+    fn read_at(&self, first: u64, n: usize) -> Result<(Vec<Self::Item>, Vec<u8>)>;
+}
+
+impl Column for NpyInts {
+    type Item = u32;
+    fn path(&self) -> &std::path::Path {
+        NpyInts::path(self)
+    }
+    fn count(&self) -> u64 {
+        self.len()
+    }
+    fn read_at(&self, first: u64, n: usize) -> Result<(Vec<u32>, Vec<u8>)> {
+        NpyInts::read_at(self, first, n)
+    }
+}
+
+impl Column for NpyVector {
+    type Item = f32;
+    fn path(&self) -> &std::path::Path {
+        NpyVector::path(self)
+    }
+    fn count(&self) -> u64 {
+        self.len()
+    }
+    fn read_at(&self, first: u64, n: usize) -> Result<(Vec<f32>, Vec<u8>)> {
+        NpyVector::read_at(self, first, n)
+    }
+}
+
+/// A [`Column`] checked against the file as first seen (size and
+/// modification time) and, from a block's second read on, against that
+/// block's first checksum.
+struct Checked<C> {
+    col: C,
     stamp: (u64, i64, i64),
 }
 
-impl LabelsAt {
-    fn open(path: &std::path::Path) -> Result<LabelsAt> {
-        let ints = NpyInts::open(path)?;
-        let stamp = stamp(path).map_err(|e| Error::io(path, "cannot read its size", e))?;
-        Ok(LabelsAt { ints, stamp })
+impl<C: Column> Checked<C> {
+    /// Opens the column for `rows` rows of data.
+    fn open(col: C, rows: u64, what: &str) -> Result<Checked<C>> {
+        let path = col.path().to_path_buf();
+        if col.count() != rows {
+            return Err(Error::Input(format!(
+                "{}: {} {what} for {rows} rows of data",
+                path.display(),
+                col.count()
+            )));
+        }
+        let stamp = stamp(&path).map_err(|e| Error::io(&path, "cannot read its size", e))?;
+        Ok(Checked { col, stamp })
     }
 
-    /// Labels `first..first + n`, checked against the file's first state
-    /// and, from the second read on, against the block's first checksum.
-    fn read(&self, first: u64, n: usize, crc: &OnceLock<u32>) -> io::Result<Vec<u32>> {
+    fn read(&self, first: u64, n: usize, crc: &OnceLock<u32>) -> io::Result<Vec<C::Item>> {
         let changed = || {
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "{}: the labels file changed during the run",
-                    self.ints.path().display()
+                    "{}: the file changed during the run",
+                    self.col.path().display()
                 ),
             )
         };
-        if stamp(self.ints.path())? != self.stamp {
+        if stamp(self.col.path())? != self.stamp {
             return Err(changed());
         }
-        let (labels, bytes) = self
-            .ints
+        let (values, bytes) = self
+            .col
             .read_at(first, n)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
         let sum = crc32fast::hash(&bytes);
         if *crc.get_or_init(|| sum) != sum {
             return Err(changed());
         }
-        Ok(labels)
+        Ok(values)
     }
+}
+
+/// Opens a sample-weights file for `rows` rows and checks every weight
+/// once, up front: finite, at least 0, not all 0.
+fn open_weights(path: &std::path::Path, rows: u64) -> Result<Checked<NpyVector>> {
+    let c = Checked::open(NpyVector::open(path)?, rows, "sample weights")?;
+    let mut any = false;
+    let mut first = 0u64;
+    while first < rows {
+        let n = (rows - first).min(1 << 20) as usize;
+        let (w, _) = c.col.read_at(first, n)?;
+        for (i, &v) in w.iter().enumerate() {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(Error::Input(format!(
+                    "{}: weight {} is {v}; sample weights must be finite and >= 0",
+                    path.display(),
+                    first + i as u64
+                )));
+            }
+            any |= v > 0.0;
+        }
+        first += n as u64;
+    }
+    if !any {
+        return Err(Error::Input(format!(
+            "{}: every sample weight is 0",
+            path.display()
+        )));
+    }
+    Ok(c)
 }
 
 /// Size and modification time of `path`.
@@ -297,14 +391,16 @@ type BuildFn<T> = Arc<dyn Fn(Block) -> T + Send + Sync>;
 /// (checking the file has not changed) and build the executor.
 struct FromFile<T> {
     region: Arc<Region>,
-    labels: Option<Arc<LabelsAt>>,
+    labels: Option<Arc<Checked<NpyInts>>>,
+    weights: Option<Arc<Checked<NpyVector>>>,
     first: u64,
     rows: usize,
     dims: usize,
     /// The block's CRC-32 at its first read.
     crc: OnceLock<u32>,
-    /// Its labels' CRC-32 at their first read.
+    /// Its labels' and weights' CRC-32 at their first read.
     label_crc: OnceLock<u32>,
+    weight_crc: OnceLock<u32>,
     build: BuildFn<T>,
 }
 
@@ -315,11 +411,16 @@ impl<T: Send + 'static> Lineage<T> for FromFile<T> {
             Some(l) => l.read(self.first, self.rows, &self.label_crc)?,
             None => Vec::new(),
         };
+        let w = match &self.weights {
+            Some(c) => c.read(self.first, self.rows, &self.weight_crc)?,
+            None => Vec::new(),
+        };
         Ok((self.build)(Block {
             first: self.first,
             dims: self.dims,
             x,
             y,
+            w,
         }))
     }
 }
@@ -332,6 +433,8 @@ struct Generated<T> {
     blobs: Arc<Blobs>,
     /// Whether the block carries its blob labels.
     labels: bool,
+    weights: Option<Arc<Checked<NpyVector>>>,
+    weight_crc: OnceLock<u32>,
     first: u64,
     rows: usize,
     build: BuildFn<T>,
@@ -347,11 +450,16 @@ impl<T: Send + 'static> Lineage<T> for Generated<T> {
         } else {
             Vec::new()
         };
+        let w = match &self.weights {
+            Some(c) => c.read(self.first, self.rows, &self.weight_crc)?,
+            None => Vec::new(),
+        };
         Ok((self.build)(Block {
             first: self.first,
             dims: self.blobs.dims(),
             x,
             y,
+            w,
         }))
     }
 
@@ -392,14 +500,7 @@ impl Loader<'_> {
         let lazy = match (region, blobs, self.labels) {
             (Some(r), _, None) => Lazy::File(r, None),
             (Some(r), _, Some(Labels::File(p))) => {
-                let l = LabelsAt::open(p)?;
-                if l.ints.len() != rows {
-                    return Err(Error::Input(format!(
-                        "{}: {} labels for {rows} rows of data",
-                        p.display(),
-                        l.ints.len()
-                    )));
-                }
+                let l = Checked::open(NpyInts::open(p)?, rows, "labels")?;
                 Lazy::File(r, Some(Arc::new(l)))
             }
             (None, Some(b), None) => Lazy::Generated(b, false),
@@ -408,6 +509,10 @@ impl Loader<'_> {
                 let (ds, _) = self.load(rt, move |b| (build(b), ()), progress)?;
                 return Ok(ds);
             }
+        };
+        let weights = match self.weights {
+            Some(p) => Some(Arc::new(open_weights(p, rows)?)),
+            None => None,
         };
         let build: BuildFn<T> = Arc::new(build);
         // The same blocks as `load`'s: 4 bytes per value and per label.
@@ -429,11 +534,13 @@ impl Loader<'_> {
                     FromFile {
                         region: region.clone(),
                         labels: labels.clone(),
+                        weights: weights.clone(),
                         first,
                         rows: n,
                         dims,
                         crc: OnceLock::new(),
                         label_crc: OnceLock::new(),
+                        weight_crc: OnceLock::new(),
                         build: build.clone(),
                     },
                 )?,
@@ -443,6 +550,8 @@ impl Loader<'_> {
                     Generated {
                         blobs: blobs.clone(),
                         labels: *labels,
+                        weights: weights.clone(),
+                        weight_crc: OnceLock::new(),
                         first,
                         rows: n,
                         build: build.clone(),

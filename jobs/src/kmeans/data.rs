@@ -1,6 +1,8 @@
 //! K-means' data: partitions of rows with their squared norms, loaded
 //! through the input layer.
 
+use std::path::Path;
+
 use outcore::{PodVec, Runtime};
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +24,8 @@ pub struct Partition {
     pub data: PodVec<f32>,
     /// `|x|^2` of each row.
     pub norms: PodVec<f32>,
+    /// The sample weight of each row; empty when the data has none.
+    pub weights: PodVec<f32>,
 }
 
 impl Partition {
@@ -35,7 +39,21 @@ impl Partition {
             dims: dims as u32,
             data: PodVec::from(data),
             norms: PodVec::from(norms),
+            weights: PodVec::new(),
         }
+    }
+
+    /// Builds a partition from row-major values and their rows' sample
+    /// weights (empty: none).
+    pub fn with_weights(
+        first_row: u64,
+        dims: usize,
+        data: Vec<f32>,
+        weights: Vec<f32>,
+    ) -> Partition {
+        let mut p = Partition::new(first_row, dims, data);
+        p.weights = PodVec::from(weights);
+        p
     }
 
     /// Row `i`.
@@ -77,18 +95,33 @@ pub fn load(
     part_bytes: u64,
     progress: impl FnMut(u64, u64),
 ) -> Result<Dataset> {
+    load_weighted(rt, src, None, part_bytes, progress)
+}
+
+/// [`load`], with the rows' sample weights from `weights` (a 1-D
+/// float32/float64 `.npy`, one finite weight >= 0 per row, not all 0,
+/// checked before any partition is built). Each partition holds its rows'
+/// weights, read with them (and read again with them after an eviction).
+pub fn load_weighted(
+    rt: &Runtime,
+    src: &Source,
+    weights: Option<&Path>,
+    part_bytes: u64,
+    progress: impl FnMut(u64, u64),
+) -> Result<Dataset> {
     let loader = Loader {
         source: src,
         labels: None,
+        weights,
         part_bytes,
         name: "partition",
     };
-    // A row takes its values and its norm.
-    let bytes_per_row = 4 * src.shape()?.1 as u64 + 4;
+    // A row takes its values, its norm and its weight.
+    let bytes_per_row = 4 * src.shape()?.1 as u64 + if weights.is_some() { 8 } else { 4 };
     loader.load_lazy(
         rt,
         bytes_per_row,
-        |b| Partition::new(b.first, b.dims, b.x),
+        |b| Partition::with_weights(b.first, b.dims, b.x, b.w),
         progress,
     )
 }

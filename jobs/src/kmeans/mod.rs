@@ -23,7 +23,7 @@ use std::time::Instant;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
-pub use data::{load, Dataset, Partition};
+pub use data::{load, load_weighted, Dataset, Partition};
 
 use crate::error::{Error, Result};
 use crate::input::mix;
@@ -75,6 +75,13 @@ struct Partial {
     labels: Vec<u32>,
     /// The squared distance of each row to its centre, when asked.
     dists: Vec<f32>,
+    /// Weight assigned to each cluster: the points' sample weights, or
+    /// their count when the data has none.
+    wsum: Vec<f64>,
+    /// When asked: per-column sums of `x - reference` and of its square,
+    /// for the data's per-feature variance.
+    colsum: Vec<f64>,
+    colsq: Vec<f64>,
 }
 
 /// What a task computes besides counts and inertia.
@@ -121,10 +128,23 @@ fn zeros<T: Copy + Default>(n: usize) -> Vec<T> {
 }
 
 /// Assigns rows `start..start + len` of `p` to their nearest centres.
-fn assign(p: &Partition, start: usize, len: usize, c: &Centers, want: Want) -> Partial {
+///
+/// With sample weights (the partition holds them), sums, inertia and
+/// cluster weights are weighted; without, the arithmetic is the unweighted
+/// one. `reference`, when given, asks for column statistics around it.
+fn assign(
+    p: &Partition,
+    start: usize,
+    len: usize,
+    c: &Centers,
+    want: Want,
+    reference: Option<&[f32]>,
+) -> Partial {
     let d = c.dims;
     let k = c.k;
     let (want_sums, want_labels) = (want.sums, want.labels);
+    let weights = (!p.weights.is_empty()).then_some(&p.weights[..]);
+    let mut wsum = vec![0f64; if weights.is_some() { k } else { 0 }];
     let mut out = Partial {
         sums: if want_sums { zeros(k * d) } else { Vec::new() },
         counts: vec![0; k],
@@ -139,7 +159,22 @@ fn assign(p: &Partition, start: usize, len: usize, c: &Centers, want: Want) -> P
         } else {
             Vec::new()
         },
+        wsum: Vec::new(),
+        colsum: Vec::new(),
+        colsq: Vec::new(),
     };
+    if let Some(r) = reference {
+        let (mut s1, mut s2) = (zeros::<f64>(d), zeros::<f64>(d));
+        for i in start..start + len {
+            for ((a, b), (&v, &m)) in s1.iter_mut().zip(s2.iter_mut()).zip(p.row(i).iter().zip(r)) {
+                let t = f64::from(v) - f64::from(m);
+                *a += t;
+                *b += t * t;
+            }
+        }
+        out.colsum = s1;
+        out.colsq = s2;
+    }
     let mut g = zeros::<f32>(BLOCK.min(len.max(1)) * k);
     let mut row = start;
     while row < start + len {
@@ -183,11 +218,26 @@ fn assign(p: &Partition, start: usize, len: usize, c: &Centers, want: Want) -> P
                 }
             }
             out.counts[best] += 1;
-            out.inertia += f64::from(best_d.max(0.0));
-            if want_sums {
-                let s = &mut out.sums[best * d..(best + 1) * d];
-                for (acc, &v) in s.iter_mut().zip(&x[i * d..(i + 1) * d]) {
-                    *acc += f64::from(v);
+            match weights {
+                None => {
+                    out.inertia += f64::from(best_d.max(0.0));
+                    if want_sums {
+                        let s = &mut out.sums[best * d..(best + 1) * d];
+                        for (acc, &v) in s.iter_mut().zip(&x[i * d..(i + 1) * d]) {
+                            *acc += f64::from(v);
+                        }
+                    }
+                }
+                Some(w) => {
+                    let w = f64::from(w[row + i]);
+                    wsum[best] += w;
+                    out.inertia += w * f64::from(best_d.max(0.0));
+                    if want_sums {
+                        let s = &mut out.sums[best * d..(best + 1) * d];
+                        for (acc, &v) in s.iter_mut().zip(&x[i * d..(i + 1) * d]) {
+                            *acc += w * f64::from(v);
+                        }
+                    }
                 }
             }
             if want_labels {
@@ -199,6 +249,10 @@ fn assign(p: &Partition, start: usize, len: usize, c: &Centers, want: Want) -> P
         }
         row += n;
     }
+    out.wsum = match weights {
+        Some(_) => wsum,
+        None => out.counts.iter().map(|&n| n as f64).collect(),
+    };
     out
 }
 
@@ -232,9 +286,9 @@ pub struct Config {
     pub algorithm: Algorithm,
     /// Initialisation.
     pub init: Init,
-    /// Mini-batch: epochs (sweeps over the data).
+    /// Mini-batch: epochs (sweeps over the data), at most.
     pub epochs: usize,
-    /// Lloyd: iterations (full passes).
+    /// Lloyd: iterations (full passes), at most.
     pub iterations: usize,
     /// Mini-batch: tasks per batch.
     pub batch_tasks: usize,
@@ -244,6 +298,19 @@ pub struct Config {
     pub seed: u64,
     /// Compute labels in the final pass.
     pub labels: bool,
+    /// Convergence tolerance, relative to the data's mean per-feature
+    /// variance, as scikit-learn's `tol`. Lloyd stops when the squared
+    /// shift of the centres in an iteration is at most `tol` times that
+    /// variance (it always stops when they no longer move); mini-batch
+    /// stops when a step moves them that little (0: never).
+    pub tol: f64,
+    /// Mini-batch: stop after this many steps in a row that do not lower
+    /// the smoothed batch inertia (scikit-learn's `max_no_improvement`);
+    /// `None`: never.
+    pub max_no_improvement: Option<usize>,
+    /// Runs from different initialisations (the first from `seed`); the
+    /// one with the lowest final inertia is kept.
+    pub n_init: usize,
 }
 
 impl Default for Config {
@@ -258,6 +325,28 @@ impl Default for Config {
             task_points: 1100,
             seed: 0,
             labels: false,
+            tol: 0.0,
+            max_no_improvement: None,
+            n_init: 1,
+        }
+    }
+}
+
+/// Why a run stopped before its last epoch or iteration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Converged {
+    /// The centres moved less than the tolerance (or not at all).
+    CenterShift,
+    /// Mini-batch: the smoothed batch inertia stopped improving.
+    NoImprovement,
+}
+
+impl Converged {
+    /// A short description for reports.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Converged::CenterShift => "centre shift within tolerance",
+            Converged::NoImprovement => "no improvement of the smoothed batch inertia",
         }
     }
 }
@@ -265,6 +354,13 @@ impl Default for Config {
 /// Progress events, for the command line's bar and summary lines.
 #[derive(Clone, Debug)]
 pub enum Event {
+    /// A run from a new initialisation starts (with more than one).
+    Run {
+        /// Its index (from 0).
+        index: usize,
+        /// Runs in all.
+        of: usize,
+    },
     /// The initial centres are chosen.
     Initialized {
         /// Seconds it took.
@@ -277,7 +373,7 @@ pub enum Event {
         /// Points in the epoch.
         total: u64,
     },
-    /// An epoch (or Lloyd iteration) finished.
+    /// An epoch (or Lloyd iteration) finished, or stopped early.
     Epoch {
         /// Its index (from 0).
         index: usize,
@@ -285,6 +381,20 @@ pub enum Event {
         seconds: f64,
         /// Inertia: for mini-batch the sum over the epoch's batches at
         /// assignment time; for Lloyd the inertia before the update.
+        inertia: f64,
+    },
+    /// The run converged after the epoch or iteration just reported.
+    Converged {
+        /// Mini-batch steps (batches) made so far.
+        steps: usize,
+        /// Why.
+        why: Converged,
+    },
+    /// A run finished, with its final inertia (with more than one run).
+    RunDone {
+        /// Its index (from 0).
+        index: usize,
+        /// Inertia of its final centres over all the data.
         inertia: f64,
     },
 }
@@ -302,6 +412,16 @@ pub struct Outcome {
     pub epoch_inertia: Vec<f64>,
     /// Labels, when asked.
     pub labels: Option<Vec<u32>>,
+    /// Epochs (mini-batch) or iterations (Lloyd) run.
+    pub iterations: usize,
+    /// Mini-batch steps (batches) run.
+    pub steps: usize,
+    /// Why the run stopped early, if it did.
+    pub converged: Option<Converged>,
+    /// Which initialisation the outcome comes from (from 0).
+    pub best_init: usize,
+    /// The final inertia of every initialisation's run.
+    pub init_inertia: Vec<f64>,
 }
 
 /// A task: rows `start..start+len` of partition `part`.
@@ -326,7 +446,8 @@ fn chunks(ds: &Dataset, task_points: usize) -> Vec<Chunk> {
     v
 }
 
-/// Runs K-means on a loaded dataset.
+/// Runs K-means on a loaded dataset: `cfg.n_init` runs (one with given
+/// centres), the best kept.
 pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) -> Result<Outcome> {
     if cfg.k == 0 {
         return Err(Error::Input("k must be at least 1".into()));
@@ -337,48 +458,135 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
             cfg.k, ds.rows
         )));
     }
-    if cfg.task_points == 0 || cfg.batch_tasks == 0 {
+    if cfg.task_points == 0 || cfg.batch_tasks == 0 || cfg.n_init == 0 {
         return Err(Error::Input(
-            "task_points and batch_tasks must be at least 1".into(),
+            "task_points, batch_tasks and n_init must be at least 1".into(),
         ));
     }
+    if !(cfg.tol.is_finite() && cfg.tol >= 0.0) {
+        return Err(Error::Input(format!(
+            "tol must be a number >= 0, not {}",
+            cfg.tol
+        )));
+    }
+    // Given centres make every run the same.
+    let runs = if matches!(cfg.init, Init::Given(_)) {
+        1
+    } else {
+        cfg.n_init
+    };
+    let mut best: Option<Outcome> = None;
+    let mut init_inertia = Vec::with_capacity(runs);
+    for r in 0..runs {
+        if runs > 1 {
+            on(Event::Run { index: r, of: runs });
+        }
+        let seed = if r == 0 {
+            cfg.seed
+        } else {
+            mix(cfg.seed ^ 0x6e69_6e69, r as u64)
+        };
+        let mut o = run_once(rt, ds, cfg, seed, cfg.labels && runs == 1, &mut on)?;
+        if runs > 1 {
+            on(Event::RunDone {
+                index: r,
+                inertia: o.inertia,
+            });
+        }
+        init_inertia.push(o.inertia);
+        o.best_init = r;
+        if best.as_ref().is_none_or(|b| o.inertia < b.inertia) {
+            best = Some(o);
+        }
+    }
+    let mut out = best.ok_or_else(|| Error::Input("no run".into()))?;
+    if cfg.labels && runs > 1 {
+        out.labels = final_pass(rt, ds, &out.centers, true, cfg.task_points)?.1;
+    }
+    out.init_inertia = init_inertia;
+    Ok(out)
+}
+
+/// One run from the initialisation drawn with `seed`.
+fn run_once(
+    rt: &Runtime,
+    ds: &Dataset,
+    cfg: &Config,
+    seed: u64,
+    labels: bool,
+    on: &mut impl FnMut(Event),
+) -> Result<Outcome> {
     let t = Instant::now();
-    let mut centers = initial_centers(rt, ds, cfg)?;
+    let (mut centers, sample_variance) = initial_centers(rt, ds, cfg, seed)?;
     on(Event::Initialized {
         seconds: t.elapsed().as_secs_f64(),
     });
+    let (k, d) = (cfg.k, ds.dims);
     let mut epoch_seconds = Vec::new();
     let mut epoch_inertia = Vec::new();
+    let mut converged = None;
+    let mut steps = 0;
+    let plan = chunks(ds, cfg.task_points);
     match cfg.algorithm {
         Algorithm::MiniBatch => {
-            let plan = chunks(ds, cfg.task_points);
-            let mut counts = vec![0u64; cfg.k];
+            // scikit-learn's early stopping: the tolerance scaled by the
+            // data's mean variance (estimated on the initialisation
+            // sample), and the smoothed batch inertia.
+            let tol = cfg.tol * sample_variance;
+            let watch = cfg.tol > 0.0 || cfg.max_no_improvement.is_some();
+            let mut totals = vec![0f64; k];
+            let mut ewa: Option<f64> = None;
+            let mut ewa_min: Option<f64> = None;
+            let mut no_improvement = 0usize;
             for epoch in 0..cfg.epochs {
                 let t = Instant::now();
                 let mut inertia = 0.0;
                 let mut done = 0u64;
                 for batch in plan.chunks(cfg.batch_tasks) {
                     // Room for the batch's partial sums.
-                    rt.make_room(batch.len() * cfg.k * ds.dims * 8);
+                    rt.make_room(batch.len() * k * d * 8);
                     let shared = Arc::new(centers.clone());
-                    let parts = sweep(
-                        rt,
-                        ds,
-                        batch,
-                        &shared,
-                        Want {
-                            sums: true,
-                            ..Want::default()
-                        },
-                    )?;
-                    let (sums, n, i) = reduce(&parts, cfg.k, ds.dims);
-                    inertia += i;
-                    minibatch_update(&mut centers, &mut counts, &sums, &n);
-                    done += batch.iter().map(|c| c.len as u64).sum::<u64>();
+                    let sums_only = Want {
+                        sums: true,
+                        ..Want::default()
+                    };
+                    let parts = sweep(rt, ds, batch, &shared, sums_only, None)?;
+                    let r = reduce(&parts, k, d, false);
+                    inertia += r.inertia;
+                    let before = (cfg.tol > 0.0).then(|| centers.values.clone());
+                    minibatch_update(&mut centers, &mut totals, &r.sums, &r.wsum);
+                    let rows: usize = batch.iter().map(|c| c.len).sum();
+                    done += rows as u64;
+                    steps += 1;
                     on(Event::Progress {
                         done,
                         total: ds.rows,
                     });
+                    // The first step's inertia is the initialisation's.
+                    if !watch || steps == 1 {
+                        continue;
+                    }
+                    let batch_inertia = r.inertia / rows as f64;
+                    let alpha = (rows as f64 * 2.0 / (ds.rows as f64 + 1.0)).min(1.0);
+                    let e =
+                        ewa.map_or(batch_inertia, |e| e * (1.0 - alpha) + batch_inertia * alpha);
+                    ewa = Some(e);
+                    if let Some(before) = before {
+                        if squared_shift(&before, &centers.values) <= tol {
+                            converged = Some(Converged::CenterShift);
+                            break;
+                        }
+                    }
+                    if ewa_min.is_none_or(|m| e < m) {
+                        no_improvement = 0;
+                        ewa_min = Some(e);
+                    } else {
+                        no_improvement += 1;
+                    }
+                    if cfg.max_no_improvement.is_some_and(|m| no_improvement >= m) {
+                        converged = Some(Converged::NoImprovement);
+                        break;
+                    }
                 }
                 let secs = t.elapsed().as_secs_f64();
                 epoch_seconds.push(secs);
@@ -388,6 +596,10 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
                     seconds: secs,
                     inertia,
                 });
+                if let Some(why) = converged {
+                    on(Event::Converged { steps, why });
+                    break;
+                }
             }
         }
         Algorithm::Lloyd => {
@@ -395,51 +607,61 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
             // partitions a multiple of `task_points` rows (see
             // `aligned_partition_bytes`), the arithmetic does not depend on
             // how the data is partitioned, so the cap does not change it.
-            let plan = chunks(ds, cfg.task_points);
+            // The first iteration also measures the data's per-feature
+            // variance (around the first initial centre) for the
+            // tolerance, as scikit-learn's `_tolerance`.
+            let reference = Arc::new(centers.row(0).to_vec());
+            let mut tol = 0.0;
             for it in 0..cfg.iterations {
                 let t = Instant::now();
                 let shared = Arc::new(centers.clone());
-                let mut sums = zeros::<f64>(cfg.k * ds.dims);
-                let mut n = vec![0u64; cfg.k];
+                let stats = it == 0 && cfg.tol > 0.0;
+                let mut sums = zeros::<f64>(k * d);
+                let mut wsum = vec![0f64; k];
+                let (mut colsum, mut colsq) = (zeros::<f64>(d), zeros::<f64>(d));
                 let mut inertia = 0.0;
                 let mut done = 0u64;
                 // A bounded number of tasks per batch bounds the partial
                 // sums held at once; the declared cycle still tells the
                 // runtime what comes next.
                 for group in plan.chunks(LLOYD_GROUP) {
-                    let parts = sweep(
-                        rt,
-                        ds,
-                        group,
-                        &shared,
-                        Want {
-                            sums: true,
-                            ..Want::default()
-                        },
-                    )?;
-                    let (s, c, i) = reduce(&parts, cfg.k, ds.dims);
-                    for (a, b) in sums.iter_mut().zip(&s) {
-                        *a += b;
-                    }
-                    for (a, b) in n.iter_mut().zip(&c) {
-                        *a += b;
-                    }
-                    inertia += i;
+                    let want = Want {
+                        sums: true,
+                        ..Want::default()
+                    };
+                    let parts = sweep(rt, ds, group, &shared, want, stats.then_some(&reference))?;
+                    let r = reduce(&parts, k, d, stats);
+                    add(&mut sums, &r.sums);
+                    add(&mut wsum, &r.wsum);
+                    add(&mut colsum, &r.colsum);
+                    add(&mut colsq, &r.colsq);
+                    inertia += r.inertia;
                     done += group.iter().map(|c| c.len as u64).sum::<u64>();
                     on(Event::Progress {
                         done,
                         total: ds.rows,
                     });
                 }
+                if stats {
+                    let n = ds.rows as f64;
+                    let var: f64 = colsum
+                        .iter()
+                        .zip(&colsq)
+                        .map(|(s1, s2)| (s2 / n - (s1 / n) * (s1 / n)).max(0.0))
+                        .sum::<f64>()
+                        / d as f64;
+                    tol = cfg.tol * var;
+                }
                 let mut values = centers.values.clone();
-                for c in 0..cfg.k {
-                    if n[c] > 0 {
-                        for j in 0..ds.dims {
-                            values[c * ds.dims + j] = (sums[c * ds.dims + j] / n[c] as f64) as f32;
+                for c in 0..k {
+                    if wsum[c] > 0.0 {
+                        for j in 0..d {
+                            values[c * d + j] = (sums[c * d + j] / wsum[c]) as f32;
                         }
                     }
                 }
-                centers = Centers::new(cfg.k, ds.dims, values);
+                let shift = squared_shift(&centers.values, &values);
+                centers = Centers::new(k, d, values);
                 let secs = t.elapsed().as_secs_f64();
                 epoch_seconds.push(secs);
                 epoch_inertia.push(inertia);
@@ -448,17 +670,49 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
                     seconds: secs,
                     inertia,
                 });
+                if shift <= tol {
+                    converged = Some(Converged::CenterShift);
+                    on(Event::Converged {
+                        steps: it + 1,
+                        why: Converged::CenterShift,
+                    });
+                    break;
+                }
             }
+            steps = epoch_seconds.len();
         }
     }
-    let (inertia, labels) = final_pass(rt, ds, &centers, cfg.labels, cfg.task_points)?;
+    let (inertia, labels) = final_pass(rt, ds, &centers, labels, cfg.task_points)?;
     Ok(Outcome {
         centers,
         inertia,
+        iterations: epoch_seconds.len(),
         epoch_seconds,
         epoch_inertia,
         labels,
+        steps,
+        converged,
+        best_init: 0,
+        init_inertia: Vec::new(),
     })
+}
+
+/// `a += b`, element by element.
+fn add(a: &mut [f64], b: &[f64]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x += y;
+    }
+}
+
+/// Sum of squared differences between two sets of centres.
+fn squared_shift(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let t = f64::from(*x) - f64::from(*y);
+            t * t
+        })
+        .sum()
 }
 
 /// Runs one read-only assignment task per chunk; results in order.
@@ -468,46 +722,67 @@ fn sweep(
     plan: &[Chunk],
     c: &Arc<Centers>,
     want: Want,
+    reference: Option<&Arc<Vec<f32>>>,
 ) -> Result<Vec<Partial>> {
     let mut b = rt.batch();
     for ch in plan {
         let c = c.clone();
         let ch = *ch;
+        let reference = reference.cloned();
         b.read(&ds.parts[ch.part], move |p: &Partition| {
-            assign(p, ch.start, ch.len, &c, want)
+            assign(
+                p,
+                ch.start,
+                ch.len,
+                &c,
+                want,
+                reference.as_deref().map(Vec::as_slice),
+            )
         });
     }
     Ok(b.run()?)
 }
 
-/// Adds partial results in order.
-fn reduce(parts: &[Partial], k: usize, d: usize) -> (Vec<f64>, Vec<u64>, f64) {
-    let mut sums = zeros::<f64>(k * d);
-    let mut counts = vec![0u64; k];
-    let mut inertia = 0.0;
-    for p in parts {
-        for (a, b) in sums.iter_mut().zip(&p.sums) {
-            *a += b;
-        }
-        for (a, b) in counts.iter_mut().zip(&p.counts) {
-            *a += b;
-        }
-        inertia += p.inertia;
-    }
-    (sums, counts, inertia)
+/// Partial results added up in order.
+struct Reduced {
+    sums: Vec<f64>,
+    wsum: Vec<f64>,
+    inertia: f64,
+    colsum: Vec<f64>,
+    colsq: Vec<f64>,
 }
 
-/// The mini-batch step: each centre moves to the running mean of all the
-/// points it has been assigned so far (learning rate 1/count).
-fn minibatch_update(c: &mut Centers, counts: &mut [u64], sums: &[f64], n: &[u64]) {
+/// Adds partial results in order (`stats`: with column statistics).
+fn reduce(parts: &[Partial], k: usize, d: usize, stats: bool) -> Reduced {
+    let mut r = Reduced {
+        sums: zeros::<f64>(k * d),
+        wsum: vec![0f64; k],
+        inertia: 0.0,
+        colsum: if stats { zeros(d) } else { Vec::new() },
+        colsq: if stats { zeros(d) } else { Vec::new() },
+    };
+    for p in parts {
+        add(&mut r.sums, &p.sums);
+        add(&mut r.wsum, &p.wsum);
+        add(&mut r.colsum, &p.colsum);
+        add(&mut r.colsq, &p.colsq);
+        r.inertia += p.inertia;
+    }
+    r
+}
+
+/// The mini-batch step: each centre moves to the (weighted) running mean
+/// of all the points it has been assigned so far; `totals` holds each
+/// centre's accumulated weight (its count without sample weights).
+fn minibatch_update(c: &mut Centers, totals: &mut [f64], sums: &[f64], w: &[f64]) {
     let d = c.dims;
     for j in 0..c.k {
-        if n[j] == 0 {
+        if w[j] == 0.0 {
             continue;
         }
-        let old = counts[j] as f64;
-        counts[j] += n[j];
-        let new = counts[j] as f64;
+        let old = totals[j];
+        totals[j] += w[j];
+        let new = totals[j];
         for t in 0..d {
             let v = f64::from(c.values[j * d + t]);
             c.values[j * d + t] = ((v * old + sums[j * d + t]) / new) as f32;
@@ -527,17 +802,12 @@ fn final_pass(
     let shared = Arc::new(c.clone());
     let mut inertia = 0.0;
     let mut all = labels.then(|| Vec::with_capacity(ds.rows as usize));
+    let want = Want {
+        labels,
+        ..Want::default()
+    };
     for group in chunks(ds, task_points).chunks(LLOYD_GROUP) {
-        for p in sweep(
-            rt,
-            ds,
-            group,
-            &shared,
-            Want {
-                labels,
-                ..Want::default()
-            },
-        )? {
+        for p in sweep(rt, ds, group, &shared, want, None)? {
             inertia += p.inertia;
             if let Some(all) = all.as_mut() {
                 all.extend_from_slice(&p.labels);
@@ -574,7 +844,7 @@ pub fn predict(
         ..Want::default()
     };
     for group in chunks(ds, task_points.max(1)).chunks(LLOYD_GROUP) {
-        for p in sweep(rt, ds, group, &shared, want)? {
+        for p in sweep(rt, ds, group, &shared, want, None)? {
             on_block(&p.labels, &p.dists)?;
         }
     }
@@ -588,8 +858,9 @@ fn sample_size(rows: u64, k: usize) -> u64 {
 }
 
 /// A uniform sample of rows, chosen by hashing the row index with the seed
-/// (so it does not depend on the partitioning), in row order.
-fn sample(rt: &Runtime, ds: &Dataset, want: u64, seed: u64) -> Result<Vec<f32>> {
+/// (so it does not depend on the partitioning), in row order: the values,
+/// and the rows' sample weights (empty when the data has none).
+fn sample(rt: &Runtime, ds: &Dataset, want: u64, seed: u64) -> Result<(Vec<f32>, Vec<f32>)> {
     let threshold = if want >= ds.rows {
         u64::MAX
     } else {
@@ -599,17 +870,27 @@ fn sample(rt: &Runtime, ds: &Dataset, want: u64, seed: u64) -> Result<Vec<f32>> 
     for h in &ds.parts {
         b.read(h, move |p: &Partition| {
             let mut out = Vec::new();
+            let mut w = Vec::new();
             for i in 0..p.rows as usize {
                 if threshold == u64::MAX
                     || mix(seed ^ 0x5a3b_1e00, p.first_row + i as u64) < threshold
                 {
                     out.extend_from_slice(p.row(i));
+                    if !p.weights.is_empty() {
+                        w.push(p.weights[i]);
+                    }
                 }
             }
-            out
+            (out, w)
         });
     }
-    Ok(b.run()?.concat())
+    let (mut x, mut w) = (Vec::new(), Vec::new());
+    let parts: Vec<(Vec<f32>, Vec<f32>)> = b.run()?;
+    for (a, b) in parts {
+        x.extend_from_slice(&a);
+        w.extend_from_slice(&b);
+    }
+    Ok((x, w))
 }
 
 /// Squared Euclidean distance, with eight accumulators so it vectorises.
@@ -655,7 +936,53 @@ fn distances_to(s: &[f32], d: usize, centres: &[usize], threads: usize) -> Vec<f
     out
 }
 
-fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config) -> Result<Centers> {
+/// Mean over the columns of each column's variance, in f64.
+fn mean_variance(s: &[f32], d: usize) -> f64 {
+    let n = (s.len() / d.max(1)) as f64;
+    if n == 0.0 || d == 0 {
+        return 0.0;
+    }
+    let mut mean = vec![0f64; d];
+    for r in s.chunks_exact(d) {
+        add(
+            &mut mean,
+            &r.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+        );
+    }
+    mean.iter_mut().for_each(|m| *m /= n);
+    let mut var = 0f64;
+    for r in s.chunks_exact(d) {
+        for (v, m) in r.iter().zip(&mean) {
+            let t = f64::from(*v) - m;
+            var += t * t;
+        }
+    }
+    var / n / d as f64
+}
+
+/// Draws an index with probability proportional to `w` (`total` their
+/// sum): the first whose running sum passes `r * total`; never one of
+/// weight 0.
+fn draw(w: &[f64], total: f64, r: f64) -> Option<usize> {
+    let mut left = r * total;
+    let mut last = None;
+    for (i, &v) in w.iter().enumerate() {
+        if v > 0.0 {
+            if left < v {
+                return Some(i);
+            }
+            left -= v;
+            last = Some(i);
+        }
+    }
+    // Rounding left a little over: the last candidate.
+    last
+}
+
+/// The initial centres of a run drawn with `seed`, and the mean
+/// per-feature variance of the initialisation sample (the scale of the
+/// mini-batch tolerance).
+fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config, seed: u64) -> Result<(Centers, f64)> {
     let d = ds.dims;
     let k = cfg.k;
     if let Init::Given(v) = &cfg.init {
@@ -666,23 +993,50 @@ fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config) -> Result<Centers> 
                 k * d
             )));
         }
-        return Ok(Centers::new(k, d, v.clone()));
+        let variance = if cfg.tol > 0.0 && cfg.algorithm == Algorithm::MiniBatch {
+            let want = sample_size(ds.rows, k);
+            mean_variance(&sample(rt, ds, want, seed)?.0, d)
+        } else {
+            0.0
+        };
+        return Ok((Centers::new(k, d, v.clone()), variance));
     }
     let want = sample_size(ds.rows, k);
     // Room for the sample, its pieces and the distances.
     rt.make_room(want as usize * (d * 8 + 16));
-    let mut s = sample(rt, ds, want, cfg.seed)?;
+    let (mut s, mut sw) = sample(rt, ds, want, seed)?;
     let mut n = s.len() / d;
-    if n < k {
+    let positive = |sw: &[f32], n: usize| {
+        if sw.is_empty() {
+            n
+        } else {
+            sw.iter().filter(|&&w| w > 0.0).count()
+        }
+    };
+    if positive(&sw, n) < k {
         // A sparse hash sample can fall short for k close to the number of
         // points: take every point then.
-        s = sample(rt, ds, ds.rows, cfg.seed)?;
+        (s, sw) = sample(rt, ds, ds.rows, seed)?;
         n = s.len() / d;
+        if positive(&sw, n) < k {
+            return Err(Error::Input(format!(
+                "k = {k} is larger than the number of points with a positive weight ({})",
+                positive(&sw, n)
+            )));
+        }
     }
-    let mut rng = Xoshiro256PlusPlus::seed_from_u64(cfg.seed ^ 0x1717_c0de);
+    let variance = mean_variance(&s, d);
+    // Equal weights are no weights: the same draws as unweighted data.
+    let weights: Option<Vec<f64>> = match sw.first() {
+        Some(&w0) if sw.iter().any(|&w| w != w0) => {
+            Some(sw.iter().map(|&w| f64::from(w)).collect())
+        }
+        _ => None,
+    };
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ 0x1717_c0de);
     let mut chosen: Vec<usize> = Vec::with_capacity(k);
-    match cfg.init {
-        Init::Random => {
+    match (&cfg.init, &weights) {
+        (Init::Random, None) => {
             let mut idx: Vec<usize> = (0..n).collect();
             for i in 0..k {
                 let j = i + (rng.random::<u64>() % (n - i) as u64) as usize;
@@ -690,62 +1044,113 @@ fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config) -> Result<Centers> 
                 chosen.push(idx[i]);
             }
         }
-        _ => {
-            // Greedy k-means++: each next centre is drawn with probability
-            // proportional to the squared distance to the nearest chosen
-            // one; of 2 + ln(k) such draws, the one that lowers the total
-            // most is kept.
-            let trials = 2 + (k as f64).ln() as usize;
-            let threads = rt.workers().max(1);
-            let first = (rng.random::<u64>() % n as u64) as usize;
-            chosen.push(first);
-            let mut best = distances_to(&s, d, &[first], threads);
-            let mut cand_d = vec![0f32; n];
-            let mut keep_d = vec![0f32; n];
-            while chosen.len() < k {
-                let total: f64 = best.iter().map(|&v| f64::from(v)).sum();
-                if total <= 0.0 {
-                    // Every remaining point coincides with a centre.
-                    let next = (0..n).find(|i| !chosen.contains(i)).unwrap_or(0);
-                    chosen.push(next);
-                    continue;
-                }
-                let mut winner: Option<(f64, usize)> = None;
-                // The draws depend only on `best`: draw them all, then
-                // measure every candidate in one parallel pass.
-                let picks: Vec<usize> = (0..trials)
-                    .map(|_| {
-                        let mut r = rng.random::<f64>() * total;
-                        for (i, &b) in best.iter().enumerate() {
-                            if r < f64::from(b) {
-                                return i;
-                            }
-                            r -= f64::from(b);
-                        }
-                        n - 1
-                    })
-                    .collect();
-                let dist = distances_to(&s, d, &picks, threads);
-                for (t, &pick) in picks.iter().enumerate() {
-                    let mut pot = 0f64;
-                    for (i, c) in cand_d.iter_mut().enumerate() {
-                        *c = best[i].min(dist[i * trials + t]);
-                        pot += f64::from(*c);
-                    }
-                    if winner.is_none_or(|(w, _)| pot < w) {
-                        winner = Some((pot, pick));
-                        std::mem::swap(&mut keep_d, &mut cand_d);
-                    }
-                }
-                let Some((_, pick)) = winner else { break };
+        (Init::Random, Some(w)) => {
+            // Without replacement, each draw proportional to the weight.
+            let mut left = w.clone();
+            for _ in 0..k {
+                let total: f64 = left.iter().sum();
+                let pick = draw(&left, total, rng.random::<f64>())
+                    .ok_or_else(|| Error::Input("no point with a positive weight left".into()))?;
+                left[pick] = 0.0;
                 chosen.push(pick);
-                std::mem::swap(&mut best, &mut keep_d);
             }
         }
+        _ => kmeans_plus_plus(rt, &s, d, k, weights.as_deref(), &mut rng, &mut chosen)?,
     }
     let mut values = Vec::with_capacity(k * d);
     for &i in &chosen {
         values.extend_from_slice(&s[i * d..(i + 1) * d]);
     }
-    Ok(Centers::new(k, d, values))
+    Ok((Centers::new(k, d, values), variance))
+}
+
+/// Greedy k-means++ on the sample `s` (`d` columns), weighted by `w` when
+/// given: the first centre is drawn with probability proportional to the
+/// weight; each next one with probability proportional to the weight times
+/// the squared distance to the nearest chosen centre; of 2 + ln(k) such
+/// draws, the one that lowers the (weighted) total most is kept.
+fn kmeans_plus_plus(
+    rt: &Runtime,
+    s: &[f32],
+    d: usize,
+    k: usize,
+    w: Option<&[f64]>,
+    rng: &mut Xoshiro256PlusPlus,
+    chosen: &mut Vec<usize>,
+) -> Result<()> {
+    let n = s.len() / d;
+    let trials = 2 + (k as f64).ln() as usize;
+    let threads = rt.workers().max(1);
+    let weight = |i: usize| w.map_or(1.0, |w| w[i]);
+    let first = match w {
+        None => (rng.random::<u64>() % n as u64) as usize,
+        Some(w) => {
+            let total: f64 = w.iter().sum();
+            draw(w, total, rng.random::<f64>())
+                .ok_or_else(|| Error::Input("no point has a positive weight".into()))?
+        }
+    };
+    chosen.push(first);
+    let mut best = distances_to(s, d, &[first], threads);
+    let mut cand_d = vec![0f32; n];
+    let mut keep_d = vec![0f32; n];
+    let mut mass = vec![0f64; if w.is_some() { n } else { 0 }];
+    while chosen.len() < k {
+        let total: f64 = match w {
+            None => best.iter().map(|&v| f64::from(v)).sum(),
+            Some(w) => {
+                for (m, (&b, &wi)) in mass.iter_mut().zip(best.iter().zip(w)) {
+                    *m = wi * f64::from(b);
+                }
+                mass.iter().sum()
+            }
+        };
+        if total <= 0.0 {
+            // Every remaining point (of positive weight) coincides with a
+            // centre.
+            let next = (0..n)
+                .find(|&i| !chosen.contains(&i) && weight(i) > 0.0)
+                .or_else(|| (0..n).find(|i| !chosen.contains(i)))
+                .unwrap_or(0);
+            chosen.push(next);
+            continue;
+        }
+        let mut winner: Option<(f64, usize)> = None;
+        // The draws depend only on `best`: draw them all, then measure
+        // every candidate in one parallel pass.
+        let picks: Vec<usize> = (0..trials)
+            .map(|_| match w {
+                None => {
+                    let mut r = rng.random::<f64>() * total;
+                    for (i, &b) in best.iter().enumerate() {
+                        if r < f64::from(b) {
+                            return i;
+                        }
+                        r -= f64::from(b);
+                    }
+                    n - 1
+                }
+                Some(_) => draw(&mass, total, rng.random::<f64>()).unwrap_or(first),
+            })
+            .collect();
+        let dist = distances_to(s, d, &picks, threads);
+        for (t, &pick) in picks.iter().enumerate() {
+            let mut pot = 0f64;
+            for (i, c) in cand_d.iter_mut().enumerate() {
+                *c = best[i].min(dist[i * trials + t]);
+                pot += match w {
+                    None => f64::from(*c),
+                    Some(w) => w[i] * f64::from(*c),
+                };
+            }
+            if winner.is_none_or(|(v, _)| pot < v) {
+                winner = Some((pot, pick));
+                std::mem::swap(&mut keep_d, &mut cand_d);
+            }
+        }
+        let Some((_, pick)) = winner else { break };
+        chosen.push(pick);
+        std::mem::swap(&mut best, &mut keep_d);
+    }
+    Ok(())
 }

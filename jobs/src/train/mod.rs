@@ -485,6 +485,7 @@ pub fn load(
     let loader = Loader {
         source: src,
         labels: Some(labels),
+        weights: None,
         part_bytes: shard_bytes,
         name: "shard",
     };
