@@ -451,7 +451,7 @@ fn bad_weights_are_one_line_errors() {
         (
             "short",
             weights(dir.path(), "short.npy", &vec![1.0; rows - 1]),
-            &"",
+            "",
         ),
         (
             "all zero",
