@@ -1,21 +1,28 @@
-//! Minimal `.npy` reading and writing: 2-D (and 1-D) little-endian arrays
-//! of `f32`, `f64`, `i32` and `i64` in C order.
+//! `.npy` and `.npz` reading and `.npy` writing: 2-D (and 1-D) arrays of
+//! float16, float32, float64, int32 and int64 in C order, little- or
+//! big-endian.
 //!
-//! The public part reads and writes whole arrays ([`read_matrix`],
-//! [`write_array`]); the input layer reads data and labels in row blocks
-//! through the same header parser, so a file larger than memory streams
-//! through. Writes are atomic: a failed write leaves no file.
+//! Headers are parsed by the `npyz` crate and `.npz` archives opened by
+//! the `zip` crate; the data itself is converted here, a block at a time
+//! (several times faster than an element iterator). The public part reads
+//! and writes whole arrays ([`read_matrix`], [`write_array`]); the input
+//! layer reads data and labels in row blocks through the same code, so a
+//! file larger than memory streams through. Writes are atomic: a failed
+//! write leaves no file.
 
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::files::{open_input, AtomicFile};
 
-/// Element types outcore reads and writes.
+/// Element types outcore reads (all of them) and writes (`F32`, `I32`,
+/// `I64`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dtype {
+    /// `<f2` (read only)
+    F16,
     /// `<f4`
     F32,
     /// `<f8`
@@ -29,6 +36,7 @@ pub enum Dtype {
 impl Dtype {
     fn descr(self) -> &'static str {
         match self {
+            Dtype::F16 => "<f2",
             Dtype::F32 => "<f4",
             Dtype::F64 => "<f8",
             Dtype::I32 => "<i4",
@@ -39,20 +47,114 @@ impl Dtype {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
+            Dtype::F16 => 2,
             Dtype::F32 | Dtype::I32 => 4,
             Dtype::F64 | Dtype::I64 => 8,
         }
     }
 }
 
-/// The parsed header of a `.npy` file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Header {
+/// How an array's elements are stored: their type and byte order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stored {
     /// Element type.
     pub(crate) dtype: Dtype,
+    /// Big-endian (`>f4`) rather than little-endian.
+    pub(crate) big: bool,
+}
+
+impl Stored {
+    /// Little-endian float32: bytes that are already the values here.
+    pub(crate) fn is_native_f32(self) -> bool {
+        self.dtype == Dtype::F32 && !self.big
+    }
+
+    fn is_float(self) -> bool {
+        matches!(self.dtype, Dtype::F16 | Dtype::F32 | Dtype::F64)
+    }
+
+    /// Bytes per element.
+    pub(crate) fn size(self) -> usize {
+        self.dtype.size()
+    }
+
+    /// The numpy type string (`<f4`, `>f2`).
+    fn descr(self) -> String {
+        let d = self.dtype.descr();
+        if self.big {
+            format!(">{}", &d[1..])
+        } else {
+            d.to_string()
+        }
+    }
+
+    /// Appends the float values held in `raw` to `out` as `f32` (float64
+    /// rounded to nearest, float16 exactly).
+    pub(crate) fn floats(self, raw: &[u8], out: &mut Vec<f32>) {
+        let big = self.big;
+        match self.dtype {
+            Dtype::F16 => out.extend(raw.chunks_exact(2).map(|b| {
+                let v = if big { [b[1], b[0]] } else { [b[0], b[1]] };
+                f16_to_f32(u16::from_le_bytes(v))
+            })),
+            Dtype::F32 if big => out.extend(
+                raw.chunks_exact(4)
+                    .map(|b| f32::from_be_bytes([b[0], b[1], b[2], b[3]])),
+            ),
+            Dtype::F32 => out.extend(
+                raw.chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            ),
+            Dtype::F64 => out.extend(raw.chunks_exact(8).map(|b| {
+                let a = [b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]];
+                (if big {
+                    f64::from_be_bytes(a)
+                } else {
+                    f64::from_le_bytes(a)
+                }) as f32
+            })),
+            Dtype::I32 | Dtype::I64 => out.extend(self.ints(raw).map(|v| v as f32)),
+        }
+    }
+
+    /// The integer values held in `raw`.
+    fn ints(self, raw: &[u8]) -> impl Iterator<Item = i64> + '_ {
+        let (size, big) = (self.size(), self.big);
+        raw.chunks_exact(size).map(move |b| match (size, big) {
+            (4, false) => i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            (4, true) => i64::from(i32::from_be_bytes([b[0], b[1], b[2], b[3]])),
+            (_, false) => i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+            (_, true) => i64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+        })
+    }
+}
+
+/// An IEEE half-precision value as `f32` (exact: every float16 is a
+/// float32).
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let man = u32::from(h & 0x3ff);
+    match exp {
+        // Zero and subnormals: man * 2^-24, exact in f32.
+        0 => {
+            let v = man as f32 * (1.0 / 16_777_216.0);
+            f32::from_bits(v.to_bits() | sign)
+        }
+        // Infinities and NaNs (payload kept).
+        31 => f32::from_bits(sign | 0x7f80_0000 | (man << 13)),
+        _ => f32::from_bits(sign | ((exp + 112) << 23) | (man << 13)),
+    }
+}
+
+/// The parsed header of a `.npy` array.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    /// Element type and byte order.
+    pub(crate) stored: Stored,
     /// Shape (one or two dimensions).
     pub(crate) shape: Vec<u64>,
-    /// Offset of the data from the start of the file.
+    /// Offset of the data from the start of the array's bytes.
     pub(crate) data_offset: u64,
 }
 
@@ -60,146 +162,273 @@ fn bad(path: &Path, msg: impl Into<String>) -> Error {
     Error::Input(format!("{}: {}", path.display(), msg.into()))
 }
 
-/// Parses a `.npy` header from the start of `r`.
+/// A reader that counts the bytes taken from it.
+struct Counted<R> {
+    inner: R,
+    n: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let k = self.inner.read(buf)?;
+        self.n += k as u64;
+        Ok(k)
+    }
+}
+
+/// Parses a `.npy` header from the start of `r` (which is left at the
+/// first data byte). `path` names the array in errors.
 pub(crate) fn read_header(path: &Path, r: &mut impl Read) -> Result<Header> {
-    let mut pre = [0u8; 10];
-    r.read_exact(&mut pre)
-        .map_err(|_| bad(path, "not a .npy file (too short for the header)"))?;
-    if &pre[0..6] != b"\x93NUMPY" {
+    // The magic is checked here first, for a clearer error than the
+    // parser's on files that are not `.npy` at all.
+    let mut magic = [0u8; 6];
+    let mut got = 0;
+    while got < magic.len() {
+        match r.read(&mut magic[got..]) {
+            Ok(0) => return Err(bad(path, "not a .npy file (too short for the header)")),
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(bad(path, format!("read failed: {e}"))),
+        }
+    }
+    if &magic != b"\x93NUMPY" {
         return Err(bad(path, "not a .npy file (bad magic)"));
     }
-    let (hlen, offset) = match pre[6] {
-        1 => (u16::from_le_bytes([pre[8], pre[9]]) as usize, 10usize),
-        2 | 3 => {
-            let mut more = [0u8; 2];
-            r.read_exact(&mut more)
-                .map_err(|_| bad(path, "truncated .npy header"))?;
-            (
-                u32::from_le_bytes([pre[8], pre[9], more[0], more[1]]) as usize,
-                12usize,
-            )
+    let mut counted = Counted {
+        inner: (&magic[..]).chain(r),
+        n: 0,
+    };
+    let h = npyz::NpyHeader::from_reader(&mut counted).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            bad(path, "truncated .npy header")
+        } else {
+            bad(path, format!("malformed .npy header: {e}"))
         }
-        v => return Err(bad(path, format!("unsupported .npy format version {v}"))),
+    })?;
+    let unsupported = |what: String| {
+        bad(
+            path,
+            format!(
+                "unsupported dtype '{what}' (outcore reads float16, float32, float64, int32 and int64, either byte order)"
+            ),
+        )
     };
-    if hlen > 1 << 20 {
-        return Err(bad(path, "implausibly long .npy header"));
-    }
-    let mut h = vec![0u8; hlen];
-    r.read_exact(&mut h)
-        .map_err(|_| bad(path, "truncated .npy header"))?;
-    let text = String::from_utf8_lossy(&h);
-    let field = |key: &str| -> Option<String> {
-        let start = text.find(&format!("'{key}'"))? + key.len() + 2;
-        let rest = text[start..].trim_start().strip_prefix(':')?.trim_start();
-        Some(rest.to_string())
+    let npyz::DType::Plain(ts) = h.dtype() else {
+        return Err(unsupported(h.dtype().descr()));
     };
-    let descr = field("descr").ok_or_else(|| bad(path, "malformed .npy header (no descr)"))?;
-    let descr = descr.trim_start_matches('\'');
-    let descr = &descr[..descr.find('\'').unwrap_or(0)];
-    let dtype = match descr {
-        "<f4" | "=f4" => Dtype::F32,
-        "<f8" | "=f8" => Dtype::F64,
-        "<i4" | "=i4" => Dtype::I32,
-        "<i8" | "=i8" => Dtype::I64,
-        other => {
-            return Err(bad(
-                path,
-                format!("unsupported dtype '{other}' (outcore reads little-endian float32, float64, int32, int64)"),
-            ))
-        }
+    let big = match ts.endianness() {
+        npyz::Endianness::Big => true,
+        npyz::Endianness::Little => false,
+        npyz::Endianness::Irrelevant => return Err(unsupported(ts.to_string())),
     };
-    let fortran = field("fortran_order")
-        .ok_or_else(|| bad(path, "malformed .npy header (no fortran_order)"))?;
-    if fortran.starts_with("True") {
+    let dtype = match (ts.type_char(), ts.size_field()) {
+        (npyz::TypeChar::Float, 2) => Dtype::F16,
+        (npyz::TypeChar::Float, 4) => Dtype::F32,
+        (npyz::TypeChar::Float, 8) => Dtype::F64,
+        (npyz::TypeChar::Int, 4) => Dtype::I32,
+        (npyz::TypeChar::Int, 8) => Dtype::I64,
+        _ => return Err(unsupported(ts.to_string())),
+    };
+    if h.order() == npyz::Order::Fortran && h.shape().len() > 1 {
         return Err(bad(
             path,
             "array is in Fortran order; save it in C order (np.ascontiguousarray)",
         ));
     }
-    let shape_s = field("shape").ok_or_else(|| bad(path, "malformed .npy header (no shape)"))?;
-    let inner = shape_s
-        .strip_prefix('(')
-        .and_then(|s| s.split(')').next())
-        .ok_or_else(|| bad(path, "malformed .npy header (shape)"))?;
-    let mut shape = Vec::new();
-    for part in inner.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        shape.push(
-            part.parse::<u64>()
-                .map_err(|_| bad(path, format!("malformed shape entry '{part}'")))?,
-        );
-    }
     Ok(Header {
-        dtype,
-        shape,
-        data_offset: (offset + hlen) as u64,
+        stored: Stored { dtype, big },
+        shape: h.shape().to_vec(),
+        data_offset: counted.n,
     })
 }
 
-/// A 2-D float array in a `.npy` file, read in blocks of rows as `f32`.
+/// A reader of an array's data, from its first byte on.
+struct Stream(Box<dyn Read + Send>);
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stream")
+    }
+}
+
+/// An array opened for reading: a `.npy` file or a member of a `.npz`
+/// archive.
+#[derive(Debug)]
+struct Array {
+    /// The file (the archive, for a member).
+    file: PathBuf,
+    /// The array in messages: the file, or `archive.npz[name]`.
+    label: PathBuf,
+    /// The data, from its first byte.
+    stream: Stream,
+    header: Header,
+    /// Bytes the array's `.npy` image holds (header and data).
+    total: u64,
+    /// Where the data starts in the file, when it is stored as is (a
+    /// `.npy` file, an uncompressed `.npz` member): it can then be read at
+    /// any position.
+    at: Option<u64>,
+}
+
+/// Whether `path` names a `.npz` archive.
+fn is_npz(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("npz"))
+}
+
+/// Opens the array at `path`: a `.npy` file, or the member `key` of a
+/// `.npz` archive (`key` or `key.npy`; by default its only or first
+/// array).
+fn open_array(path: &Path, key: Option<&str>) -> Result<Array> {
+    if is_npz(path) {
+        return open_member(path, key);
+    }
+    let (file, total) = open_input(path)?;
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let header = read_header(path, &mut reader)?;
+    Ok(Array {
+        file: path.to_path_buf(),
+        label: path.to_path_buf(),
+        at: Some(header.data_offset),
+        stream: Stream(Box::new(reader)),
+        header,
+        total,
+    })
+}
+
+fn open_member(path: &Path, key: Option<&str>) -> Result<Array> {
+    let (file, _) = open_input(path)?;
+    let mut zip = zip::ZipArchive::new(BufReader::new(file))
+        .map_err(|e| bad(path, format!("not a readable .npz archive ({e})")))?;
+    let mut names = Vec::with_capacity(zip.len());
+    for i in 0..zip.len() {
+        let m = zip
+            .by_index_raw(i)
+            .map_err(|e| bad(path, format!("unreadable archive member {i} ({e})")))?;
+        names.push(m.name().map(|n| n.into_owned()).unwrap_or_default());
+    }
+    let index = match key {
+        None => {
+            if names.is_empty() {
+                return Err(bad(path, "the archive holds no array"));
+            }
+            0
+        }
+        Some(k) => names
+            .iter()
+            .position(|n| n == k || n.strip_suffix(".npy") == Some(k))
+            .ok_or_else(|| {
+                let all: Vec<&str> = names
+                    .iter()
+                    .map(|n| n.strip_suffix(".npy").unwrap_or(n))
+                    .collect();
+                bad(
+                    path,
+                    format!("no array named '{k}' (it holds: {})", all.join(", ")),
+                )
+            })?,
+    };
+    let shown = names[index].strip_suffix(".npy").unwrap_or(&names[index]);
+    let label = PathBuf::from(format!("{}[{shown}]", path.display()));
+    let m = zip
+        .by_index_raw(index)
+        .map_err(|e| bad(&label, format!("unreadable archive member ({e})")))?;
+    let start = m
+        .data_start()
+        .ok_or_else(|| bad(&label, "unreadable archive member"))?;
+    let (method, packed, total) = (m.compression(), m.compressed_size(), m.size());
+    drop(m);
+    let (mut file, _) = open_input(path)?;
+    file.seek(SeekFrom::Start(start))
+        .map_err(|e| Error::io(path, "cannot seek", e))?;
+    let body = BufReader::with_capacity(1 << 20, file).take(packed);
+    let (mut stream, stored): (Box<dyn Read + Send>, bool) = match method {
+        zip::CompressionMethod::Stored => (Box::new(body), true),
+        zip::CompressionMethod::Deflated => {
+            (Box::new(flate2::read::DeflateDecoder::new(body)), false)
+        }
+        other => {
+            return Err(bad(
+                &label,
+                format!("compressed with {other:?}; outcore reads stored or deflated members (np.savez, np.savez_compressed)"),
+            ))
+        }
+    };
+    let header = read_header(&label, &mut stream)?;
+    Ok(Array {
+        file: path.to_path_buf(),
+        at: stored.then_some(start + header.data_offset),
+        label,
+        stream: Stream(stream),
+        header,
+        total,
+    })
+}
+
+/// Checks that an array of `total` bytes holds the `elems` elements its
+/// header promises (`None`: a count that overflowed).
+fn check_length(path: &Path, total: u64, h: &Header, elems: Option<u64>) -> Result<()> {
+    let need = elems
+        .and_then(|n| n.checked_mul(h.stored.size() as u64))
+        .and_then(|n| n.checked_add(h.data_offset))
+        .ok_or_else(|| bad(path, "shape too large"))?;
+    if total < need {
+        return Err(bad(
+            path,
+            format!("truncated: {total} bytes, the header promises {need}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A 2-D float array in a `.npy` file or `.npz` member, read in blocks of
+/// rows as `f32`.
 #[derive(Debug)]
 pub(crate) struct NpyRows {
-    path: PathBuf,
-    reader: BufReader<File>,
-    dtype: Dtype,
-    data_offset: u64,
+    file: PathBuf,
+    label: PathBuf,
+    stream: Stream,
+    stored: Stored,
+    at: Option<u64>,
     rows: u64,
     cols: usize,
     done: u64,
     buf: Vec<u8>,
 }
 
-/// Opens a `.npy` file for reading: its reader (positioned after the
-/// header), its length and its header.
-fn open_with_header(path: &Path) -> Result<(BufReader<File>, u64, Header)> {
-    let (file, len) = open_input(path)?;
-    let mut reader = BufReader::with_capacity(1 << 20, file);
-    let h = read_header(path, &mut reader)?;
-    Ok((reader, len, h))
-}
-
-/// Checks that a file of `len` bytes holds the `elems` elements its header
-/// promises (`None`: a count that overflowed).
-fn check_length(path: &Path, len: u64, h: &Header, elems: Option<u64>) -> Result<()> {
-    let need = elems
-        .and_then(|n| n.checked_mul(h.dtype.size() as u64))
-        .and_then(|n| n.checked_add(h.data_offset))
-        .ok_or_else(|| bad(path, "shape too large"))?;
-    if len < need {
-        return Err(bad(
-            path,
-            format!("truncated: {len} bytes, the header promises {need}"),
-        ));
-    }
-    Ok(())
-}
-
 impl NpyRows {
-    /// Opens `path`, checks it is a 2-D float32/float64 C-order array and
-    /// that the file holds all of its data.
-    pub(crate) fn open(path: &Path) -> Result<NpyRows> {
-        let (reader, len, h) = open_with_header(path)?;
-        if !matches!(h.dtype, Dtype::F32 | Dtype::F64) {
+    /// Opens `path` (for a `.npz`, its array `key`), checks it is a 2-D
+    /// float C-order array and that the file holds all of its data.
+    pub(crate) fn open(path: &Path, key: Option<&str>) -> Result<NpyRows> {
+        let a = open_array(path, key)?;
+        let h = &a.header;
+        if !h.stored.is_float() {
             return Err(bad(
-                path,
-                format!("data must be float32 or float64, not {}", h.dtype.descr()),
+                &a.label,
+                format!(
+                    "data must be float32 or float64 (or float16), not {}",
+                    h.stored.descr()
+                ),
             ));
         }
         if h.shape.len() != 2 {
             return Err(bad(
-                path,
+                &a.label,
                 format!("data must be a 2-D array, this one has shape {:?}", h.shape),
             ));
         }
         let (rows, cols) = (h.shape[0], h.shape[1]);
         if cols == 0 {
-            return Err(bad(path, "data has 0 columns"));
+            return Err(bad(&a.label, "data has 0 columns"));
         }
-        check_length(path, len, &h, rows.checked_mul(cols))?;
+        check_length(&a.label, a.total, h, rows.checked_mul(cols))?;
         Ok(NpyRows {
-            path: path.to_path_buf(),
-            reader,
-            dtype: h.dtype,
-            data_offset: h.data_offset,
+            stored: h.stored,
+            file: a.file,
+            label: a.label,
+            stream: a.stream,
+            at: a.at,
             rows,
             cols: cols as usize,
             done: 0,
@@ -212,14 +441,15 @@ impl NpyRows {
         self.rows
     }
 
-    /// The file.
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
+    /// The array in messages (`x.npy`, `x.npz[key]`).
+    pub(crate) fn label(&self) -> &Path {
+        &self.label
     }
 
-    /// Where the data starts in the file, and its element type.
-    pub(crate) fn layout(&self) -> (u64, Dtype) {
-        (self.data_offset, self.dtype)
+    /// The file, where the data starts in it and how it is stored, when
+    /// rows can be read at any position (not in a compressed member).
+    pub(crate) fn layout(&self) -> Option<(&Path, u64, Stored)> {
+        self.at.map(|at| (self.file.as_path(), at, self.stored))
     }
 
     /// Number of columns.
@@ -230,27 +460,82 @@ impl NpyRows {
     /// Appends the next `n` rows to `out` as `f32`.
     pub(crate) fn read_rows(&mut self, n: usize, out: &mut Vec<f32>) -> Result<()> {
         if self.done + n as u64 > self.rows {
-            return Err(bad(&self.path, "read past the last row"));
+            return Err(bad(&self.label, "read past the last row"));
         }
         let count = n * self.cols;
-        self.buf.resize(count * self.dtype.size(), 0);
-        self.reader
+        self.buf.resize(count * self.stored.size(), 0);
+        self.stream
+            .0
             .read_exact(&mut self.buf)
-            .map_err(|e| bad(&self.path, format!("read failed: {e}")))?;
-        match self.dtype {
-            Dtype::F32 => out.extend(
-                self.buf
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            ),
-            _ => out.extend(self.buf.chunks_exact(8).map(|b| {
-                let mut a = [0u8; 8];
-                a.copy_from_slice(b);
-                f64::from_le_bytes(a) as f32
-            })),
-        }
+            .map_err(|e| bad(&self.label, format!("read failed: {e}")))?;
+        self.stored.floats(&self.buf, out);
         self.done += n as u64;
         Ok(())
+    }
+}
+
+/// A 1-D array stored as is in a `.npy` file (or an uncompressed `.npz`
+/// member), read at any position.
+#[derive(Debug)]
+struct Vector {
+    file: PathBuf,
+    label: PathBuf,
+    handle: File,
+    stored: Stored,
+    len: u64,
+    at: u64,
+}
+
+impl Vector {
+    /// Opens `path`, checks it is a 1-D array held in full whose type
+    /// `ok` accepts (`what` names the accepted types in errors).
+    fn open(path: &Path, ok: fn(Stored) -> bool, what: &str, role: &str) -> Result<Vector> {
+        let a = open_array(path, None)?;
+        let h = &a.header;
+        if !ok(h.stored) {
+            return Err(bad(
+                &a.label,
+                format!("{role} must be {what}, not {}", h.stored.descr()),
+            ));
+        }
+        if h.shape.len() != 1 {
+            return Err(bad(
+                &a.label,
+                format!(
+                    "{role} must be a 1-D array, this one has shape {:?}",
+                    h.shape
+                ),
+            ));
+        }
+        let len = h.shape[0];
+        check_length(&a.label, a.total, h, Some(len))?;
+        let at = a.at.ok_or_else(|| {
+            bad(
+                &a.label,
+                "is compressed; save it with np.save or np.savez (uncompressed)",
+            )
+        })?;
+        let (handle, _) = open_input(&a.file)?;
+        Ok(Vector {
+            file: a.file,
+            label: a.label,
+            handle,
+            stored: h.stored,
+            len,
+            at,
+        })
+    }
+
+    /// The raw bytes of values `first..first + n`. Positioned reads: any
+    /// thread, any order.
+    fn bytes(&self, first: u64, n: usize) -> Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let size = self.stored.size();
+        let mut bytes = vec![0u8; n * size];
+        self.handle
+            .read_exact_at(&mut bytes, self.at + first * size as u64)
+            .map_err(|e| bad(&self.label, format!("read failed: {e}")))?;
+        Ok(bytes)
     }
 }
 
@@ -258,180 +543,94 @@ impl NpyRows {
 /// blocks as `u32` labels.
 #[derive(Debug)]
 pub(crate) struct NpyInts {
-    path: PathBuf,
-    reader: BufReader<File>,
-    dtype: Dtype,
-    len: u64,
-    data_offset: u64,
-    buf: Vec<u8>,
+    v: Vector,
+    pos: u64,
 }
 
 impl NpyInts {
     /// Opens `path`, checks it is a 1-D int32/int64 array held in full.
     pub(crate) fn open(path: &Path) -> Result<NpyInts> {
-        let (reader, flen, h) = open_with_header(path)?;
-        if !matches!(h.dtype, Dtype::I32 | Dtype::I64) {
-            return Err(bad(
-                path,
-                format!("labels must be int32 or int64, not {}", h.dtype.descr()),
-            ));
-        }
-        if h.shape.len() != 1 {
-            return Err(bad(
-                path,
-                format!(
-                    "labels must be a 1-D array, this one has shape {:?}",
-                    h.shape
-                ),
-            ));
-        }
-        let len = h.shape[0];
-        check_length(path, flen, &h, Some(len))?;
-        Ok(NpyInts {
-            path: path.to_path_buf(),
-            reader,
-            dtype: h.dtype,
-            len,
-            data_offset: h.data_offset,
-            buf: Vec::new(),
-        })
+        let v = Vector::open(
+            path,
+            |s| matches!(s.dtype, Dtype::I32 | Dtype::I64),
+            "int32 or int64",
+            "labels",
+        )?;
+        Ok(NpyInts { v, pos: 0 })
     }
 
     /// Number of labels.
     pub(crate) fn len(&self) -> u64 {
-        self.len
+        self.v.len
     }
 
     /// The file.
     pub(crate) fn path(&self) -> &Path {
-        &self.path
+        &self.v.file
     }
 
     /// Reads the next `n` labels; negative or huge values are errors.
     pub(crate) fn read(&mut self, n: usize) -> Result<Vec<u32>> {
-        self.buf.resize(n * self.dtype.size(), 0);
-        self.reader
-            .read_exact(&mut self.buf)
-            .map_err(|e| bad(&self.path, format!("read failed: {e}")))?;
-        self.decode(&self.buf)
+        let (v, _) = self.read_at(self.pos, n)?;
+        self.pos += n as u64;
+        Ok(v)
     }
 
     /// Reads labels `first..first + n` wherever the stream is (positioned
     /// reads: any thread, any order), with the raw bytes for a checksum.
     pub(crate) fn read_at(&self, first: u64, n: usize) -> Result<(Vec<u32>, Vec<u8>)> {
-        use std::os::unix::fs::FileExt;
-        let size = self.dtype.size() as u64;
-        let mut bytes = vec![0u8; n * size as usize];
-        self.reader
-            .get_ref()
-            .read_exact_at(&mut bytes, self.data_offset + first * size)
-            .map_err(|e| bad(&self.path, format!("read failed: {e}")))?;
-        Ok((self.decode(&bytes)?, bytes))
-    }
-
-    fn decode(&self, buf: &[u8]) -> Result<Vec<u32>> {
-        let vals: Vec<i64> = match self.dtype {
-            Dtype::I32 => buf
-                .chunks_exact(4)
-                .map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-                .collect(),
-            _ => buf
-                .chunks_exact(8)
-                .map(|b| {
-                    let mut a = [0u8; 8];
-                    a.copy_from_slice(b);
-                    i64::from_le_bytes(a)
-                })
-                .collect(),
-        };
-        vals.into_iter()
+        let bytes = self.v.bytes(first, n)?;
+        let vals = self
+            .v
+            .stored
+            .ints(&bytes)
             .map(|v| {
                 u32::try_from(v)
                     .ok()
                     .filter(|&u| u < 1 << 24)
                     .ok_or_else(|| {
                         bad(
-                            &self.path,
+                            &self.v.label,
                             format!("label {v} is not a class index (0 .. 16777215)"),
                         )
                     })
             })
-            .collect()
+            .collect::<Result<Vec<u32>>>()?;
+        Ok((vals, bytes))
     }
 }
 
-/// A 1-D float32/float64 array in a `.npy` file (such as one sample
-/// weight per row), read at any position as `f32`.
+/// A 1-D float array in a `.npy` file (such as one sample weight per
+/// row), read at any position as `f32`.
 #[derive(Debug)]
 pub(crate) struct NpyVector {
-    path: PathBuf,
-    file: File,
-    dtype: Dtype,
-    len: u64,
-    data_offset: u64,
+    v: Vector,
 }
 
 impl NpyVector {
-    /// Opens `path`, checks it is a 1-D float32/float64 array held in full.
+    /// Opens `path`, checks it is a 1-D float array held in full.
     pub(crate) fn open(path: &Path) -> Result<NpyVector> {
-        let (reader, flen, h) = open_with_header(path)?;
-        if !matches!(h.dtype, Dtype::F32 | Dtype::F64) {
-            return Err(bad(
-                path,
-                format!("must be float32 or float64, not {}", h.dtype.descr()),
-            ));
-        }
-        if h.shape.len() != 1 {
-            return Err(bad(
-                path,
-                format!("must be a 1-D array, this one has shape {:?}", h.shape),
-            ));
-        }
-        let len = h.shape[0];
-        check_length(path, flen, &h, Some(len))?;
-        Ok(NpyVector {
-            path: path.to_path_buf(),
-            file: reader.into_inner(),
-            dtype: h.dtype,
-            len,
-            data_offset: h.data_offset,
-        })
+        let v = Vector::open(path, Stored::is_float, "float32 or float64", "it")?;
+        Ok(NpyVector { v })
     }
 
     /// Number of values.
     pub(crate) fn len(&self) -> u64 {
-        self.len
+        self.v.len
     }
 
     /// The file.
     pub(crate) fn path(&self) -> &Path {
-        &self.path
+        &self.v.file
     }
 
     /// Values `first..first + n` as `f32` (float64 is rounded, as
     /// scikit-learn casts sample weights to the data's float32), with the
     /// raw bytes for a checksum. Positioned reads: any thread, any order.
     pub(crate) fn read_at(&self, first: u64, n: usize) -> Result<(Vec<f32>, Vec<u8>)> {
-        use std::os::unix::fs::FileExt;
-        let size = self.dtype.size();
-        let mut bytes = vec![0u8; n * size];
-        self.file
-            .read_exact_at(&mut bytes, self.data_offset + first * size as u64)
-            .map_err(|e| bad(&self.path, format!("read failed: {e}")))?;
-        let v = match self.dtype {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            _ => bytes
-                .chunks_exact(8)
-                .map(|b| {
-                    let mut a = [0u8; 8];
-                    a.copy_from_slice(b);
-                    f64::from_le_bytes(a) as f32
-                })
-                .collect(),
-        };
+        let bytes = self.v.bytes(first, n)?;
+        let mut v = Vec::with_capacity(n);
+        self.v.stored.floats(&bytes, &mut v);
         Ok((v, bytes))
     }
 }
@@ -439,7 +638,7 @@ impl NpyVector {
 /// Reads a whole (small) 2-D float32/float64 array as `f32`: the values,
 /// the rows and the columns.
 pub fn read_matrix(path: &Path) -> Result<(Vec<f32>, usize, usize)> {
-    let mut r = NpyRows::open(path)?;
+    let mut r = NpyRows::open(path, None)?;
     let (rows, cols) = (r.rows() as usize, r.cols());
     let mut out = Vec::with_capacity(rows * cols);
     r.read_rows(rows, &mut out)?;
@@ -590,7 +789,7 @@ mod tests {
             raw.extend_from_slice(&(i as f64).to_le_bytes());
         }
         std::fs::write(&p, raw).unwrap();
-        let mut r = NpyRows::open(&p).unwrap();
+        let mut r = NpyRows::open(&p, None).unwrap();
         let mut out = Vec::new();
         r.read_rows(2, &mut out).unwrap();
         r.read_rows(3, &mut out).unwrap();
@@ -604,7 +803,9 @@ mod tests {
         let p = dir.path().join("c.npy");
         let check = |bytes: Vec<u8>, want: &str| {
             std::fs::write(&p, bytes).unwrap();
-            let e = NpyRows::open(&p).expect_err("should fail").to_string();
+            let e = NpyRows::open(&p, None)
+                .expect_err("should fail")
+                .to_string();
             assert!(e.contains(want), "{e} should mention {want}");
         };
         check(b"hello".to_vec(), "too short");
@@ -626,9 +827,53 @@ mod tests {
         let mut f = replace(header_bytes(Dtype::F32, &[1, 1]), b"False", b"True ");
         f.extend_from_slice(&[0u8; 4]);
         check(f, "Fortran");
-        let mut be = replace(header_bytes(Dtype::F32, &[1, 1]), b"<f4", b">f4");
-        be.extend_from_slice(&[0u8; 4]);
-        check(be, "unsupported dtype");
+        let mut be = replace(header_bytes(Dtype::F32, &[1, 1]), b"<f4", b">c8");
+        be.extend_from_slice(&[0u8; 8]);
+        check(be, "unsupported dtype '>c8'");
+    }
+
+    #[test]
+    fn reads_big_endian_and_float16() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("e.npy");
+        let vals = [1.5f32, -2.0, 65504.0, 6.103_515_6e-5];
+        let write = |descr: &[u8], bytes: Vec<u8>| {
+            let mut raw = header_bytes(Dtype::F32, &[2, 2]);
+            let at = raw.windows(3).position(|w| w == b"<f4").unwrap();
+            raw[at..at + 3].copy_from_slice(descr);
+            raw.extend_from_slice(&bytes);
+            std::fs::write(&p, raw).unwrap();
+            read_matrix(&p).unwrap()
+        };
+        let be4: Vec<u8> = vals.iter().flat_map(|v| v.to_be_bytes()).collect();
+        assert_eq!(write(b">f4", be4), (vals.to_vec(), 2, 2));
+        let be8: Vec<u8> = vals
+            .iter()
+            .flat_map(|v| f64::from(*v).to_be_bytes())
+            .collect();
+        assert_eq!(write(b">f8", be8), (vals.to_vec(), 2, 2));
+        // 1.5, -2, the largest half, the smallest normal half.
+        let h: [u16; 4] = [0x3e00, 0xc000, 0x7bff, 0x0400];
+        let le: Vec<u8> = h.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(write(b"<f2", le), (vals.to_vec(), 2, 2));
+        let be: Vec<u8> = h.iter().flat_map(|v| v.to_be_bytes()).collect();
+        assert_eq!(write(b">f2", be), (vals.to_vec(), 2, 2));
+    }
+
+    #[test]
+    fn float16_special_values() {
+        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+        assert_eq!(f16_to_f32(0x83ff), -1023.0 * 2f32.powi(-24));
+        assert_eq!(f16_to_f32(0x8000).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
+        assert_eq!(f16_to_f32(0xfc00), f32::NEG_INFINITY);
+        assert!(f16_to_f32(0x7e00).is_nan());
+        // Every finite half round-trips through f32 exactly: the gaps
+        // between consecutive halves are preserved.
+        for h in 0u16..0x7bff {
+            let (a, b) = (f16_to_f32(h), f16_to_f32(h + 1));
+            assert!(b > a, "{h:#x}");
+        }
     }
 
     #[test]

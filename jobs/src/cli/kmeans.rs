@@ -83,10 +83,15 @@ pub(super) struct KmeansArgs {
 /// Data flags of `outcore kmeans`.
 #[derive(Args, Debug, Clone)]
 struct DataArgs {
-    /// Input: .npy (2-D float32/float64, C order), .fvecs, or raw
-    /// little-endian float32 (with --dims). Without it, synthetic data.
+    /// Input: .npy (2-D float32/float64/float16, C order, either byte
+    /// order), .npz, .fvecs, or raw little-endian float32 (with --dims).
+    /// Without it, synthetic data.
     #[arg(long, value_name = "FILE")]
     input: Option<PathBuf>,
+    /// The array to read from an --input .npz archive (default: its
+    /// first).
+    #[arg(long, value_name = "NAME")]
+    key: Option<String>,
     /// Size of the synthetic data.
     #[arg(
         long,
@@ -457,7 +462,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
 /// A source and its shape, read up front.
 fn open_source(d: &DataArgs) -> Result<(Source, u64, usize)> {
     let src = match &d.input {
-        Some(p) => file_source(p, d.dims)?,
+        Some(p) => file_source(p, d.dims, d.key.as_deref())?,
         None => synthetic_source(&d.synthetic, d.dims.unwrap_or(1000), d.true_k, d.seed)?,
     };
     let (rows, dims) = src.shape()?;

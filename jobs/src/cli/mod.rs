@@ -121,8 +121,17 @@ pub fn run(cli: Cli, given: &Given) -> Result<()> {
 }
 
 /// Warns about `--dims` given with an input whose header or records
-/// carry the number of columns.
+/// carry the number of columns, and `--key` with an input that is not a
+/// `.npz` archive.
 fn warn_dims(given: &Given, input: Option<&Path>) {
+    match input {
+        Some(p) if Source::is_archive(p) => {}
+        Some(p) => given.warn_unused(
+            &[("key", "--key")],
+            &format!("applies to .npz archives, not to {}", p.display()),
+        ),
+        None => given.warn_unused(&[("key", "--key")], "applies to an --input .npz archive"),
+    }
     if let Some(p) = input {
         if !Source::needs_dims(p) {
             given.warn_unused(
@@ -153,20 +162,21 @@ fn positive(flag: &str, v: usize) -> Result<usize> {
     Ok(v)
 }
 
-/// An input file; raw float32 data needs `--dims`.
-fn file_source(path: &Path, dims: Option<usize>) -> Result<Source> {
+/// An input file (for a `.npz`, its array `key`); raw float32 data needs
+/// `--dims`.
+fn file_source(path: &Path, dims: Option<usize>, key: Option<&str>) -> Result<Source> {
     if Source::needs_dims(path) {
         match dims {
             None => {
                 return Err(Error::Input(format!(
-                    "{}: not a .npy or .fvecs file; for raw float32 data give --dims",
+                    "{}: not a .npy, .npz or .fvecs file; for raw float32 data give --dims",
                     path.display()
                 )))
             }
             Some(d) => positive("--dims", d)?,
         };
     }
-    Source::from_path(path, dims)
+    Ok(Source::from_path(path, dims)?.with_key(key.map(str::to_string)))
 }
 
 /// Synthetic data from `--synthetic SIZE`, `--dims` and `--true-k` (or

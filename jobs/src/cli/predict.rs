@@ -27,10 +27,15 @@ pub(super) struct PredictArgs {
     /// intercept last. Each row gets the class with the largest score.
     #[arg(long, value_name = "FILE")]
     model: Option<PathBuf>,
-    /// Rows to label: .npy (2-D float32/float64, C order), .fvecs, or raw
-    /// little-endian float32 (with --dims).
+    /// Rows to label: .npy (2-D float32/float64/float16, C order, either
+    /// byte order), .npz, .fvecs, or raw little-endian float32 (with
+    /// --dims).
     #[arg(long, value_name = "FILE")]
     input: PathBuf,
+    /// The array to read from an --input .npz archive (default: its
+    /// first).
+    #[arg(long, value_name = "NAME")]
+    key: Option<String>,
     /// Columns of a raw input file.
     #[arg(long, value_name = "D")]
     dims: Option<usize>,
@@ -86,7 +91,7 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
             "--distances applies to --centroids, not to --model".into(),
         ));
     }
-    let src = file_source(&a.input, a.dims)?;
+    let src = file_source(&a.input, a.dims, a.key.as_deref())?;
     let (rows, dims) = src.shape()?;
     let predictor = match (&a.centroids, &a.model) {
         (Some(p), _) => {

@@ -24,10 +24,15 @@ enum SolverArg {
 /// Flags of `outcore train`.
 #[derive(Args, Debug)]
 pub(super) struct TrainArgs {
-    /// Inputs: .npy (2-D float32/float64), .fvecs, or raw float32 (with
-    /// --dims). Without it, synthetic data.
+    /// Inputs: .npy (2-D float32/float64/float16, either byte order),
+    /// .npz, .fvecs, or raw float32 (with --dims). Without it, synthetic
+    /// data.
     #[arg(long, value_name = "FILE", requires = "targets")]
     input: Option<PathBuf>,
+    /// The array to read from an --input .npz archive (default: its
+    /// first).
+    #[arg(long, value_name = "NAME")]
+    key: Option<String>,
     /// Labels for --input: a 1-D int32/int64 .npy file, one per row.
     #[arg(long, value_name = "FILE", requires = "input")]
     targets: Option<PathBuf>,
@@ -204,7 +209,11 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
         )));
     }
     let (src, labels, classes) = match (&a.input, &a.targets) {
-        (Some(x), Some(y)) => (file_source(x, a.dims)?, Labels::File(y.clone()), a.classes),
+        (Some(x), Some(y)) => (
+            file_source(x, a.dims, a.key.as_deref())?,
+            Labels::File(y.clone()),
+            a.classes,
+        ),
         _ => {
             let classes = positive("--classes", a.classes.unwrap_or(10))?;
             let src = synthetic_source(&a.synthetic, a.dims.unwrap_or(256), classes, a.seed)?;

@@ -49,8 +49,14 @@ pub enum Source {
         /// Seed.
         seed: u64,
     },
-    /// A 2-D float32/float64 C-order `.npy` file.
+    /// A 2-D float C-order `.npy` file (float32, float64 or float16,
+    /// either byte order).
     Npy(PathBuf),
+    /// An array in a `.npz` archive (as [`Source::Npy`]): the one named
+    /// (with or without `.npy`), or by default the first. Uncompressed
+    /// members (`np.savez`) are read at any position like a `.npy`;
+    /// compressed ones (`np.savez_compressed`) are read once, in order.
+    Npz(PathBuf, Option<String>),
     /// An `.fvecs` file (each vector: its dimension as int32, then floats).
     Fvecs(PathBuf),
     /// Raw little-endian float32 with the given number of columns.
@@ -58,19 +64,21 @@ pub enum Source {
 }
 
 impl Source {
-    /// Picks the reader from the file name: `.npy`, `.fvecs`, or raw
+    /// Picks the reader from the file name: `.npy`, `.npz` (its first
+    /// array), `.fvecs`, or raw
     /// float32 with `dims` columns (which raw data needs; see
     /// [`Source::needs_dims`]).
     pub fn from_path(path: &Path, dims: Option<usize>) -> Result<Source> {
         let ext = extension(path);
         match ext.as_str() {
             "npy" => Ok(Source::Npy(path.to_path_buf())),
+            "npz" => Ok(Source::Npz(path.to_path_buf(), None)),
             "fvecs" => Ok(Source::Fvecs(path.to_path_buf())),
             _ => match dims {
                 Some(d) if d > 0 => Ok(Source::Raw(path.to_path_buf(), d)),
                 Some(_) => Err(Error::Input("dims must be at least 1".into())),
                 None => Err(Error::Input(format!(
-                    "{}: not a .npy or .fvecs file; raw float32 data needs its number of columns (dims)",
+                    "{}: not a .npy, .npz or .fvecs file; raw float32 data needs its number of columns (dims)",
                     path.display()
                 ))),
             },
@@ -78,9 +86,24 @@ impl Source {
     }
 
     /// Whether a file at `path` is read as raw float32, whose number of
-    /// columns must be given (neither `.npy` nor `.fvecs`).
+    /// columns must be given (not `.npy`, `.npz` or `.fvecs`).
     pub fn needs_dims(path: &Path) -> bool {
-        !matches!(extension(path).as_str(), "npy" | "fvecs")
+        !matches!(extension(path).as_str(), "npy" | "npz" | "fvecs")
+    }
+
+    /// Whether a file at `path` is a `.npz` archive (whose array can be
+    /// chosen by name).
+    pub fn is_archive(path: &Path) -> bool {
+        extension(path) == "npz"
+    }
+
+    /// For a `.npz` source, the same archive's array `key`; other sources
+    /// unchanged.
+    pub fn with_key(self, key: Option<String>) -> Source {
+        match self {
+            Source::Npz(p, _) => Source::Npz(p, key),
+            other => other,
+        }
     }
 
     /// Synthetic data of about `bytes` bytes of float32: `bytes / (4 *

@@ -24,10 +24,12 @@ use std::sync::{Mutex, OnceLock};
 /// How rows are stored in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Encoding {
-    /// Little-endian float32 values, `dims` per row.
+    /// Little-endian float32 values, `dims` per row (read straight into
+    /// the block).
     F32,
-    /// Little-endian float64 values, converted to float32.
-    F64,
+    /// Other float or integer values (float16, float64, big-endian),
+    /// converted to float32.
+    Convert(crate::npy::Stored),
     /// `.fvecs`: each row starts with its dimension as int32.
     Fvecs,
 }
@@ -118,7 +120,7 @@ impl Region {
     fn record(&self) -> usize {
         match self.encoding {
             Encoding::F32 => 4 * self.dims,
-            Encoding::F64 => 8 * self.dims,
+            Encoding::Convert(s) => s.size() * self.dims,
             Encoding::Fvecs => 4 + 4 * self.dims,
         }
     }
@@ -145,7 +147,7 @@ impl Region {
                 let sum = crc32fast::hash(as_bytes(&v));
                 (v, sum)
             }
-            Encoding::F64 | Encoding::Fvecs => {
+            Encoding::Convert(_) | Encoding::Fvecs => {
                 let len = n * self.record();
                 let mut raw: Vec<u8> = Vec::with_capacity(len);
                 self.read_exact_at(pos, &mut raw.spare_capacity_mut()[..len])?;
@@ -193,9 +195,7 @@ impl Region {
         let d = self.dims;
         let mut out = Vec::with_capacity(raw.len() / self.record() * d);
         match self.encoding {
-            Encoding::F64 => out.extend(raw.chunks_exact(8).map(|b| {
-                f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32
-            })),
+            Encoding::Convert(s) => s.floats(raw, &mut out),
             Encoding::Fvecs => {
                 for (k, r) in raw.chunks_exact(self.record()).enumerate() {
                     let rd = i32::from_le_bytes([r[0], r[1], r[2], r[3]]);
@@ -504,7 +504,13 @@ mod tests {
             bytes.extend_from_slice(&(i as f64 + 0.5).to_le_bytes());
         }
         std::fs::write(&p, &bytes).unwrap();
-        let r = Region::open(&p, 0, 3, Encoding::F64).unwrap().unwrap();
+        let f64le = crate::npy::Stored {
+            dtype: crate::npy::Dtype::F64,
+            big: false,
+        };
+        let r = Region::open(&p, 0, 3, Encoding::Convert(f64le))
+            .unwrap()
+            .unwrap();
         let v = r.read(2, 3, &OnceLock::new()).unwrap();
         assert_eq!(v, (6..15).map(|i| i as f32 + 0.5).collect::<Vec<_>>());
 

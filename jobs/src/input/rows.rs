@@ -9,7 +9,7 @@ use super::region::{Encoding, Region};
 use super::{Blobs, Source};
 use crate::error::{Error, Result};
 use crate::files::open_input;
-use crate::npy::{Dtype, NpyRows};
+use crate::npy::NpyRows;
 
 /// Row reader over any source.
 #[derive(Debug)]
@@ -61,7 +61,8 @@ impl Rows {
                 }
                 Ok(Rows::Synthetic(Blobs::new(*dims, *true_k, *seed), *rows))
             }
-            Source::Npy(p) => Ok(Rows::Npy(NpyRows::open(p)?)),
+            Source::Npy(p) => Ok(Rows::Npy(NpyRows::open(p, None)?)),
+            Source::Npz(p, key) => Ok(Rows::Npy(NpyRows::open(p, key.as_deref())?)),
             Source::Fvecs(p) => {
                 let (file, len) = open_input(p)?;
                 let mut reader = BufReader::with_capacity(1 << 20, file);
@@ -145,15 +146,18 @@ impl Rows {
     pub(crate) fn region(&self) -> Result<Option<Region>> {
         let (path, offset, encoding) = match self {
             Rows::Synthetic(..) => return Ok(None),
-            Rows::Npy(r) => {
-                let (offset, dtype) = r.layout();
-                let enc = if dtype == Dtype::F64 {
-                    Encoding::F64
-                } else {
-                    Encoding::F32
-                };
-                (r.path(), offset, enc)
-            }
+            Rows::Npy(r) => match r.layout() {
+                // A compressed `.npz` member can only be read in order.
+                None => return Ok(None),
+                Some((path, offset, stored)) => {
+                    let enc = if stored.is_native_f32() {
+                        Encoding::F32
+                    } else {
+                        Encoding::Convert(stored)
+                    };
+                    (path, offset, enc)
+                }
+            },
             Rows::Plain { path, fvecs, .. } => (
                 path.as_path(),
                 0,
@@ -175,7 +179,7 @@ impl Rows {
         self.read_any(first, n, out)?;
         let path = match self {
             Rows::Synthetic(..) => return Ok(()),
-            Rows::Npy(r) => r.path().to_path_buf(),
+            Rows::Npy(r) => r.label().to_path_buf(),
             Rows::Plain { path, .. } => path.clone(),
         };
         super::check_finite(&out[start..], self.dims(), first)

@@ -133,7 +133,7 @@ impl Shard {
         let mut max_label = 0u32;
         for (r, &label) in b.y.iter().enumerate() {
             max_label = max_label.max(label);
-            if r > 0 && (b.first + r as u64) % TASK_ROWS as u64 == 0 {
+            if r > 0 && (b.first + r as u64).is_multiple_of(TASK_ROWS as u64) {
                 s.tasks.push(s.y.len() as u32);
             }
             let row = &b.x[r * dims..(r + 1) * dims];
