@@ -115,7 +115,7 @@ pub use executor::State;
 pub use lineage::Lineage;
 pub use pod::{Plain, PodVec};
 pub use policy::EvictionPolicy;
-pub use runtime::{Batch, Builder, CycleId, Handle, Runtime, TaskContext};
+pub use runtime::{Batch, Builder, CycleId, Handle, Monitor, Runtime, TaskContext};
 pub use stats::Stats;
 pub use units::format_bytes;
 

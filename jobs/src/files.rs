@@ -195,7 +195,17 @@ pub fn check_writable(path: &Path) -> Result<()> {
     }
 }
 
-/// Writes `value` as pretty-printed JSON to `path`, atomically.
+/// Writes `bytes` to `path` as the other outputs are: through a
+/// temporary file renamed into place (mode 0666 less the umask), `-` to
+/// standard output, an existing device or FIFO in place.
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = AtomicFile::create(path)?;
+    f.write_all(bytes)?;
+    f.commit()
+}
+
+/// Writes `value` as pretty JSON to `path`, atomically (as
+/// [`write_file`]).
 pub fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
     let text = serde_json::to_string_pretty(value).map_err(|e| Error::Output {
         path: path.to_path_buf(),

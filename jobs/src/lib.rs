@@ -52,6 +52,8 @@
 //!   (`outcore train`).
 //! - [`Source`], [`Labels`], [`Partitioned`]: the input layer both jobs
 //!   load through.
+//! - [`timeline`]: a CSV of memory and traffic sampled while a job runs
+//!   (`--timeline`), and its reader.
 //! - [`npy`]: `.npy` arrays in and out; [`write_json`] and
 //!   [`check_writable`] for the other outputs.
 //! - [`Error`], [`Result`].
@@ -63,10 +65,11 @@ mod files;
 mod input;
 pub mod kmeans;
 pub mod npy;
+pub mod timeline;
 pub mod train;
 
 pub use error::{Error, Result};
-pub use files::{check_writable, write_json};
+pub use files::{check_writable, write_file, write_json};
 pub use input::{BlockReader, InputReads, Labels, Partitioned, Source};
 
 /// The unit tests run with the allocator installed, as an application

@@ -331,11 +331,62 @@ impl Runtime {
             .count()
     }
 
+    /// A handle that reads this runtime's counters from any thread (a
+    /// sampler, a progress display) without borrowing the runtime.
+    ///
+    /// ```
+    /// # #[global_allocator]
+    /// # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+    /// let rt = outcore::Runtime::builder().build()?;
+    /// let m = rt.monitor();
+    /// let watcher = std::thread::spawn(move || m.stats().map(|s| s.loads));
+    /// assert_eq!(watcher.join().unwrap(), Some(0));
+    /// # Ok::<(), outcore::Error>(())
+    /// ```
+    pub fn monitor(&self) -> Monitor {
+        Monitor {
+            shared: Arc::downgrade(&self.shared),
+        }
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         // The caller's own unpublished bytes count in the usage and peak.
         crate::alloc::flush_thread();
         Stats::collect(&self.shared.counters, self.shared.cap)
+    }
+}
+
+/// Reads a runtime's counters from another thread; made by
+/// [`Runtime::monitor`]. It does not keep the runtime alive: once the
+/// runtime is dropped, its methods return `None`. Reading never waits for
+/// a task or a load.
+#[derive(Clone, Debug)]
+pub struct Monitor {
+    shared: std::sync::Weak<Shared>,
+}
+
+impl Monitor {
+    /// A snapshot of the counters, as [`Runtime::stats`] gives (without
+    /// the calling thread's unpublished bytes, which a monitoring thread
+    /// does not have); `None` once the runtime is dropped.
+    pub fn stats(&self) -> Option<Stats> {
+        let s = self.shared.upgrade()?;
+        Some(Stats::collect(&s.counters, s.cap))
+    }
+
+    /// Executors in memory now (one scan of the registry, under its lock
+    /// for the scan's duration); `None` once the runtime is dropped.
+    pub fn resident_count(&self) -> Option<usize> {
+        let s = self.shared.upgrade()?;
+        let n = s
+            .registry
+            .lock()
+            .slots
+            .values()
+            .filter(|s| s.state_hint().in_memory())
+            .count();
+        Some(n)
     }
 }
 

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::progress::Feedback;
 use super::{
     file_source, plural, positive, runtime, synthetic_source, warn_dims, warn_failed_writes, Given,
-    MemoryArgs,
+    MemoryArgs, Phases,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -182,7 +182,10 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
             "applies to --algorithm lloyd",
         ),
     }
-    for p in [&a.output, &a.labels, &a.mem.stats].into_iter().flatten() {
+    for p in [&a.output, &a.labels, &a.mem.stats, &a.mem.timeline]
+        .into_iter()
+        .flatten()
+    {
         check_writable(p)?;
     }
     positive("--task-points", a.task_points)?;
@@ -242,6 +245,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
     };
     let (rt, part_bytes) = runtime(&a.mem, default_cap, data_bytes)?;
     let part_bytes = kmeans::aligned_partition_bytes(part_bytes, dims, a.task_points);
+    let phases = Phases::start(&rt, &a.mem, "load")?;
     let mut fb = Feedback::new();
     fb.stage("loading", rows);
     let t = Instant::now();
@@ -253,6 +257,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
         |done, _| fb.progress(done),
     )?;
     let load_seconds = t.elapsed().as_secs_f64();
+    phases.add_reads(ds.input_reads());
     // The start lines wait for the initialisation, which reads the data
     // (k-means++ and random samples read every partition): an input error
     // found on the way is then the only line the user sees.
@@ -323,6 +328,8 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
     let mut init_seconds = 0.0;
     let mut epoch_read = Vec::new();
     let mut epoch_written = Vec::new();
+    let mut run_prefix = String::new();
+    phases.set("init");
     let out = kmeans::run(&rt, &ds, &cfg, |ev| match ev {
         Event::Progress { done, .. } => fb.progress(done),
         Event::Run { index, of } => {
@@ -330,11 +337,14 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
                 fb.line(&l);
             }
             fb.line(&format!("run {}/{of}:", index + 1));
+            run_prefix = format!("run {}: ", index + 1);
+            phases.set(&format!("{run_prefix}init"));
         }
         Event::RunDone { index, inertia } => {
             fb.line(&format!("run {}: final inertia {inertia:.6e}", index + 1));
             fb.stage(&format!("{word} 1/{passes}"), rows);
         }
+        Event::FinalPass => phases.set(&format!("{run_prefix}final pass")),
         Event::Converged { steps, why } => {
             fb.line(&format!(
                 "converged after {}: {}",
@@ -350,6 +360,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
                 fb.line(&l);
             }
             init_seconds = seconds;
+            phases.set(&format!("{run_prefix}{word} 1"));
             let s = rt.stats();
             let read = s.bytes_read + ds.input_bytes_read();
             fb.line(&format!(
@@ -382,10 +393,12 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
             last_read = read;
             if index + 1 < passes {
                 fb.stage(&format!("{word} {}/{passes}", index + 2), rows);
+                phases.set(&format!("{run_prefix}{word} {}", index + 2));
             }
         }
     })?;
     fb.done();
+    phases.set("output");
     if let Some(p) = &a.output {
         npy::write_array(p, &[k as u64, dims as u64], &out.centers.values)?;
     }
@@ -441,6 +454,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
             },
         )?;
     }
+    phases.finish()?;
     warn_failed_writes(&rt, &s);
     let cap = rt
         .cap()

@@ -8,6 +8,7 @@
 mod gen;
 mod interrupt;
 mod kmeans;
+mod plot;
 mod predict;
 mod progress;
 mod train;
@@ -16,7 +17,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 use outcore::{format_bytes, parse_size, EvictionPolicy, MemoryCap, Runtime, Stats};
-use outcore_jobs::{Error, Result, Source};
+use outcore_jobs::timeline::{self, Timeline};
+use outcore_jobs::{Error, InputReads, Result, Source};
 
 pub use interrupt::interrupted;
 
@@ -46,6 +48,9 @@ enum Cmd {
     /// With no arguments: 512 MiB of synthetic data (10 classes) under a
     /// 256 MiB cap.
     Train(Box<train::TrainArgs>),
+    /// Draw a memory timeline (written by --timeline) as a PNG: memory
+    /// against the cap, phases, loads and evictions, disk traffic.
+    Plot(plot::PlotArgs),
 }
 
 /// Memory and runtime flags shared by the jobs.
@@ -72,6 +77,46 @@ struct MemoryArgs {
     /// Write run statistics as JSON to this file.
     #[arg(long, value_name = "FILE")]
     stats: Option<PathBuf>,
+    /// Write a memory timeline to this CSV file: every 50 ms the memory
+    /// accounted and resident, the cap, executors in memory, evictions,
+    /// loads, bytes moved and the phase. `outcore plot` draws it.
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<PathBuf>,
+}
+
+/// The `--timeline` sampler, when one was asked for.
+struct Phases(Option<Timeline>);
+
+impl Phases {
+    /// Starts sampling `rt` into `--timeline`'s file, in phase `first`.
+    fn start(rt: &Runtime, m: &MemoryArgs, first: &str) -> Result<Phases> {
+        Ok(Phases(match &m.timeline {
+            Some(p) => Some(Timeline::start(rt, p, timeline::PERIOD, first)?),
+            None => None,
+        }))
+    }
+
+    /// Sets the phase of the next samples.
+    fn set(&self, name: &str) {
+        if let Some(t) = &self.0 {
+            t.phase(name);
+        }
+    }
+
+    /// Counts an input file's reads in the timeline's bytes read.
+    fn add_reads(&self, r: InputReads) {
+        if let Some(t) = &self.0 {
+            t.add_reads(r);
+        }
+    }
+
+    /// Writes the last sample and closes the file.
+    fn finish(self) -> Result<()> {
+        if let Some(t) = self.0 {
+            t.finish()?;
+        }
+        Ok(())
+    }
 }
 
 /// The flags given on the command line (not defaults), to warn about
@@ -117,6 +162,7 @@ pub fn run(cli: Cli, given: &Given) -> Result<()> {
         Cmd::Predict(a) => predict::run(*a, given),
         Cmd::Gen(a) => gen::run(a),
         Cmd::Train(a) => train::run(*a, given),
+        Cmd::Plot(a) => plot::run(a),
     }
 }
 

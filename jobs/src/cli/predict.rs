@@ -13,7 +13,7 @@ use outcore_jobs::{check_writable, write_json, Error, Result};
 use serde::Serialize;
 
 use super::progress::Feedback;
-use super::{file_source, runtime, warn_dims, warn_failed_writes, Given, MemoryArgs};
+use super::{file_source, runtime, warn_dims, warn_failed_writes, Given, MemoryArgs, Phases};
 
 /// Flags of `outcore predict`.
 #[derive(Args, Debug)]
@@ -80,9 +80,14 @@ enum Predictor {
 pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
     let wall = Instant::now();
     warn_dims(given, Some(&a.input));
-    for p in [Some(&a.labels), a.distances.as_ref(), a.mem.stats.as_ref()]
-        .into_iter()
-        .flatten()
+    for p in [
+        Some(&a.labels),
+        a.distances.as_ref(),
+        a.mem.stats.as_ref(),
+        a.mem.timeline.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
     {
         check_writable(p)?;
     }
@@ -115,8 +120,11 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
     };
     let data_bytes = rows * dims as u64 * 4;
     let (rt, part_bytes) = runtime(&a.mem, MemoryCap::Auto, data_bytes)?;
+    let phases = Phases::start(&rt, &a.mem, "load")?;
     let mut fb = Feedback::new();
     let ds = kmeans::load(&rt, &src, part_bytes, |_, _| {})?;
+    phases.add_reads(ds.input_reads());
+    phases.set("label");
     fb.line(&format!(
         "outcore predict: {rows} points x {dims} dims ({}), {}, cap {}, {} workers",
         format_bytes(data_bytes),
@@ -161,6 +169,7 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
     }
     fb.done();
     let s = rt.stats();
+    phases.finish()?;
     warn_failed_writes(&rt, &s);
     let read = s.bytes_read + ds.input_bytes_read();
     let wall_seconds = wall.elapsed().as_secs_f64();

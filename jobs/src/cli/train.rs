@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::progress::Feedback;
 use super::{
     file_source, plural, positive, runtime, synthetic_source, warn_dims, warn_failed_writes, Given,
-    MemoryArgs,
+    MemoryArgs, Phases,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -170,7 +170,10 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
             "applies to --solver lbfgs",
         ),
     }
-    for p in [&a.output, &a.mem.stats].into_iter().flatten() {
+    for p in [&a.output, &a.mem.stats, &a.mem.timeline]
+        .into_iter()
+        .flatten()
+    {
         check_writable(p)?;
     }
     // Each solver's own settings, checked when that solver runs.
@@ -247,6 +250,7 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
         holdout: a.holdout,
         seed: a.seed,
     };
+    let phases = Phases::start(&rt, &a.mem, "load")?;
     let mut fb = Feedback::new();
     fb.stage("loading", rows);
     let job = train::load(&rt, &src, &labels, classes, shard_bytes, &cfg, |done, _| {
@@ -267,6 +271,11 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers()
     );
+    phases.add_reads(job.input_reads.clone());
+    phases.set(match solver {
+        Solver::Lbfgs => "iteration 1",
+        Solver::Sgd => "round 1",
+    });
     // Bytes read from disk: spill files and the input file.
     let reads = job.input_reads.clone();
     let read = move |s: &Stats| s.bytes_read + reads.bytes();
@@ -301,6 +310,7 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
                 accuracy((cfg.holdout > 0.0).then_some(r.accuracy)),
                 moved(&rt)
             );
+            phases.set(&format!("round {}", r.index + 2));
         })?,
         Solver::Lbfgs => train::train_lbfgs(&rt, &job, &cfg, |it| {
             eprintln!(
@@ -314,6 +324,7 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
                 if it.evaluations == 1 { "" } else { "es" },
                 moved(&rt)
             );
+            phases.set(&format!("iteration {}", it.index + 1));
         })?,
     };
     if let (Some(stop), Some(it)) = (out.stop, &out.last) {
@@ -330,10 +341,12 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
             stop.describe()
         );
     }
+    phases.set("output");
     if let Some(p) = &a.output {
         npy::write_array(p, &[job.classes as u64, job.dims as u64 + 1], &out.model.w)?;
     }
     let s = rt.stats();
+    phases.finish()?;
     warn_failed_writes(&rt, &s);
     let wall_seconds = wall.elapsed().as_secs_f64();
     let final_accuracy = match &out.last {

@@ -42,7 +42,7 @@ impl<T> Partitioned<T> {
 
     /// A counter of the bytes read from the input file, which outlives
     /// this value.
-    pub(crate) fn input_reads(&self) -> InputReads {
+    pub fn input_reads(&self) -> InputReads {
         InputReads(self.input.clone())
     }
 }

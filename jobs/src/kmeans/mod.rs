@@ -390,6 +390,9 @@ pub enum Event {
         /// Why.
         why: Converged,
     },
+    /// The last pass over the data starts: the final inertia (and the
+    /// labels, when asked).
+    FinalPass,
     /// A run finished, with its final inertia (with more than one run).
     RunDone {
         /// Its index (from 0).
@@ -501,6 +504,7 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
     }
     let mut out = best.ok_or_else(|| Error::Input("no run".into()))?;
     if cfg.labels && runs > 1 {
+        on(Event::FinalPass);
         out.labels = final_pass(rt, ds, &out.centers, true, cfg.task_points)?.1;
     }
     out.init_inertia = init_inertia;
@@ -682,6 +686,7 @@ fn run_once(
             steps = epoch_seconds.len();
         }
     }
+    on(Event::FinalPass);
     let (inertia, labels) = final_pass(rt, ds, &centers, labels, cfg.task_points)?;
     Ok(Outcome {
         centers,

@@ -1,0 +1,342 @@
+//! A memory timeline: a CSV of the process's memory and the runtime's
+//! traffic, sampled by a thread of its own while a job runs.
+//!
+//! One row per sample (every 50 ms by default, plus one at the start and
+//! one at the end):
+//!
+//! ```text
+//! time_s,accounted_bytes,rss_bytes,cap_bytes,resident_executors,evictions,loads,bytes_read,bytes_written,phase
+//! 0.000,1187840,6901760,268435456,0,0,0,0,0,load
+//! 0.050,98566144,104407040,268435456,12,0,12,96468992,0,init
+//! ```
+//!
+//! - `accounted_bytes`: what the allocator counts against the cap (the
+//!   runtime's `current_bytes`), `rss_bytes`: the resident set from
+//!   `/proc/self/statm`, `cap_bytes`: the soft cap (empty without one);
+//! - `resident_executors`: executors in memory;
+//! - `evictions`, `loads`, `bytes_read` (spill files and input files read
+//!   again), `bytes_written` (spill files): running totals;
+//! - `phase`: what the job is doing (`load`, `init`, `epoch 3`, ...), as
+//!   set by [`Timeline::phase`].
+//!
+//! The file is written as the run goes (each row is flushed), so it shows
+//! the memory up to a failure too. The sampler reads atomic counters and
+//! scans the executor registry once per sample; it allocates a few hundred
+//! bytes per sample, from a buffer it reuses.
+
+use std::fs::File;
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use outcore::{Monitor, Runtime};
+
+use crate::error::{Error, Result};
+use crate::input::InputReads;
+
+/// The CSV header line.
+pub const HEADER: &str = "time_s,accounted_bytes,rss_bytes,cap_bytes,resident_executors,evictions,loads,bytes_read,bytes_written,phase";
+
+/// The default sampling period.
+pub const PERIOD: Duration = Duration::from_millis(50);
+
+/// State shared with the sampler thread.
+#[derive(Debug, Default)]
+struct Inner {
+    /// The current phase, and whether the sampler must stop.
+    state: Mutex<(String, bool)>,
+    wake: Condvar,
+    /// Input reads to add to `bytes_read` (executors rebuilt from their
+    /// input file), once the data is loaded.
+    inputs: Mutex<Vec<InputReads>>,
+    /// Samples written.
+    rows: AtomicU64,
+}
+
+/// A running timeline; see the module documentation.
+#[derive(Debug)]
+pub struct Timeline {
+    inner: Arc<Inner>,
+    path: PathBuf,
+    thread: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Timeline {
+    /// Creates (or truncates) `path` and starts sampling `rt` every
+    /// `period`, in phase `phase`.
+    pub fn start(rt: &Runtime, path: &Path, period: Duration, phase: &str) -> Result<Timeline> {
+        let file = File::create(path).map_err(|e| Error::io(path, "cannot create", e))?;
+        let inner = Arc::new(Inner {
+            state: Mutex::new((phase.to_string(), false)),
+            ..Inner::default()
+        });
+        let sampler = Sampler {
+            inner: inner.clone(),
+            monitor: rt.monitor(),
+            cap: rt.cap(),
+            out: BufWriter::new(file),
+            statm: File::open("/proc/self/statm").ok(),
+            page: page_size(),
+            start: Instant::now(),
+            line: String::with_capacity(256),
+        };
+        let thread = std::thread::Builder::new()
+            .name("outcore-timeline".into())
+            .spawn(move || sampler.run(period))
+            .map_err(|e| Error::io(path, "cannot start the sampler thread", e))?;
+        Ok(Timeline {
+            inner,
+            path: path.to_path_buf(),
+            thread: Some(thread),
+        })
+    }
+
+    /// Sets the phase recorded from the next sample on.
+    pub fn phase(&self, name: &str) {
+        if let Ok(mut s) = self.inner.state.lock() {
+            s.0.clear();
+            s.0.push_str(name);
+        }
+    }
+
+    /// Adds an input file's reads to the `bytes_read` column.
+    pub fn add_reads(&self, reads: InputReads) {
+        if let Ok(mut v) = self.inner.inputs.lock() {
+            v.push(reads);
+        }
+    }
+
+    /// Writes a last sample, stops the sampler and closes the file; the
+    /// number of samples written.
+    pub fn finish(mut self) -> Result<u64> {
+        self.stop()?;
+        Ok(self.inner.rows.load(Ordering::Relaxed))
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        if let Ok(mut s) = self.inner.state.lock() {
+            s.1 = true;
+        }
+        self.inner.wake.notify_all();
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(Err(e))) => Err(Error::io(&self.path, "cannot write", e)),
+            Some(Err(_)) => Err(Error::Output {
+                path: self.path.clone(),
+                reason: "the sampler thread panicked".into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for Timeline {
+    fn drop(&mut self) {
+        // A run that failed still leaves its timeline up to the failure.
+        let _ = self.stop();
+    }
+}
+
+struct Sampler {
+    inner: Arc<Inner>,
+    monitor: Monitor,
+    cap: Option<u64>,
+    out: BufWriter<File>,
+    statm: Option<File>,
+    page: u64,
+    start: Instant,
+    line: String,
+}
+
+impl Sampler {
+    fn run(mut self, period: Duration) -> std::io::Result<()> {
+        writeln!(self.out, "{HEADER}")?;
+        let mut next = self.start;
+        loop {
+            let stop = self.sample()?;
+            if stop {
+                return self.out.flush();
+            }
+            next += period;
+            let now = Instant::now();
+            if next < now {
+                // Fell behind (a stalled machine): skip the missed ticks.
+                next = now;
+            }
+            let guard = self
+                .inner
+                .state
+                .lock()
+                .map_err(|_| std::io::Error::other("poisoned"))?;
+            if !guard.1 {
+                let _unused = self
+                    .inner
+                    .wake
+                    .wait_timeout_while(guard, next - now, |s| !s.1)
+                    .map_err(|_| std::io::Error::other("poisoned"))?;
+            }
+        }
+    }
+
+    /// Writes one row; whether the sampler was asked to stop (the row is
+    /// then the last one).
+    fn sample(&mut self) -> std::io::Result<bool> {
+        use std::fmt::Write as _;
+        let t = self.start.elapsed().as_secs_f64();
+        let Some(s) = self.monitor.stats() else {
+            return Ok(true);
+        };
+        let resident = self.monitor.resident_count().unwrap_or(0);
+        let rss = self.rss();
+        let input: u64 = self
+            .inner
+            .inputs
+            .lock()
+            .map(|v| v.iter().map(InputReads::bytes).sum())
+            .unwrap_or(0);
+        let (phase, stop) = match self.inner.state.lock() {
+            Ok(g) => (g.0.clone(), g.1),
+            Err(_) => (String::new(), true),
+        };
+        self.line.clear();
+        let _ = write!(
+            self.line,
+            "{t:.3},{},{},{},{resident},{},{},{},{},{}",
+            s.current_bytes,
+            rss,
+            self.cap.map_or(String::new(), |c| c.to_string()),
+            s.evictions,
+            s.loads,
+            s.bytes_read + input,
+            s.bytes_written,
+            csv_field(&phase),
+        );
+        writeln!(self.out, "{}", self.line)?;
+        self.out.flush()?;
+        self.inner.rows.fetch_add(1, Ordering::Relaxed);
+        Ok(stop)
+    }
+
+    /// The resident set size in bytes (0 where `/proc` is missing).
+    fn rss(&mut self) -> u64 {
+        let Some(f) = &mut self.statm else { return 0 };
+        let mut buf = [0u8; 128];
+        let n = f
+            .seek(SeekFrom::Start(0))
+            .and_then(|_| f.read(&mut buf))
+            .unwrap_or(0);
+        std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(0, |pages| pages * self.page)
+    }
+}
+
+/// `s` as a CSV field (quoted when it holds a comma or a quote).
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions; it returns -1 on error.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(p).unwrap_or(4096)
+}
+
+/// One row of a timeline file, as read back (by `outcore plot` and tests).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    /// Seconds since the start.
+    pub time_s: f64,
+    /// Bytes accounted against the cap.
+    pub accounted_bytes: u64,
+    /// Resident set size.
+    pub rss_bytes: u64,
+    /// The cap, if any.
+    pub cap_bytes: Option<u64>,
+    /// Executors in memory.
+    pub resident_executors: u64,
+    /// Evictions so far.
+    pub evictions: u64,
+    /// Loads so far.
+    pub loads: u64,
+    /// Bytes read so far.
+    pub bytes_read: u64,
+    /// Bytes written so far.
+    pub bytes_written: u64,
+    /// The phase.
+    pub phase: String,
+}
+
+/// Reads a timeline file.
+pub fn read(path: &Path) -> Result<Vec<Sample>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, "cannot read", e))?;
+    let bad = |line: usize, why: &str| {
+        Error::Input(format!(
+            "{}: line {line}: {why} (not an outcore timeline?)",
+            path.display()
+        ))
+    };
+    let mut lines = text.lines();
+    if lines.next().map(str::trim) != Some(HEADER) {
+        return Err(bad(1, "unexpected header"));
+    }
+    let mut out = Vec::new();
+    for (i, l) in lines.enumerate() {
+        if l.trim().is_empty() {
+            continue;
+        }
+        let mut f = l.splitn(10, ',');
+        let mut next = || f.next().unwrap_or("");
+        let num = |s: &str| {
+            s.trim()
+                .parse::<u64>()
+                .map_err(|_| bad(i + 2, "bad number"))
+        };
+        let time_s = next()
+            .trim()
+            .parse::<f64>()
+            .map_err(|_| bad(i + 2, "bad time"))?;
+        let accounted_bytes = num(next())?;
+        let rss_bytes = num(next())?;
+        let cap = next();
+        let cap_bytes = if cap.trim().is_empty() {
+            None
+        } else {
+            Some(num(cap)?)
+        };
+        let resident_executors = num(next())?;
+        let evictions = num(next())?;
+        let loads = num(next())?;
+        let bytes_read = num(next())?;
+        let bytes_written = num(next())?;
+        let phase = next().trim();
+        let phase = phase
+            .strip_prefix('"')
+            .and_then(|p| p.strip_suffix('"'))
+            .map_or_else(|| phase.to_string(), |p| p.replace("\"\"", "\""));
+        out.push(Sample {
+            time_s,
+            accounted_bytes,
+            rss_bytes,
+            cap_bytes,
+            resident_executors,
+            evictions,
+            loads,
+            bytes_read,
+            bytes_written,
+            phase,
+        });
+    }
+    if out.is_empty() {
+        return Err(bad(2, "no samples"));
+    }
+    Ok(out)
+}
