@@ -73,7 +73,7 @@ impl Timeline {
             state: Mutex::new((phase.to_string(), false)),
             ..Inner::default()
         });
-        let sampler = Sampler {
+        let mut sampler = Sampler {
             inner: inner.clone(),
             monitor: rt.monitor(),
             cap: rt.cap(),
@@ -83,6 +83,11 @@ impl Timeline {
             start: Instant::now(),
             line: String::with_capacity(256),
         };
+        // The header and the first sample, here: the first phase is in
+        // the file however late the thread starts.
+        let io = |e| Error::io(path, "cannot write", e);
+        writeln!(sampler.out, "{HEADER}").map_err(io)?;
+        sampler.sample().map_err(io)?;
         let thread = std::thread::Builder::new()
             .name("outcore-timeline".into())
             .spawn(move || sampler.run(period))
@@ -152,30 +157,29 @@ struct Sampler {
 
 impl Sampler {
     fn run(mut self, period: Duration) -> std::io::Result<()> {
-        writeln!(self.out, "{HEADER}")?;
         let mut next = self.start;
         loop {
-            let stop = self.sample()?;
-            if stop {
-                return self.out.flush();
-            }
             next += period;
             let now = Instant::now();
             if next < now {
                 // Fell behind (a stalled machine): skip the missed ticks.
                 next = now;
             }
-            let guard = self
-                .inner
-                .state
-                .lock()
-                .map_err(|_| std::io::Error::other("poisoned"))?;
-            if !guard.1 {
-                let _unused = self
-                    .inner
-                    .wake
-                    .wait_timeout_while(guard, next - now, |s| !s.1)
+            {
+                let inner = &self.inner;
+                let guard = inner
+                    .state
+                    .lock()
                     .map_err(|_| std::io::Error::other("poisoned"))?;
+                if !guard.1 {
+                    let _unused = inner
+                        .wake
+                        .wait_timeout_while(guard, next - now, |s| !s.1)
+                        .map_err(|_| std::io::Error::other("poisoned"))?;
+                }
+            }
+            if self.sample()? {
+                return self.out.flush();
             }
         }
     }

@@ -406,6 +406,8 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
         let as_i32: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
         npy::write_array(p, &[labels.len() as u64], &as_i32)?;
     }
+    // The timeline ends where the totals are taken, so they agree.
+    phases.finish()?;
     let s = rt.stats();
     let wall_seconds = wall.elapsed().as_secs_f64();
     if let Some(p) = &a.mem.stats {
@@ -454,7 +456,6 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
             },
         )?;
     }
-    phases.finish()?;
     warn_failed_writes(&rt, &s);
     let cap = rt
         .cap()

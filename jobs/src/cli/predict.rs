@@ -168,8 +168,8 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
         w.finish()?;
     }
     fb.done();
-    let s = rt.stats();
     phases.finish()?;
+    let s = rt.stats();
     warn_failed_writes(&rt, &s);
     let read = s.bytes_read + ds.input_bytes_read();
     let wall_seconds = wall.elapsed().as_secs_f64();

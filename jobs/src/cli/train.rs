@@ -345,8 +345,8 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
     if let Some(p) = &a.output {
         npy::write_array(p, &[job.classes as u64, job.dims as u64 + 1], &out.model.w)?;
     }
-    let s = rt.stats();
     phases.finish()?;
+    let s = rt.stats();
     warn_failed_writes(&rt, &s);
     let wall_seconds = wall.elapsed().as_secs_f64();
     let final_accuracy = match &out.last {
