@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""In-memory speed, side by side on the same data, init and cores: an
+outcore Lloyd iteration against faiss.Kmeans (pip faiss-cpu), and the
+distance step's arithmetic rate against OpenBLAS sgemm (numpy's matmul) on
+the K-means shape (task rows x D times D x k).
+
+    python3 benches/inmemory.py                  # 512 MiB, k = 100, 1000-D, 5 iterations
+    python3 benches/inmemory.py --data 1GiB --k 256 --iterations 8
+
+Needs numpy and faiss-cpu, and a release build of outcore
+(cargo build --release -p outcore-jobs --bin outcore). Prints a markdown
+table; nothing is asserted (the machine is shared and noisy: compare the
+ratios, measured in the same run).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUTCORE = os.path.join(ROOT, "target", "release", "outcore")
+
+
+def size(s):
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    for u, m in units.items():
+        if s.endswith(u):
+            return int(float(s[: -len(u)]) * m)
+    return int(s)
+
+
+def run(args):
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{args[0]} failed: {r.stderr.strip()}")
+    return r
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", default="512MiB")
+    p.add_argument("--dims", type=int, default=1000)
+    p.add_argument("--k", type=int, default=100)
+    p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("--task-points", type=int, default=1100)
+    a = p.parse_args()
+    import faiss
+
+    threads = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory() as tmp:
+        x_path = os.path.join(tmp, "x.npy")
+        run([OUTCORE, "gen", "--synthetic", a.data, "--dims", str(a.dims), "--output", x_path])
+        x = np.load(x_path)
+        n, d = x.shape
+        rng = np.random.default_rng(0)
+        init = x[rng.choice(n, a.k, replace=False)].copy()
+        init_path = os.path.join(tmp, "init.npy")
+        np.save(init_path, init)
+
+        # outcore: Lloyd, every iteration, no cap.
+        stats = os.path.join(tmp, "s.json")
+        run([OUTCORE, "kmeans", "--input", x_path, "--init", init_path, "--algorithm", "lloyd",
+             "--iterations", str(a.iterations), "--tol", "0", "--mem-cap", "none",
+             "--task-points", str(a.task_points), "--stats", stats])
+        s = json.load(open(stats))
+        oc = sorted(s["epoch_seconds"][1:] or s["epoch_seconds"])
+        oc_iter = oc[len(oc) // 2]
+
+        # faiss: the same init, no subsampling, the same number of iterations.
+        km = faiss.Kmeans(d, a.k, niter=a.iterations, verbose=False,
+                          max_points_per_centroid=n, seed=1)
+        t = time.perf_counter()
+        km.train(x, init_centroids=init)
+        fa_iter = (time.perf_counter() - t) / a.iterations
+
+        # OpenBLAS sgemm on the distance step's shape, one task block at a
+        # time as outcore computes it, and on the whole data at once.
+        blk = x[: a.task_points]
+        c = init
+        flops_blk = 2.0 * blk.shape[0] * d * a.k
+        reps = max(20, int(2e10 / flops_blk))
+        blk @ c.T
+        t = time.perf_counter()
+        for _ in range(reps):
+            blk @ c.T
+        sg_blk = flops_blk * reps / (time.perf_counter() - t) / 1e9
+        t = time.perf_counter()
+        x @ c.T
+        sg_all = 2.0 * n * d * a.k / (time.perf_counter() - t) / 1e9
+        oc_rate = 2.0 * n * d * a.k / oc_iter / 1e9
+
+    print(f"| {a.data} ({n} x {d}), k = {a.k}, {threads} threads | seconds per Lloyd iteration | GFLOP/s (2 n d k / time) |")
+    print("|---|---|---|")
+    print(f"| outcore (median of iterations 2..{a.iterations}) | {oc_iter:.3f} | {oc_rate:.1f} |")
+    print(f"| faiss.Kmeans {faiss.__version__} | {fa_iter:.3f} | {2.0 * n * d * a.k / fa_iter / 1e9:.1f} |")
+    print(f"| OpenBLAS sgemm, {a.task_points}-row blocks | | {sg_blk:.1f} |")
+    print(f"| OpenBLAS sgemm, all rows at once | | {sg_all:.1f} |")
+    print()
+    print(f"faiss / outcore per iteration: {fa_iter / oc_iter:.2f}; outcore / sgemm (blocks): {oc_rate / sg_blk:.2f}")
+    # The same work: the objective of each assignment (before the update),
+    # iteration by iteration. They part when a cluster empties: faiss
+    # splits a large cluster to refill it, outcore (as scikit-learn) keeps
+    # the empty centre where it is.
+    oc_obj = s["epoch_inertia"]
+    both = min(len(oc_obj), len(km.obj))
+    print("objective per iteration (outcore / faiss):",
+          ", ".join(f"{oc_obj[i]:.6e} / {km.obj[i]:.6e}" for i in range(both)))
+
+
+if __name__ == "__main__":
+    main()
