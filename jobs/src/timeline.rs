@@ -19,8 +19,8 @@
 //! - `phase`: what the job is doing (`load`, `init`, `epoch 3`, ...), as
 //!   set by [`Timeline::phase`].
 //!
-//! The file is written as the run goes (each row is flushed), so it shows
-//! the memory up to a failure too. The sampler reads atomic counters and
+//! The file (`-`: standard output) is written as the run goes (each row
+//! is flushed), so it shows the memory up to a failure too. The sampler reads atomic counters and
 //! scans the executor registry once per sample; it allocates a few hundred
 //! bytes per sample, from a buffer it reuses.
 
@@ -65,10 +65,14 @@ pub struct Timeline {
 }
 
 impl Timeline {
-    /// Creates (or truncates) `path` and starts sampling `rt` every
-    /// `period`, in phase `phase`.
+    /// Creates (or truncates) `path` (`-`: standard output) and starts
+    /// sampling `rt` every `period`, in phase `phase`.
     pub fn start(rt: &Runtime, path: &Path, period: Duration, phase: &str) -> Result<Timeline> {
-        let file = File::create(path).map_err(|e| Error::io(path, "cannot create", e))?;
+        let file: Box<dyn Write + Send> = if path == Path::new("-") {
+            Box::new(std::io::stdout())
+        } else {
+            Box::new(File::create(path).map_err(|e| Error::io(path, "cannot create", e))?)
+        };
         let inner = Arc::new(Inner {
             state: Mutex::new((phase.to_string(), false)),
             ..Inner::default()
@@ -148,7 +152,7 @@ struct Sampler {
     inner: Arc<Inner>,
     monitor: Monitor,
     cap: Option<u64>,
-    out: BufWriter<File>,
+    out: BufWriter<Box<dyn Write + Send>>,
     statm: Option<File>,
     page: u64,
     start: Instant,

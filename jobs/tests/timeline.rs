@@ -251,3 +251,29 @@ fn plot_draws_a_png_and_rejects_what_is_not_a_timeline() {
         assert!(!out.exists());
     }
 }
+
+#[test]
+fn a_timeline_can_go_to_standard_output() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outcore"))
+        .args([
+            "kmeans",
+            "--synthetic",
+            "8MiB",
+            "--dims",
+            "32",
+            "--k",
+            "4",
+            "--mem-cap",
+            "none",
+            "--timeline",
+            "-",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some(timeline::HEADER));
+    assert!(lines.count() >= 2, "{text}");
+    assert!(!Path::new("-").exists(), "a file named '-' was created");
+}
