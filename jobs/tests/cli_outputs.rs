@@ -277,3 +277,23 @@ fn flags_that_do_not_apply_are_warned_about() {
         }
     }
 }
+
+/// The start and summary lines speak the user's words (the flag values),
+/// never Rust's debug names.
+#[test]
+fn the_summary_uses_user_facing_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_in(dir.path(), 0o022, &["--policy", "lru"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("mini-batch"), "{err}");
+    assert!(err.contains("policy lru"), "{err}");
+    for rust_name in ["Minibatch", "MiniBatch", "Lru", "Priority", "Some(", "None"] {
+        assert!(!err.contains(rust_name), "{rust_name} in: {err}");
+    }
+    let out = run_in(dir.path(), 0o022, &["--algorithm", "lloyd"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Lloyd") && err.contains("policy priority"),
+        "{err}"
+    );
+}
