@@ -60,6 +60,27 @@ impl MemoryCap {
             MemoryCap::Auto => Some(auto_cap(&detect_limits())),
         }
     }
+
+    /// The cap in bytes for one of `ranks` processes sharing the node
+    /// (MPI ranks on one host, for example): for [`MemoryCap::Auto`], the
+    /// node's memory limits (cgroup, physical memory) are divided among
+    /// them, each share less its own headroom, while `RLIMIT_AS`, which
+    /// every process has whole, is not. A size or `None` is per process,
+    /// as given. `ranks` of 0 counts as 1.
+    ///
+    /// ```
+    /// use outcore::MemoryCap;
+    /// let one = MemoryCap::Auto.resolve_shared(1).unwrap();
+    /// let four = MemoryCap::Auto.resolve_shared(4).unwrap();
+    /// assert!(four <= one);
+    /// assert_eq!(MemoryCap::Bytes(1 << 30).resolve_shared(4), Some(1 << 30));
+    /// ```
+    pub fn resolve_shared(&self, ranks: usize) -> Option<u64> {
+        match self {
+            MemoryCap::Auto => Some(auto_cap_shared(&detect_limits(), ranks)),
+            other => other.resolve(),
+        }
+    }
 }
 
 impl FromStr for MemoryCap {
@@ -155,10 +176,19 @@ pub(crate) fn detect_limits() -> Limits {
 /// `RLIMIT_AS` less 25% (at least 256 MiB), since address space also holds
 /// code, stacks and mappings jemalloc keeps. At least 16 MiB.
 pub(crate) fn auto_cap(l: &Limits) -> u64 {
+    auto_cap_shared(l, 1)
+}
+
+/// [`auto_cap`] for one of `ranks` processes on the node: the memory
+/// limit divided among them, each share less 5% (at least 64 MiB);
+/// `RLIMIT_AS` (per process) as in [`auto_cap`].
+pub(crate) fn auto_cap_shared(l: &Limits, ranks: usize) -> u64 {
+    let ranks = ranks.max(1) as u64;
     let mem = [l.cgroup, l.physical]
         .into_iter()
         .flatten()
         .min()
+        .map(|m| m / ranks)
         .map(|m| m.saturating_sub((m / 20).max(64 << 20)));
     let vm = l
         .rlimit_as
@@ -258,6 +288,45 @@ fn parse_cgroup_value(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_divides_the_node_memory_among_ranks_but_not_rlimit_as() {
+        const G: u64 = 1 << 30;
+        const M: u64 = 1 << 20;
+        let phys = Limits {
+            cgroup: None,
+            rlimit_as: None,
+            physical: Some(16 * G),
+        };
+        assert_eq!(auto_cap_shared(&phys, 1), auto_cap(&phys));
+        assert_eq!(auto_cap_shared(&phys, 0), auto_cap(&phys));
+        // 4 ranks: 4 GiB each, less 5% of that.
+        assert_eq!(auto_cap_shared(&phys, 4), 4 * G - (4 * G) / 20);
+        // The smaller of cgroup and physical memory is the node's limit.
+        let cg = Limits {
+            cgroup: Some(8 * G),
+            rlimit_as: None,
+            physical: Some(64 * G),
+        };
+        assert_eq!(auto_cap_shared(&cg, 4), 2 * G - (2 * G) / 20);
+        // Small shares keep 64 MiB of headroom each.
+        assert_eq!(auto_cap_shared(&cg, 32), 256 * M - 64 * M);
+        // RLIMIT_AS binds each process whole: not divided.
+        let vm = Limits {
+            cgroup: None,
+            rlimit_as: Some(2 * G),
+            physical: Some(64 * G),
+        };
+        assert_eq!(auto_cap_shared(&vm, 2), 2 * G - 512 * M);
+        let vm8 = Limits {
+            rlimit_as: Some(8 * G),
+            ..vm
+        };
+        // 16 ranks: the memory share (4 GiB less 5%) binds, not 8 GiB / 16.
+        assert_eq!(auto_cap_shared(&vm8, 16), 4 * G - (4 * G) / 20);
+        // Never below 16 MiB, however many ranks.
+        assert_eq!(auto_cap_shared(&cg, 10_000), 16 * M);
+    }
 
     #[test]
     fn sizes_parse() {
