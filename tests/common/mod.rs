@@ -87,10 +87,15 @@ pub fn run_child_with(
     env: &[(&str, &str)],
 ) -> ChildOutput {
     let exe = std::env::current_exe().expect("current exe");
+    // The child's temporary directory (its default spill directory): a
+    // child that aborts on purpose cannot remove its spill directory, and
+    // this one goes when the parent returns.
+    let tmp = tempfile::tempdir().expect("temporary directory");
     let mut cmd = Command::new(exe);
     cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_VAR, test)
         .env("RUST_BACKTRACE", "0")
+        .env("TMPDIR", tmp.path())
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
