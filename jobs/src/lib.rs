@@ -65,6 +65,7 @@ mod files;
 mod input;
 pub mod kmeans;
 pub mod npy;
+pub mod ranks;
 pub mod timeline;
 pub mod train;
 

@@ -29,11 +29,25 @@ fn main() -> ExitCode {
                 eprint!("{}", e.render());
                 return ExitCode::from(2);
             }
-            eprintln!("{}", condense(&e.to_string()));
+            // Under mpirun every rank parses the same arguments: rank 0
+            // alone says what is wrong.
+            let rank = ["OMPI_COMM_WORLD_RANK", "PMI_RANK"]
+                .iter()
+                .find_map(|v| std::env::var(v).ok());
+            if rank.is_none_or(|r| r == "0") {
+                eprintln!("{}", condense(&e.to_string()));
+            }
             return ExitCode::from(2);
         }
     };
-    match cli::run(args.0, &args.1) {
+    let ranks = match ranks() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("outcore: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli::run(args.0, &args.1, &ranks) {
         Ok(()) => ExitCode::SUCCESS,
         Err(_) if cli::interrupted() => {
             // The signal handler is removing the spill files and exits the
@@ -42,11 +56,48 @@ fn main() -> ExitCode {
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
         }
+        Err(e) if ranks.size() > 1 => {
+            // One line naming the rank, then every rank ends (MPI_Abort):
+            // none is left waiting in a collective. The other ranks wait a
+            // moment first, so that an error every rank meets (a missing
+            // file) is printed once, by rank 0.
+            if !ranks.is_root() {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+            }
+            eprintln!(
+                "outcore: error: rank {} of {}: {e}",
+                ranks.rank(),
+                ranks.size()
+            );
+            ranks.abort(2)
+        }
         Err(e) => {
             eprintln!("outcore: error: {e}");
             ExitCode::from(2)
         }
     }
+}
+
+/// The MPI ranks this process is one of (built with the `mpi` feature and
+/// started by an MPI launcher), or a single process: started directly,
+/// the MPI-enabled binary does not initialise MPI at all (no address
+/// space mapped for it, the same code path as the plain binary).
+#[cfg(feature = "mpi")]
+fn ranks() -> outcore_jobs::Result<outcore_jobs::ranks::Ranks> {
+    let launched = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+    if launched {
+        outcore_jobs::ranks::Ranks::init()
+    } else {
+        Ok(outcore_jobs::ranks::Ranks::single())
+    }
+}
+
+/// A single process (built without the `mpi` feature).
+#[cfg(not(feature = "mpi"))]
+fn ranks() -> outcore_jobs::Result<outcore_jobs::ranks::Ranks> {
+    Ok(outcore_jobs::ranks::Ranks::single())
 }
 
 /// clap's error message in at most three lines: what is wrong (with the

@@ -50,9 +50,23 @@ fn check_common(t: &[Sample], st: &serde_json::Value, cap: Option<u64>) {
     }
     assert!(t.iter().all(|x| x.cap_bytes == cap), "cap column");
     assert!(t.iter().any(|x| x.rss_bytes > 0), "no RSS");
+    // The last sample is taken as the timeline closes, just before the
+    // totals: a prefetch finishing in between can add a load and an
+    // eviction, no more.
     let last = &t[t.len() - 1];
-    assert_eq!(last.evictions, st["evictions"].as_u64().unwrap());
-    assert_eq!(last.loads, st["loads"].as_u64().unwrap());
+    for (sampled, total, what) in [
+        (
+            last.evictions,
+            st["evictions"].as_u64().unwrap(),
+            "evictions",
+        ),
+        (last.loads, st["loads"].as_u64().unwrap(), "loads"),
+    ] {
+        assert!(
+            sampled <= total && total <= sampled + 2,
+            "{what}: {sampled} in the timeline, {total} in the stats"
+        );
+    }
     assert_eq!(last.bytes_written, st["bytes_written"].as_u64().unwrap());
 }
 

@@ -43,7 +43,9 @@ pub(super) fn install_cleanup() {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        eprintln!("outcore: interrupted; spill files removed");
+        if !super::silent() {
+            eprintln!("outcore: interrupted; spill files removed");
+        }
         std::process::exit(130);
     });
 }

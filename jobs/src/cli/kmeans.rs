@@ -6,13 +6,14 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use outcore::{format_bytes, MemoryCap, Stats};
 use outcore_jobs::kmeans::{self, Algorithm, Config, Event, Init};
+use outcore_jobs::ranks::Ranks;
 use outcore_jobs::{check_writable, npy, write_json, Error, Result, Source};
 use serde::Serialize;
 
 use super::progress::Feedback;
 use super::{
     file_source, plural, positive, runtime, synthetic_source, warn_dims, warn_failed_writes, Given,
-    MemoryArgs, Phases,
+    MemoryArgs, Phases, RankStats,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -53,6 +54,12 @@ pub(super) struct KmeansArgs {
     /// Mini-batch: points per task.
     #[arg(long, default_value_t = 1100)]
     task_points: usize,
+    /// Shards the tasks are cut into: the order of every sum, and the
+    /// unit spread over MPI processes (at least one each; at most
+    /// --batch-tasks are used). Results depend on it, not on the number of
+    /// processes.
+    #[arg(long, value_name = "S", default_value_t = 8)]
+    shards: usize,
     /// Convergence tolerance, relative to the data's mean per-feature
     /// variance (scikit-learn's tol). Lloyd stops when the squared centre
     /// shift of an iteration is at most this (default 1e-4); mini-batch
@@ -152,14 +159,20 @@ struct KmeansStats<'a> {
     load_seconds: f64,
     /// The initialisation (k-means++, random or given centres).
     init_seconds: f64,
+    /// Per process (the largest, under MPI).
     mem_cap_bytes: Option<u64>,
     policy: &'a str,
     workers: usize,
+    /// Rank 0's runtime counters.
     runtime: &'a Stats,
+    /// MPI processes; the counters above are their totals, `peak_bytes`
+    /// and `wall_seconds` the largest.
+    processes: usize,
+    per_process: &'a [RankStats],
 }
 
 /// Runs `outcore kmeans`.
-pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
+pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     let wall = Instant::now();
     warn_dims(given, a.data.input.as_deref());
     if a.data.input.is_some() {
@@ -182,13 +195,16 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
             "applies to --algorithm lloyd",
         ),
     }
+    // Rank 0 writes the outputs.
     for p in [&a.output, &a.labels, &a.mem.stats, &a.mem.timeline]
         .into_iter()
         .flatten()
+        .filter(|_| ranks.is_root())
     {
         check_writable(p)?;
     }
     positive("--task-points", a.task_points)?;
+    positive("--shards", a.shards)?;
     positive("--batch-tasks", a.batch_tasks)?;
     positive("--epochs", a.epochs)?;
     positive("--iterations", a.iterations)?;
@@ -224,7 +240,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
                 }
             }
             if a.n_init > 1 {
-                eprintln!(
+                say!(
                     "outcore: warning: --n-init {} with --init {file}: every run would start from the same centres; running once",
                     a.n_init
                 );
@@ -237,59 +253,6 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
         return Err(Error::Input(format!(
             "--k {k} is larger than the number of points ({rows})"
         )));
-    }
-    let data_bytes = rows * dims as u64 * 4;
-    let default_cap = match a.data.input {
-        None => MemoryCap::Bytes(1 << 30),
-        Some(_) => MemoryCap::Auto,
-    };
-    let (rt, part_bytes) = runtime(&a.mem, default_cap, data_bytes)?;
-    let part_bytes = kmeans::aligned_partition_bytes(part_bytes, dims, a.task_points);
-    let phases = Phases::start(&rt, &a.mem, "load")?;
-    let mut fb = Feedback::new();
-    fb.stage("loading", rows);
-    let t = Instant::now();
-    let ds = kmeans::load_weighted(
-        &rt,
-        &src,
-        a.sample_weight.as_deref(),
-        part_bytes,
-        |done, _| fb.progress(done),
-    )?;
-    let load_seconds = t.elapsed().as_secs_f64();
-    phases.add_reads(ds.input_reads());
-    // The start lines wait for the initialisation, which reads the data
-    // (k-means++ and random samples read every partition): an input error
-    // found on the way is then the only line the user sees.
-    let mut intro = vec![format!(
-        "outcore kmeans: {rows} points x {dims} dims ({}), k = {k}, {}, cap {}, {} workers, policy {}",
-        format_bytes(data_bytes),
-        match a.algorithm {
-            AlgorithmArg::Minibatch => "mini-batch",
-            AlgorithmArg::Lloyd => "Lloyd",
-        },
-        rt.cap().map_or("none".into(), format_bytes),
-        rt.workers(),
-        rt.policy()
-    )];
-    if ds.lazy {
-        intro.push(format!(
-            "{} of {}, read from the {} as the run needs them",
-            plural(ds.parts.len(), "partition"),
-            format_bytes(part_bytes.min(data_bytes)),
-            if a.data.input.is_some() {
-                "input"
-            } else {
-                "generator"
-            }
-        ));
-    } else {
-        intro.push(format!(
-            "loaded {} of {} in {:.1}s",
-            plural(ds.parts.len(), "partition"),
-            format_bytes(part_bytes.min(data_bytes)),
-            load_seconds
-        ));
     }
     let cfg = Config {
         k,
@@ -310,7 +273,92 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
         }),
         max_no_improvement: a.max_no_improvement,
         n_init: a.n_init,
+        shards: a.shards,
     };
+    let processes = ranks.size();
+    let share = if processes > 1 {
+        let sh = kmeans::shards(rows, &cfg);
+        if sh.count() < processes {
+            return Err(Error::Input(format!(
+                "{processes} processes, but the data makes only {} shards ({} tasks of --task-points {}; --shards {}, --batch-tasks {}): give --shards and --batch-tasks at least {processes}",
+                sh.count(),
+                sh.task_count(),
+                a.task_points,
+                a.shards,
+                a.batch_tasks
+            )));
+        }
+        Some(kmeans::rank_rows(rows, &cfg, ranks.rank(), processes))
+    } else {
+        None
+    };
+    let data_bytes = rows * dims as u64 * 4;
+    let default_cap = match a.data.input {
+        None => MemoryCap::Bytes(1 << 30),
+        Some(_) => MemoryCap::Auto,
+    };
+    let (rt, part_bytes) = runtime(&a.mem, default_cap, data_bytes, ranks)?;
+    let part_bytes = kmeans::aligned_partition_bytes(part_bytes, dims, a.task_points);
+    // Under MPI, the timeline is rank 0's.
+    let phases = if ranks.is_root() {
+        Phases::start(&rt, &a.mem, "load")?
+    } else {
+        Phases(None)
+    };
+    let mut fb = Feedback::new();
+    fb.stage("loading", rows);
+    let t = Instant::now();
+    let ds = kmeans::load_rows(
+        &rt,
+        &src,
+        a.sample_weight.as_deref(),
+        share,
+        part_bytes,
+        |done, _| fb.progress(done),
+    )?;
+    let load_seconds = t.elapsed().as_secs_f64();
+    phases.add_reads(ds.input_reads());
+    // The start lines wait for the initialisation, which reads the data
+    // (k-means++ and random samples read every partition): an input error
+    // found on the way is then the only line the user sees.
+    let mut intro = vec![format!(
+        "outcore kmeans: {rows} points x {dims} dims ({}), k = {k}, {}, cap {}, {} workers, policy {}",
+        format_bytes(data_bytes),
+        match a.algorithm {
+            AlgorithmArg::Minibatch => "mini-batch",
+            AlgorithmArg::Lloyd => "Lloyd",
+        },
+        rt.cap().map_or("none".into(), format_bytes),
+        rt.workers(),
+        rt.policy()
+    )];
+    if processes > 1 {
+        intro.push(format!(
+            "{processes} processes, {} shards: rank 0 holds rows {}..{}; cap, workers and partitions per process",
+            kmeans::shards(rows, &cfg).count(),
+            ds.first_row,
+            ds.first_row + ds.part_rows.iter().map(|&n| u64::from(n)).sum::<u64>()
+        ));
+    }
+    if ds.lazy {
+        intro.push(format!(
+            "{} of {}, read from the {} as the run needs them",
+            plural(ds.parts.len(), "partition"),
+            format_bytes(part_bytes.min(data_bytes)),
+            if a.data.input.is_some() {
+                "input"
+            } else {
+                "generator"
+            }
+        ));
+    } else {
+        intro.push(format!(
+            "loaded {} of {} in {:.1}s",
+            plural(ds.parts.len(), "partition"),
+            format_bytes(part_bytes.min(data_bytes)),
+            load_seconds
+        ));
+    }
     let passes = match cfg.algorithm {
         Algorithm::MiniBatch => cfg.epochs,
         Algorithm::Lloyd => cfg.iterations,
@@ -330,7 +378,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
     let mut epoch_written = Vec::new();
     let mut run_prefix = String::new();
     phases.set("init");
-    let out = kmeans::run(&rt, &ds, &cfg, |ev| match ev {
+    let out = kmeans::run_on(&rt, &ds, &cfg, ranks, |ev| match ev {
         Event::Progress { done, .. } => fb.progress(done),
         Event::Run { index, of } => {
             for l in intro.drain(..) {
@@ -399,7 +447,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
     })?;
     fb.done();
     phases.set("output");
-    if let Some(p) = &a.output {
+    if let (Some(p), true) = (&a.output, ranks.is_root()) {
         npy::write_array(p, &[k as u64, dims as u64], &out.centers.values)?;
     }
     if let (Some(p), Some(labels)) = (&a.labels, &out.labels) {
@@ -410,6 +458,13 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
     phases.finish()?;
     let s = rt.stats();
     let wall_seconds = wall.elapsed().as_secs_f64();
+    let mine = RankStats::of(ranks.rank(), &rt, &s, ds.input_bytes_read(), wall_seconds);
+    warn_failed_writes(&rt, &s);
+    // Every rank's figures, on rank 0 (the others are done).
+    let Some(per) = RankStats::gather(mine, ranks)? else {
+        return Ok(());
+    };
+    let tot = RankStats::total(&per);
     if let Some(p) = &a.mem.stats {
         write_json(
             p,
@@ -437,39 +492,46 @@ pub(super) fn run(a: KmeansArgs, given: &Given) -> Result<()> {
                 best_init: out.best_init,
                 init_inertia: &out.init_inertia,
                 weighted: a.sample_weight.is_some(),
-                evictions: s.evictions,
-                trap_evictions: s.trap_evictions,
-                clean_evictions: s.clean_evictions,
-                loads: s.loads,
-                prefetch_hits: s.prefetch_hits,
-                bytes_written: s.bytes_written,
-                bytes_read: s.bytes_read + ds.input_bytes_read(),
-                input_bytes_read: ds.input_bytes_read(),
-                peak_bytes: s.peak_bytes,
-                wall_seconds,
+                evictions: tot.evictions,
+                trap_evictions: tot.trap_evictions,
+                clean_evictions: tot.clean_evictions,
+                loads: tot.loads,
+                prefetch_hits: tot.prefetch_hits,
+                bytes_written: tot.bytes_written,
+                bytes_read: tot.bytes_read,
+                input_bytes_read: tot.input_bytes_read,
+                peak_bytes: tot.peak_bytes,
+                wall_seconds: tot.wall_seconds,
                 load_seconds,
                 init_seconds,
-                mem_cap_bytes: rt.cap(),
+                mem_cap_bytes: per.iter().filter_map(|r| r.mem_cap_bytes).max(),
                 policy: &rt.policy().to_string(),
                 workers: rt.workers(),
                 runtime: &s,
+                processes,
+                per_process: &per,
             },
         )?;
     }
-    warn_failed_writes(&rt, &s);
     let cap = rt
         .cap()
         .map_or("no cap".into(), |c| format!("cap {}", format_bytes(c)));
-    eprintln!(
-        "done in {wall_seconds:.1}s: final inertia {:.6e}; peak {} ({cap}); evictions {} (clean {}, in the trap {}), loads {}, read {}, written {}",
+    let (peak, each) = if processes > 1 {
+        ("largest peak", " per process")
+    } else {
+        ("peak", "")
+    };
+    say!(
+        "done in {:.1}s: final inertia {:.6e}; {peak} {} ({cap}{each}); evictions {} (clean {}, in the trap {}), loads {}, read {}, written {}",
+        tot.wall_seconds,
         out.inertia,
-        format_bytes(s.peak_bytes),
-        s.evictions,
-        s.clean_evictions,
-        s.trap_evictions,
-        s.loads,
-        format_bytes(s.bytes_read + ds.input_bytes_read()),
-        format_bytes(s.bytes_written),
+        format_bytes(tot.peak_bytes),
+        tot.evictions,
+        tot.clean_evictions,
+        tot.trap_evictions,
+        tot.loads,
+        format_bytes(tot.bytes_read),
+        format_bytes(tot.bytes_written),
     );
     Ok(())
 }

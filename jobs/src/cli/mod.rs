@@ -5,6 +5,16 @@
 //! before the library sees it, so that a bad value is reported by the flag
 //! the user typed.
 
+/// `eprintln!` on rank 0 only: the other ranks of an MPI run stay quiet
+/// (their errors still print).
+macro_rules! say {
+    ($($t:tt)*) => {
+        if !$crate::cli::silent() {
+            eprintln!($($t)*);
+        }
+    };
+}
+
 mod gen;
 mod interrupt;
 mod kmeans;
@@ -15,10 +25,22 @@ mod train;
 
 use std::path::{Path, PathBuf};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use clap::{Args, Parser, Subcommand};
 use outcore::{format_bytes, parse_size, EvictionPolicy, MemoryCap, Runtime, Stats};
+use outcore_jobs::ranks::Ranks;
 use outcore_jobs::timeline::{self, Timeline};
 use outcore_jobs::{Error, InputReads, Result, Source};
+use serde::Serialize;
+
+/// Set on MPI ranks other than 0: they print no progress or summaries.
+static SILENT: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process prints no progress (an MPI rank other than 0).
+pub(crate) fn silent() -> bool {
+    SILENT.load(Ordering::Relaxed)
+}
 
 pub use interrupt::interrupted;
 
@@ -148,21 +170,123 @@ impl Given {
     fn warn_unused(&self, flags: &[(&str, &str)], why: &str) {
         for (id, flag) in flags {
             if self.has(id) {
-                eprintln!("outcore: warning: {flag} {why}; ignored");
+                say!("outcore: warning: {flag} {why}; ignored");
             }
         }
     }
 }
 
-/// Runs a parsed command line; `given` tells which flags were typed.
-pub fn run(cli: Cli, given: &Given) -> Result<()> {
+/// Runs a parsed command line as one of `ranks`; `given` tells which
+/// flags were typed.
+pub fn run(cli: Cli, given: &Given, ranks: &Ranks) -> Result<()> {
     interrupt::install_cleanup();
+    SILENT.store(!ranks.is_root(), Ordering::Relaxed);
+    let one = |what: &str| -> Result<()> {
+        if ranks.size() > 1 {
+            return Err(Error::Input(format!(
+                "outcore {what} runs on one process; it was started on {}",
+                ranks.size()
+            )));
+        }
+        Ok(())
+    };
     match cli.cmd {
-        Cmd::Kmeans(a) => kmeans::run(*a, given),
-        Cmd::Predict(a) => predict::run(*a, given),
-        Cmd::Gen(a) => gen::run(a),
-        Cmd::Train(a) => train::run(*a, given),
-        Cmd::Plot(a) => plot::run(a),
+        Cmd::Kmeans(a) => kmeans::run(*a, given, ranks),
+        Cmd::Predict(a) => one("predict").and_then(|()| predict::run(*a, given)),
+        Cmd::Gen(a) => one("gen").and_then(|()| gen::run(a)),
+        Cmd::Train(a) => train::run(*a, given, ranks),
+        Cmd::Plot(a) => one("plot").and_then(|()| plot::run(a)),
+    }
+}
+
+/// One rank's figures in `--stats`.
+#[derive(Serialize, Debug, Clone, Copy)]
+struct RankStats {
+    rank: usize,
+    peak_bytes: u64,
+    evictions: u64,
+    trap_evictions: u64,
+    clean_evictions: u64,
+    loads: u64,
+    prefetch_hits: u64,
+    bytes_written: u64,
+    /// Spill files and input file together.
+    bytes_read: u64,
+    input_bytes_read: u64,
+    wall_seconds: f64,
+    mem_cap_bytes: Option<u64>,
+}
+
+impl RankStats {
+    fn of(rank: usize, rt: &Runtime, s: &Stats, input_read: u64, wall: f64) -> RankStats {
+        RankStats {
+            rank,
+            peak_bytes: s.peak_bytes,
+            evictions: s.evictions,
+            trap_evictions: s.trap_evictions,
+            clean_evictions: s.clean_evictions,
+            loads: s.loads,
+            prefetch_hits: s.prefetch_hits,
+            bytes_written: s.bytes_written,
+            bytes_read: s.bytes_read + input_read,
+            input_bytes_read: input_read,
+            wall_seconds: wall,
+            mem_cap_bytes: rt.cap(),
+        }
+    }
+
+    /// Every rank's figures, on rank 0 (`None` elsewhere). Collective.
+    fn gather(mine: RankStats, ranks: &Ranks) -> Result<Option<Vec<RankStats>>> {
+        let row = [
+            mine.peak_bytes as f64,
+            mine.evictions as f64,
+            mine.trap_evictions as f64,
+            mine.clean_evictions as f64,
+            mine.loads as f64,
+            mine.prefetch_hits as f64,
+            mine.bytes_written as f64,
+            mine.bytes_read as f64,
+            mine.input_bytes_read as f64,
+            mine.wall_seconds,
+            mine.mem_cap_bytes.map_or(-1.0, |c| c as f64),
+        ];
+        Ok(ranks.gather_rows(&row)?.map(|rows| {
+            rows.iter()
+                .enumerate()
+                .map(|(rank, r)| RankStats {
+                    rank,
+                    peak_bytes: r[0] as u64,
+                    evictions: r[1] as u64,
+                    trap_evictions: r[2] as u64,
+                    clean_evictions: r[3] as u64,
+                    loads: r[4] as u64,
+                    prefetch_hits: r[5] as u64,
+                    bytes_written: r[6] as u64,
+                    bytes_read: r[7] as u64,
+                    input_bytes_read: r[8] as u64,
+                    wall_seconds: r[9],
+                    mem_cap_bytes: (r[10] >= 0.0).then_some(r[10] as u64),
+                })
+                .collect()
+        }))
+    }
+
+    /// The ranks' counters added up; the largest peak and wall time.
+    fn total(all: &[RankStats]) -> RankStats {
+        let mut t = all[0];
+        for r in &all[1..] {
+            t.peak_bytes = t.peak_bytes.max(r.peak_bytes);
+            t.evictions += r.evictions;
+            t.trap_evictions += r.trap_evictions;
+            t.clean_evictions += r.clean_evictions;
+            t.loads += r.loads;
+            t.prefetch_hits += r.prefetch_hits;
+            t.bytes_written += r.bytes_written;
+            t.bytes_read += r.bytes_read;
+            t.input_bytes_read += r.input_bytes_read;
+            t.wall_seconds = t.wall_seconds.max(r.wall_seconds);
+        }
+        t
     }
 }
 
@@ -242,13 +366,23 @@ fn synthetic_source(size: &str, dims: usize, true_k: usize, seed: u64) -> Result
 /// Builds the runtime from the memory flags (`default_cap` when
 /// `--mem-cap` is not given); returns it and the partition size in bytes
 /// for `data_bytes` of data.
-fn runtime(m: &MemoryArgs, default_cap: MemoryCap, data_bytes: u64) -> Result<(Runtime, u64)> {
+fn runtime(
+    m: &MemoryArgs,
+    default_cap: MemoryCap,
+    data_bytes: u64,
+    ranks: &Ranks,
+) -> Result<(Runtime, u64)> {
     if m.partitions == Some(0) {
         return Err(Error::Input("--partitions must be at least 1".into()));
     }
-    let mut b = Runtime::builder()
-        .mem_cap(m.mem_cap.unwrap_or(default_cap))
-        .policy(m.policy);
+    let mut cap = m.mem_cap.unwrap_or(default_cap);
+    // `auto` on a node shared with other ranks: its share of the node.
+    if cap == MemoryCap::Auto && ranks.on_node() > 1 {
+        if let Some(b) = cap.resolve_shared(ranks.on_node()) {
+            cap = MemoryCap::Bytes(b);
+        }
+    }
+    let mut b = Runtime::builder().mem_cap(cap).policy(m.policy);
     if let Some(w) = m.workers {
         b = b.workers(positive("--workers", w)?);
     }

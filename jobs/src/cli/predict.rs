@@ -119,7 +119,12 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
         Predictor::Model(m) => m.classes as usize,
     };
     let data_bytes = rows * dims as u64 * 4;
-    let (rt, part_bytes) = runtime(&a.mem, MemoryCap::Auto, data_bytes)?;
+    let (rt, part_bytes) = runtime(
+        &a.mem,
+        MemoryCap::Auto,
+        data_bytes,
+        &outcore_jobs::ranks::Ranks::single(),
+    )?;
     let phases = Phases::start(&rt, &a.mem, "load")?;
     let mut fb = Feedback::new();
     let ds = kmeans::load(&rt, &src, part_bytes, |_, _| {})?;

@@ -19,7 +19,7 @@ impl Feedback {
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
-        if std::io::stderr().is_terminal() {
+        if std::io::stderr().is_terminal() && !super::silent() {
             let b = ProgressBar::new(total);
             let style = ProgressStyle::with_template(
                 "{msg:>12} [{bar:40}] {percent:>3}% {elapsed_precise} eta {eta}",
@@ -43,7 +43,7 @@ impl Feedback {
     pub(super) fn line(&self, msg: &str) {
         match &self.bar {
             Some(b) => b.println(msg),
-            None => eprintln!("{msg}"),
+            None => say!("{msg}"),
         }
     }
 

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use outcore::{format_bytes, MemoryCap, Stats};
+use outcore_jobs::ranks::Ranks;
 use outcore_jobs::train::{self, Solver, TrainConfig};
 use outcore_jobs::{check_writable, npy, write_json, Error, Labels, Result};
 use serde::Serialize;
@@ -12,7 +13,7 @@ use serde::Serialize;
 use super::progress::Feedback;
 use super::{
     file_source, plural, positive, runtime, synthetic_source, warn_dims, warn_failed_writes, Given,
-    MemoryArgs, Phases,
+    MemoryArgs, Phases, RankStats,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -91,6 +92,11 @@ pub(super) struct TrainArgs {
     /// all rows, no accuracy reported).
     #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     holdout: f64,
+    /// L-BFGS: shards the tasks are cut into: the order of every sum, and
+    /// the unit spread over MPI processes (at least one each). The model
+    /// depends on it, not on the number of processes.
+    #[arg(long, value_name = "S", default_value_t = 8)]
+    shards: usize,
     /// Write the model (float32, classes x (D + 1), bias last) to this .npy
     /// file.
     #[arg(long, value_name = "FILE")]
@@ -141,12 +147,18 @@ struct TrainStats<'a> {
     input_bytes_read: u64,
     peak_bytes: u64,
     wall_seconds: f64,
+    /// Per process (the largest, under MPI).
     mem_cap_bytes: Option<u64>,
+    /// Rank 0's runtime counters.
     runtime: &'a Stats,
+    /// MPI processes; the counters above are their totals, `peak_bytes`
+    /// and `wall_seconds` the largest.
+    processes: usize,
+    per_process: &'a [RankStats],
 }
 
 /// Runs `outcore train`.
-pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
+pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     let wall = Instant::now();
     warn_dims(given, a.input.as_deref());
     if a.input.is_some() {
@@ -170,9 +182,17 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
             "applies to --solver lbfgs",
         ),
     }
+    positive("--shards", a.shards)?;
+    if ranks.size() > 1 && matches!(a.solver, SolverArg::Sgd) {
+        return Err(Error::Input(
+            "--solver sgd does not run on several processes (its model depends on the sharding); --solver lbfgs does".into(),
+        ));
+    }
+    // Rank 0 writes the outputs.
     for p in [&a.output, &a.mem.stats, &a.mem.timeline]
         .into_iter()
         .flatten()
+        .filter(|_| ranks.is_root())
     {
         check_writable(p)?;
     }
@@ -230,7 +250,7 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
         Some(_) => MemoryCap::Auto,
     };
     // A shard holds 4 bytes per value and 4 per label.
-    let (rt, shard_bytes) = runtime(&a.mem, default_cap, rows * (dims as u64 * 4 + 4))?;
+    let (rt, shard_bytes) = runtime(&a.mem, default_cap, rows * (dims as u64 * 4 + 4), ranks)?;
     // Whole L-BFGS tasks per shard: the model does not depend on the
     // sharding.
     let shard_bytes = train::aligned_shard_bytes(shard_bytes, dims);
@@ -249,15 +269,36 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
         batch: a.batch,
         holdout: a.holdout,
         seed: a.seed,
+        shards: a.shards,
     };
-    let phases = Phases::start(&rt, &a.mem, "load")?;
+    // Under MPI, the timeline is rank 0's.
+    let phases = if ranks.is_root() {
+        Phases::start(&rt, &a.mem, "load")?
+    } else {
+        Phases(None)
+    };
     let mut fb = Feedback::new();
     fb.stage("loading", rows);
-    let job = train::load(&rt, &src, &labels, classes, shard_bytes, &cfg, |done, _| {
-        fb.progress(done)
-    })?;
+    let job = train::load_on(
+        &rt,
+        &src,
+        &labels,
+        classes,
+        shard_bytes,
+        &cfg,
+        ranks,
+        |done, _| fb.progress(done),
+    )?;
     fb.done();
-    eprintln!(
+    if ranks.size() > 1 {
+        say!(
+            "{} processes: rank 0 holds rows {}..{}; cap, workers and shards per process",
+            ranks.size(),
+            job.first_row,
+            job.first_row + job.shard_rows.iter().map(|&n| u64::from(n)).sum::<u64>()
+        );
+    }
+    say!(
         "outcore train: {} rows x {} dims ({}), {} classes, {}, {}, cap {}, {} workers",
         job.rows,
         job.dims,
@@ -302,7 +343,7 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
     };
     let out = match solver {
         Solver::Sgd => train::train(&rt, &job, &cfg, |r| {
-            eprintln!(
+            say!(
                 "round {}/{}: {:.2}s{}, {}",
                 r.index + 1,
                 cfg.rounds,
@@ -312,8 +353,8 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
             );
             phases.set(&format!("round {}", r.index + 2));
         })?,
-        Solver::Lbfgs => train::train_lbfgs(&rt, &job, &cfg, |it| {
-            eprintln!(
+        Solver::Lbfgs => train::train_lbfgs_on(&rt, &job, &cfg, ranks, |it| {
+            say!(
                 "iteration {}: {:.2}s, objective {:.6e}, max |gradient| {:.2e}{}, {} pass{}, {}",
                 it.index,
                 it.seconds,
@@ -328,7 +369,7 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
         })?,
     };
     if let (Some(stop), Some(it)) = (out.stop, &out.last) {
-        eprintln!(
+        say!(
             "{} after {} iteration{} ({} passes): {}",
             if stop.converged() {
                 "converged"
@@ -342,13 +383,19 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
         );
     }
     phases.set("output");
-    if let Some(p) = &a.output {
+    if let (Some(p), true) = (&a.output, ranks.is_root()) {
         npy::write_array(p, &[job.classes as u64, job.dims as u64 + 1], &out.model.w)?;
     }
     phases.finish()?;
     let s = rt.stats();
     warn_failed_writes(&rt, &s);
     let wall_seconds = wall.elapsed().as_secs_f64();
+    let mine = RankStats::of(ranks.rank(), &rt, &s, job.input_reads.bytes(), wall_seconds);
+    // Every rank's figures, on rank 0 (the others are done).
+    let Some(per) = RankStats::gather(mine, ranks)? else {
+        return Ok(());
+    };
+    let tot = RankStats::total(&per);
     let final_accuracy = match &out.last {
         Some(it) => it.accuracy,
         None => out
@@ -396,31 +443,39 @@ pub(super) fn run(a: TrainArgs, given: &Given) -> Result<()> {
                 grad_max: out.last.as_ref().map(|i| i.grad_max),
                 evaluations: out.last.as_ref().map(|i| i.evaluations),
                 final_accuracy,
-                evictions: s.evictions,
-                trap_evictions: s.trap_evictions,
-                clean_evictions: s.clean_evictions,
-                loads: s.loads,
-                bytes_written: s.bytes_written,
-                bytes_read: read(&s),
-                input_bytes_read: job.input_reads.bytes(),
-                peak_bytes: s.peak_bytes,
-                wall_seconds,
-                mem_cap_bytes: rt.cap(),
+                evictions: tot.evictions,
+                trap_evictions: tot.trap_evictions,
+                clean_evictions: tot.clean_evictions,
+                loads: tot.loads,
+                bytes_written: tot.bytes_written,
+                bytes_read: tot.bytes_read,
+                input_bytes_read: tot.input_bytes_read,
+                peak_bytes: tot.peak_bytes,
+                wall_seconds: tot.wall_seconds,
+                mem_cap_bytes: per.iter().filter_map(|r| r.mem_cap_bytes).max(),
                 runtime: &s,
+                processes: ranks.size(),
+                per_process: &per,
             },
         )?;
     }
-    eprintln!(
-        "done in {wall_seconds:.1}s: {}peak {}; evictions {}, loads {}, read {}, written {}",
+    say!(
+        "done in {:.1}s: {}{} {}; evictions {}, loads {}, read {}, written {}",
+        tot.wall_seconds,
         final_accuracy.map_or(String::new(), |a| format!(
             "held-out accuracy {:.2}%; ",
             a * 100.0
         )),
-        format_bytes(s.peak_bytes),
-        s.evictions,
-        s.loads,
-        format_bytes(read(&s)),
-        format_bytes(s.bytes_written)
+        if ranks.size() > 1 {
+            "largest peak"
+        } else {
+            "peak"
+        },
+        format_bytes(tot.peak_bytes),
+        tot.evictions,
+        tot.loads,
+        format_bytes(tot.bytes_read),
+        format_bytes(tot.bytes_written)
     );
     Ok(())
 }

@@ -22,8 +22,12 @@ pub struct Partitioned<T> {
     pub parts: Vec<Handle<T>>,
     /// Rows in each block.
     pub part_rows: Vec<u32>,
-    /// Total rows.
+    /// Rows of the whole dataset.
     pub rows: u64,
+    /// Global index of the first row held here: 0, unless the dataset was
+    /// loaded as one rank's share of the rows (then the blocks hold rows
+    /// `first_row..first_row + part_rows.sum()`).
+    pub first_row: u64,
     /// Columns.
     pub dims: usize,
     /// The executors are built when first needed (from the input file or
@@ -89,6 +93,9 @@ pub(crate) struct Loader<'a> {
     pub part_bytes: u64,
     /// Executors are named `"{name} {index}"`.
     pub name: &'a str,
+    /// Only these rows (one rank's share), when given; [`Loader::load_lazy`]
+    /// only.
+    pub range: Option<(u64, u64)>,
 }
 
 /// How a block's values reach the task that builds its executor.
@@ -127,6 +134,11 @@ impl Loader<'_> {
     {
         let mut rows_src = Rows::open(self.source)?;
         let (rows, dims) = (rows_src.rows(), rows_src.dims());
+        if self.range.is_some_and(|r| r != (0, rows)) {
+            return Err(Error::Input(
+                "standard input and compressed .npz members can only be read whole, in order: they cannot be split among processes".into(),
+            ));
+        }
         let blobs = match &rows_src {
             Rows::Synthetic(b, _) => Some(Arc::new(b.clone())),
             _ => None,
@@ -245,6 +257,7 @@ impl Loader<'_> {
                 parts,
                 part_rows,
                 rows,
+                first_row: 0,
                 dims,
                 lazy: false,
                 input: None,
@@ -515,15 +528,23 @@ impl Loader<'_> {
             None => None,
         };
         let build: BuildFn<T> = Arc::new(build);
-        // The same blocks as `load`'s: 4 bytes per value and per label.
+        // The same blocks as `load`'s: 4 bytes per value and per label;
+        // for one rank's share, blocks from the share's first row.
         let row_bytes = 4 * dims as u64 + if self.labels.is_some() { 4 } else { 0 };
         let per = (self.part_bytes / row_bytes.max(1)).clamp(1, u64::from(u32::MAX));
-        let nparts = rows.div_ceil(per);
+        let range = self.range.map_or(0..rows, |(a, b)| a..b);
+        if range.start > range.end || range.end > rows {
+            return Err(Error::Input(format!(
+                "rows {}..{} asked of data with {rows} rows",
+                range.start, range.end
+            )));
+        }
+        let nparts = (range.end - range.start).div_ceil(per);
         let mut parts = Vec::with_capacity(nparts as usize);
         let mut part_rows = Vec::with_capacity(nparts as usize);
         for p in 0..nparts {
-            let first = p * per;
-            let n = per.min(rows - first) as usize;
+            let first = range.start + p * per;
+            let n = per.min(range.end - first) as usize;
             let name = format!("{} {p}", self.name);
             let size = n as u64 * bytes_per_row;
             let size = usize::try_from(size).unwrap_or(usize::MAX);
@@ -568,6 +589,7 @@ impl Loader<'_> {
             parts,
             part_rows,
             rows,
+            first_row: range.start,
             dims,
             lazy: true,
             input: match &lazy {

@@ -109,12 +109,28 @@ pub fn load_weighted(
     part_bytes: u64,
     progress: impl FnMut(u64, u64),
 ) -> Result<Dataset> {
+    load_rows(rt, src, weights, None, part_bytes, progress)
+}
+
+/// [`load_weighted`], of rows `rows` only when given: one rank's share
+/// (see [`super::rank_rows`]). Each partition is read (or generated) from
+/// its own rows only. Sources that can only be read whole and in order
+/// (standard input, compressed `.npz` members) cannot be split.
+pub fn load_rows(
+    rt: &Runtime,
+    src: &Source,
+    weights: Option<&Path>,
+    rows: Option<std::ops::Range<u64>>,
+    part_bytes: u64,
+    progress: impl FnMut(u64, u64),
+) -> Result<Dataset> {
     let loader = Loader {
         source: src,
         labels: None,
         weights,
         part_bytes,
         name: "partition",
+        range: rows.map(|r| (r.start, r.end)),
     };
     // A row takes its values, its norm and its weight.
     let bytes_per_row = 4 * src.shape()?.1 as u64 + if weights.is_some() { 8 } else { 4 };

@@ -9,8 +9,16 @@
 //!
 //! Distances use the GEMM identity `|x - c|^2 = |x|^2 - 2 x.c + |c|^2`
 //! (matrixmultiply's `sgemm`). Each task returns per-cluster sums and counts
-//! for its rows; the driver adds them up in submission order, so results
-//! are bit-for-bit the same whatever the cap, the policy or the timing.
+//! for its rows. The tasks (blocks of `task_points` global rows) are cut
+//! into [`Config::shards`] shards of consecutive tasks; a step adds its
+//! tasks' sums shard by shard, in task order, then the shards' sums in
+//! shard order ([`Ranks::ordered_sum`]), so results are bit-for-bit the
+//! same whatever the cap, the policy, the timing or the number of
+//! processes the shards are spread over ([`run_on`]).
+//!
+//! A mini-batch step takes `batch_tasks / shards` consecutive tasks from
+//! every shard (the batch spans the data, so every process has work in
+//! every step), and an epoch walks the shards side by side.
 //!
 //! **Empty clusters**: a centre that receives no point in a step (a
 //! mini-batch or a Lloyd iteration) keeps its position.
@@ -23,10 +31,11 @@ use std::time::Instant;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
-pub use data::{load, load_weighted, Dataset, Partition};
+pub use data::{load, load_rows, load_weighted, Dataset, Partition};
 
 use crate::error::{Error, Result};
 use crate::input::mix;
+use crate::ranks::{Ranks, Shards};
 use outcore::Runtime;
 
 /// The centres, shared read-only with tasks.
@@ -311,6 +320,11 @@ pub struct Config {
     /// Runs from different initialisations (the first from `seed`); the
     /// one with the lowest final inertia is kept.
     pub n_init: usize,
+    /// Shards the tasks are cut into (at most `batch_tasks` and the number
+    /// of tasks are used): the unit of the reductions' order and of the
+    /// split among processes, so at least the number of processes. The
+    /// results depend on it, never on the number of processes.
+    pub shards: usize,
 }
 
 impl Default for Config {
@@ -328,6 +342,7 @@ impl Default for Config {
             tol: 0.0,
             max_no_improvement: None,
             n_init: 1,
+            shards: 8,
         }
     }
 }
@@ -427,31 +442,257 @@ pub struct Outcome {
     pub init_inertia: Vec<f64>,
 }
 
-/// A task: rows `start..start+len` of partition `part`.
+/// A task's piece in one partition: rows `start..start+len` of partition
+/// `part`, part of global task `task`.
 #[derive(Clone, Copy, Debug)]
 struct Chunk {
     part: usize,
     start: usize,
     len: usize,
+    task: u64,
 }
 
-/// The chunks of one sweep, partition after partition.
+/// The dataset's rows cut at global task boundaries (multiples of
+/// `task_points` rows) and at partition boundaries, in row order: with
+/// partitions a whole number of tasks, one chunk per task.
 fn chunks(ds: &Dataset, task_points: usize) -> Vec<Chunk> {
+    let tp = task_points.max(1) as u64;
     let mut v = Vec::new();
+    let mut first = ds.first_row;
     for (part, &rows) in ds.part_rows.iter().enumerate() {
-        let mut start = 0usize;
-        while start < rows as usize {
-            let len = task_points.min(rows as usize - start);
-            v.push(Chunk { part, start, len });
-            start += len;
+        let end = first + u64::from(rows);
+        let mut r = first;
+        while r < end {
+            let task = r / tp;
+            let stop = ((task + 1) * tp).min(end);
+            v.push(Chunk {
+                part,
+                start: (r - first) as usize,
+                len: (stop - r) as usize,
+                task,
+            });
+            r = stop;
         }
+        first = end;
     }
     v
 }
 
+/// The shards of `rows` rows under `cfg`: tasks of `task_points` global
+/// rows, in `min(shards, batch_tasks, tasks)` shards.
+pub fn shards(rows: u64, cfg: &Config) -> Shards {
+    let tasks = rows.div_ceil(cfg.task_points.max(1) as u64);
+    Shards::new(tasks, cfg.shards.min(cfg.batch_tasks).max(1))
+}
+
+/// The rows rank `rank` of `ranks` holds (its shards' tasks): load them
+/// with [`load_rows`] and run with [`run_on`].
+pub fn rank_rows(rows: u64, cfg: &Config, rank: usize, ranks: usize) -> std::ops::Range<u64> {
+    let t = shards(rows, cfg).tasks_of_rank(rank, ranks);
+    let tp = cfg.task_points.max(1) as u64;
+    (t.start * tp).min(rows)..(t.end * tp).min(rows)
+}
+
+/// Where this process's tasks are.
+struct Plan<'a> {
+    ranks: &'a Ranks,
+    shards: Shards,
+    /// This process's shards.
+    mine: std::ops::Range<usize>,
+    chunks: Vec<Chunk>,
+    /// Index in `chunks` of each local task's first chunk, and the end.
+    task_at: Vec<usize>,
+    /// First local task.
+    t0: u64,
+    tp: u64,
+    rows: u64,
+}
+
+impl<'a> Plan<'a> {
+    fn new(ranks: &'a Ranks, ds: &Dataset, cfg: &Config) -> Result<Plan<'a>> {
+        let shards = shards(ds.rows, cfg);
+        if shards.count() < ranks.size() {
+            return Err(Error::Input(format!(
+                "{} processes, but the data makes only {} shards ({} tasks of {} rows, at most {} per batch and {} shards asked): at least one shard per process is needed",
+                ranks.size(),
+                shards.count(),
+                shards.task_count(),
+                cfg.task_points,
+                cfg.batch_tasks,
+                cfg.shards
+            )));
+        }
+        let want = rank_rows(ds.rows, cfg, ranks.rank(), ranks.size());
+        let held: u64 = ds.part_rows.iter().map(|&n| u64::from(n)).sum();
+        if want != (ds.first_row..ds.first_row + held) {
+            return Err(Error::Input(format!(
+                "process {} of {} holds rows {}..{}, but its shards are rows {}..{}",
+                ranks.rank(),
+                ranks.size(),
+                ds.first_row,
+                ds.first_row + held,
+                want.start,
+                want.end
+            )));
+        }
+        let tp = cfg.task_points.max(1) as u64;
+        let chunks = chunks(ds, cfg.task_points);
+        let mine = shards.of_rank(ranks.rank(), ranks.size());
+        let tasks = shards.tasks_of_rank(ranks.rank(), ranks.size());
+        let mut task_at = Vec::with_capacity((tasks.end - tasks.start) as usize + 1);
+        for (i, c) in chunks.iter().enumerate() {
+            if task_at.len() as u64 <= c.task - tasks.start {
+                task_at.push(i);
+            }
+        }
+        task_at.push(chunks.len());
+        Ok(Plan {
+            ranks,
+            shards,
+            mine,
+            chunks,
+            task_at,
+            t0: tasks.start,
+            tp,
+            rows: ds.rows,
+        })
+    }
+
+    /// The chunks of local task `t` (global index).
+    fn task(&self, t: u64) -> &[Chunk] {
+        let i = (t - self.t0) as usize;
+        &self.chunks[self.task_at[i]..self.task_at[i + 1]]
+    }
+
+    /// Rows of global task `t`.
+    fn task_rows(&self, t: u64) -> u64 {
+        (self.rows - t * self.tp).min(self.tp)
+    }
+
+    /// Mini-batch: tasks each shard gives a batch (`batch_tasks` spread
+    /// over the shards).
+    fn per_batch(&self, s: usize, batch_tasks: usize) -> u64 {
+        let n = self.shards.count();
+        ((s + 1) * batch_tasks / n - s * batch_tasks / n) as u64
+    }
+
+    /// Mini-batch: the tasks shard `s` gives to batch `b`.
+    fn batch_tasks(&self, s: usize, b: u64, batch_tasks: usize) -> std::ops::Range<u64> {
+        let r = self.shards.tasks(s);
+        let q = self.per_batch(s, batch_tasks);
+        let a = (r.start + b * q).min(r.end);
+        a..(a + q).min(r.end)
+    }
+
+    /// Mini-batch: batches in an epoch.
+    fn batches(&self, batch_tasks: usize) -> u64 {
+        (0..self.shards.count())
+            .map(|s| {
+                let r = self.shards.tasks(s);
+                (r.end - r.start).div_ceil(self.per_batch(s, batch_tasks).max(1))
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Rows held by this process.
+    fn local_rows(&self) -> u64 {
+        self.chunks.iter().map(|c| c.len as u64).sum()
+    }
+
+    /// Declares the order an epoch first touches the local partitions in.
+    fn declare(&self, rt: &Runtime, ds: &Dataset, tasks: impl Iterator<Item = u64>) {
+        let mut seen = vec![false; ds.parts.len()];
+        let mut order = Vec::with_capacity(ds.parts.len());
+        for t in tasks {
+            for c in self.task(t) {
+                if !seen[c.part] {
+                    seen[c.part] = true;
+                    order.push(ds.parts[c.part].id());
+                }
+            }
+        }
+        rt.hint_cycle(order);
+    }
+
+    /// This process's tasks in row order, each with its shard (counted
+    /// from the first local one).
+    fn local_tasks(&self) -> Vec<(u64, usize)> {
+        self.mine
+            .clone()
+            .flat_map(|s| self.shards.tasks(s).map(move |t| (t, s)))
+            .map(|(t, s)| (t, s - self.mine.start))
+            .collect()
+    }
+}
+
+/// The layout of a step's sums in one vector: per-cluster sums (`k x d`),
+/// cluster weights (`k`), the inertia, and with `stats` the column sums
+/// and sums of squares (`d` each).
+#[derive(Clone, Copy)]
+struct Packed {
+    k: usize,
+    d: usize,
+    stats: bool,
+}
+
+impl Packed {
+    fn len(self) -> usize {
+        self.k * self.d + self.k + 1 + if self.stats { 2 * self.d } else { 0 }
+    }
+
+    /// Adds a task's partial results to `acc`.
+    fn fold(self, acc: &mut [f64], p: &Partial) {
+        let (k, d) = (self.k, self.d);
+        add(&mut acc[..k * d], &p.sums);
+        add(&mut acc[k * d..k * d + k], &p.wsum);
+        acc[k * d + k] += p.inertia;
+        if self.stats {
+            let at = k * d + k + 1;
+            add(&mut acc[at..at + d], &p.colsum);
+            add(&mut acc[at + d..at + 2 * d], &p.colsq);
+        }
+    }
+
+    fn unpack(self, mut v: Vec<f64>) -> Reduced {
+        let (k, d) = (self.k, self.d);
+        let at = k * d + k + 1;
+        let (colsum, colsq) = if self.stats {
+            (v[at..at + d].to_vec(), v[at + d..at + 2 * d].to_vec())
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let inertia = v[k * d + k];
+        let wsum = v[k * d..k * d + k].to_vec();
+        v.truncate(k * d);
+        Reduced {
+            sums: v,
+            wsum,
+            inertia,
+            colsum,
+            colsq,
+        }
+    }
+}
+
 /// Runs K-means on a loaded dataset: `cfg.n_init` runs (one with given
 /// centres), the best kept.
-pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) -> Result<Outcome> {
+pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, on: impl FnMut(Event)) -> Result<Outcome> {
+    run_on(rt, ds, cfg, &Ranks::single(), on)
+}
+
+/// [`run`] as one of `ranks`, each holding its share of the rows (loaded
+/// with [`load_rows`] for [`rank_rows`]). Collective: every rank calls it
+/// with the same configuration, and every rank gets the same centres,
+/// bit for bit those of one process; the labels, when asked, are all on
+/// rank 0 (none on the others).
+pub fn run_on(
+    rt: &Runtime,
+    ds: &Dataset,
+    cfg: &Config,
+    ranks: &Ranks,
+    mut on: impl FnMut(Event),
+) -> Result<Outcome> {
     if cfg.k == 0 {
         return Err(Error::Input("k must be at least 1".into()));
     }
@@ -461,9 +702,9 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
             cfg.k, ds.rows
         )));
     }
-    if cfg.task_points == 0 || cfg.batch_tasks == 0 || cfg.n_init == 0 {
+    if cfg.task_points == 0 || cfg.batch_tasks == 0 || cfg.n_init == 0 || cfg.shards == 0 {
         return Err(Error::Input(
-            "task_points, batch_tasks and n_init must be at least 1".into(),
+            "task_points, batch_tasks, shards and n_init must be at least 1".into(),
         ));
     }
     if !(cfg.tol.is_finite() && cfg.tol >= 0.0) {
@@ -472,6 +713,7 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
             cfg.tol
         )));
     }
+    let plan = Plan::new(ranks, ds, cfg)?;
     // Given centres make every run the same.
     let runs = if matches!(cfg.init, Init::Given(_)) {
         1
@@ -489,7 +731,7 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
         } else {
             mix(cfg.seed ^ 0x6e69_6e69, r as u64)
         };
-        let mut o = run_once(rt, ds, cfg, seed, cfg.labels && runs == 1, &mut on)?;
+        let mut o = run_once(rt, ds, cfg, &plan, seed, cfg.labels && runs == 1, &mut on)?;
         if runs > 1 {
             on(Event::RunDone {
                 index: r,
@@ -505,7 +747,7 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, mut on: impl FnMut(Event)) 
     let mut out = best.ok_or_else(|| Error::Input("no run".into()))?;
     if cfg.labels && runs > 1 {
         on(Event::FinalPass);
-        out.labels = final_pass(rt, ds, &out.centers, true, cfg.task_points)?.1;
+        out.labels = final_pass(rt, ds, &plan, &out.centers, true)?.1;
     }
     out.init_inertia = init_inertia;
     Ok(out)
@@ -516,12 +758,13 @@ fn run_once(
     rt: &Runtime,
     ds: &Dataset,
     cfg: &Config,
+    plan: &Plan<'_>,
     seed: u64,
     labels: bool,
     on: &mut impl FnMut(Event),
 ) -> Result<Outcome> {
     let t = Instant::now();
-    let (mut centers, sample_variance) = initial_centers(rt, ds, cfg, seed)?;
+    let (mut centers, sample_variance) = initial_centers(rt, ds, cfg, plan.ranks, seed)?;
     on(Event::Initialized {
         seconds: t.elapsed().as_secs_f64(),
     });
@@ -530,7 +773,9 @@ fn run_once(
     let mut epoch_inertia = Vec::new();
     let mut converged = None;
     let mut steps = 0;
-    let plan = chunks(ds, cfg.task_points);
+    // Progress counts this process's rows, scaled to the whole data.
+    let scale = ds.rows as f64 / plan.local_rows().max(1) as f64;
+    let progress = |done: u64| ((done as f64 * scale) as u64).min(ds.rows);
     match cfg.algorithm {
         Algorithm::MiniBatch => {
             // scikit-learn's early stopping: the tolerance scaled by the
@@ -542,28 +787,60 @@ fn run_once(
             let mut ewa: Option<f64> = None;
             let mut ewa_min: Option<f64> = None;
             let mut no_improvement = 0usize;
+            let packed = Packed { k, d, stats: false };
+            let batches = plan.batches(cfg.batch_tasks);
+            let bt = cfg.batch_tasks;
+            // The epoch walks the shards side by side.
+            plan.declare(
+                rt,
+                ds,
+                (0..batches).flat_map(|b| {
+                    plan.mine
+                        .clone()
+                        .flat_map(move |s| plan.batch_tasks(s, b, bt))
+                }),
+            );
             for epoch in 0..cfg.epochs {
                 let t = Instant::now();
                 let mut inertia = 0.0;
                 let mut done = 0u64;
-                for batch in plan.chunks(cfg.batch_tasks) {
+                for b in 0..batches {
+                    let mut list = Vec::new();
+                    let mut owner = Vec::new();
+                    for s in plan.mine.clone() {
+                        for task in plan.batch_tasks(s, b, bt) {
+                            for c in plan.task(task) {
+                                list.push(*c);
+                                owner.push(s - plan.mine.start);
+                            }
+                        }
+                    }
                     // Room for the batch's partial sums.
-                    rt.make_room(batch.len() * k * d * 8);
+                    rt.make_room((list.len() + plan.mine.len()) * k * d * 8);
                     let shared = Arc::new(centers.clone());
                     let sums_only = Want {
                         sums: true,
                         ..Want::default()
                     };
-                    let parts = sweep(rt, ds, batch, &shared, sums_only, None)?;
-                    let r = reduce(&parts, k, d, false);
+                    let parts = sweep(rt, ds, &list, &shared, sums_only, None)?;
+                    let mut accs = vec![zeros::<f64>(packed.len()); plan.mine.len()];
+                    for (p, &o) in parts.iter().zip(&owner) {
+                        packed.fold(&mut accs[o], p);
+                    }
+                    drop(parts);
+                    let r = packed.unpack(plan.ranks.ordered_sum(&accs, packed.len())?);
+                    drop(accs);
                     inertia += r.inertia;
                     let before = (cfg.tol > 0.0).then(|| centers.values.clone());
                     minibatch_update(&mut centers, &mut totals, &r.sums, &r.wsum);
-                    let rows: usize = batch.iter().map(|c| c.len).sum();
-                    done += rows as u64;
+                    let rows: u64 = (0..plan.shards.count())
+                        .flat_map(|s| plan.batch_tasks(s, b, bt))
+                        .map(|t| plan.task_rows(t))
+                        .sum();
+                    done += list.iter().map(|c| c.len as u64).sum::<u64>();
                     steps += 1;
                     on(Event::Progress {
-                        done,
+                        done: progress(done),
                         total: ds.rows,
                     });
                     // The first step's inertia is the initialisation's.
@@ -605,52 +882,60 @@ fn run_once(
                     break;
                 }
             }
+            // The final pass sweeps in row order.
+            plan.declare(rt, ds, plan.local_tasks().into_iter().map(|(t, _)| t));
         }
         Algorithm::Lloyd => {
-            // Tasks of `task_points` rows, reduced in fixed groups: with
-            // partitions a multiple of `task_points` rows (see
-            // `aligned_partition_bytes`), the arithmetic does not depend on
-            // how the data is partitioned, so the cap does not change it.
-            // The first iteration also measures the data's per-feature
-            // variance (around the first initial centre) for the
-            // tolerance, as scikit-learn's `_tolerance`.
+            // Every task's sums are added to its shard's, in task order,
+            // then the shards' in shard order. The first iteration also
+            // measures the data's per-feature variance (around the first
+            // initial centre) for the tolerance, as scikit-learn's
+            // `_tolerance`.
             let reference = Arc::new(centers.row(0).to_vec());
             let mut tol = 0.0;
+            let tasks = plan.local_tasks();
             for it in 0..cfg.iterations {
                 let t = Instant::now();
                 let shared = Arc::new(centers.clone());
                 let stats = it == 0 && cfg.tol > 0.0;
-                let mut sums = zeros::<f64>(k * d);
-                let mut wsum = vec![0f64; k];
-                let (mut colsum, mut colsq) = (zeros::<f64>(d), zeros::<f64>(d));
-                let mut inertia = 0.0;
+                let packed = Packed { k, d, stats };
+                rt.make_room(plan.mine.len() * packed.len() * 8);
+                let mut accs = vec![zeros::<f64>(packed.len()); plan.mine.len()];
                 let mut done = 0u64;
                 // A bounded number of tasks per batch bounds the partial
                 // sums held at once; the declared cycle still tells the
                 // runtime what comes next.
-                for group in plan.chunks(LLOYD_GROUP) {
+                for group in tasks.chunks(LLOYD_GROUP) {
+                    let mut list = Vec::new();
+                    let mut owner = Vec::new();
+                    for &(task, o) in group {
+                        for c in plan.task(task) {
+                            list.push(*c);
+                            owner.push(o);
+                        }
+                    }
                     let want = Want {
                         sums: true,
                         ..Want::default()
                     };
-                    let parts = sweep(rt, ds, group, &shared, want, stats.then_some(&reference))?;
-                    let r = reduce(&parts, k, d, stats);
-                    add(&mut sums, &r.sums);
-                    add(&mut wsum, &r.wsum);
-                    add(&mut colsum, &r.colsum);
-                    add(&mut colsq, &r.colsq);
-                    inertia += r.inertia;
-                    done += group.iter().map(|c| c.len as u64).sum::<u64>();
+                    let parts = sweep(rt, ds, &list, &shared, want, stats.then_some(&reference))?;
+                    for (p, &o) in parts.iter().zip(&owner) {
+                        packed.fold(&mut accs[o], p);
+                    }
+                    done += list.iter().map(|c| c.len as u64).sum::<u64>();
                     on(Event::Progress {
-                        done,
+                        done: progress(done),
                         total: ds.rows,
                     });
                 }
+                let r = packed.unpack(plan.ranks.ordered_sum(&accs, packed.len())?);
+                drop(accs);
                 if stats {
                     let n = ds.rows as f64;
-                    let var: f64 = colsum
+                    let var: f64 = r
+                        .colsum
                         .iter()
-                        .zip(&colsq)
+                        .zip(&r.colsq)
                         .map(|(s1, s2)| (s2 / n - (s1 / n) * (s1 / n)).max(0.0))
                         .sum::<f64>()
                         / d as f64;
@@ -658,9 +943,9 @@ fn run_once(
                 }
                 let mut values = centers.values.clone();
                 for c in 0..k {
-                    if wsum[c] > 0.0 {
+                    if r.wsum[c] > 0.0 {
                         for j in 0..d {
-                            values[c * d + j] = (sums[c * d + j] / wsum[c]) as f32;
+                            values[c * d + j] = (r.sums[c * d + j] / r.wsum[c]) as f32;
                         }
                     }
                 }
@@ -668,11 +953,11 @@ fn run_once(
                 centers = Centers::new(k, d, values);
                 let secs = t.elapsed().as_secs_f64();
                 epoch_seconds.push(secs);
-                epoch_inertia.push(inertia);
+                epoch_inertia.push(r.inertia);
                 on(Event::Epoch {
                     index: it,
                     seconds: secs,
-                    inertia,
+                    inertia: r.inertia,
                 });
                 if shift <= tol {
                     converged = Some(Converged::CenterShift);
@@ -687,7 +972,7 @@ fn run_once(
         }
     }
     on(Event::FinalPass);
-    let (inertia, labels) = final_pass(rt, ds, &centers, labels, cfg.task_points)?;
+    let (inertia, labels) = final_pass(rt, ds, plan, &centers, labels)?;
     Ok(Outcome {
         centers,
         inertia,
@@ -748,32 +1033,13 @@ fn sweep(
     Ok(b.run()?)
 }
 
-/// Partial results added up in order.
+/// A step's sums.
 struct Reduced {
     sums: Vec<f64>,
     wsum: Vec<f64>,
     inertia: f64,
     colsum: Vec<f64>,
     colsq: Vec<f64>,
-}
-
-/// Adds partial results in order (`stats`: with column statistics).
-fn reduce(parts: &[Partial], k: usize, d: usize, stats: bool) -> Reduced {
-    let mut r = Reduced {
-        sums: zeros::<f64>(k * d),
-        wsum: vec![0f64; k],
-        inertia: 0.0,
-        colsum: if stats { zeros(d) } else { Vec::new() },
-        colsq: if stats { zeros(d) } else { Vec::new() },
-    };
-    for p in parts {
-        add(&mut r.sums, &p.sums);
-        add(&mut r.wsum, &p.wsum);
-        add(&mut r.colsum, &p.colsum);
-        add(&mut r.colsq, &p.colsq);
-        r.inertia += p.inertia;
-    }
-    r
 }
 
 /// The mini-batch step: each centre moves to the (weighted) running mean
@@ -796,30 +1062,47 @@ fn minibatch_update(c: &mut Centers, totals: &mut [f64], sums: &[f64], w: &[f64]
     *c = Centers::new(c.k, d, std::mem::take(&mut c.values));
 }
 
-/// Inertia of `c` over all the data, and the labels when asked.
+/// Inertia of `c` over all the data (added by shard, then across shards),
+/// and the labels when asked (all of them on rank 0, none elsewhere).
 fn final_pass(
     rt: &Runtime,
     ds: &Dataset,
+    plan: &Plan<'_>,
     c: &Centers,
     labels: bool,
-    task_points: usize,
 ) -> Result<(f64, Option<Vec<u32>>)> {
     let shared = Arc::new(c.clone());
-    let mut inertia = 0.0;
-    let mut all = labels.then(|| Vec::with_capacity(ds.rows as usize));
+    let mut accs = vec![vec![0f64]; plan.mine.len()];
+    let mut all = labels.then(|| Vec::with_capacity(plan.local_rows() as usize));
     let want = Want {
         labels,
         ..Want::default()
     };
-    for group in chunks(ds, task_points).chunks(LLOYD_GROUP) {
-        for p in sweep(rt, ds, group, &shared, want, None)? {
-            inertia += p.inertia;
+    for group in plan.local_tasks().chunks(LLOYD_GROUP) {
+        let mut list = Vec::new();
+        let mut owner = Vec::new();
+        for &(task, o) in group {
+            for ch in plan.task(task) {
+                list.push(*ch);
+                owner.push(o);
+            }
+        }
+        for (p, &o) in sweep(rt, ds, &list, &shared, want, None)?
+            .iter()
+            .zip(&owner)
+        {
+            accs[o][0] += p.inertia;
             if let Some(all) = all.as_mut() {
                 all.extend_from_slice(&p.labels);
             }
         }
     }
-    Ok((inertia, all))
+    let inertia = plan.ranks.ordered_sum(&accs, 1)?[0];
+    let labels = match all {
+        Some(l) => plan.ranks.gather_u32(&l)?,
+        None => None,
+    };
+    Ok((inertia, labels))
 }
 
 /// Labels every row with its nearest centre (ties to the lowest index, as
@@ -864,8 +1147,15 @@ fn sample_size(rows: u64, k: usize) -> u64 {
 
 /// A uniform sample of rows, chosen by hashing the row index with the seed
 /// (so it does not depend on the partitioning), in row order: the values,
-/// and the rows' sample weights (empty when the data has none).
-fn sample(rt: &Runtime, ds: &Dataset, want: u64, seed: u64) -> Result<(Vec<f32>, Vec<f32>)> {
+/// and the rows' sample weights (empty when the data has none). Every
+/// rank gets the whole sample.
+fn sample(
+    rt: &Runtime,
+    ds: &Dataset,
+    ranks: &Ranks,
+    want: u64,
+    seed: u64,
+) -> Result<(Vec<f32>, Vec<f32>)> {
     let threshold = if want >= ds.rows {
         u64::MAX
     } else {
@@ -894,6 +1184,10 @@ fn sample(rt: &Runtime, ds: &Dataset, want: u64, seed: u64) -> Result<(Vec<f32>,
     for (a, b) in parts {
         x.extend_from_slice(&a);
         w.extend_from_slice(&b);
+    }
+    if ranks.size() > 1 {
+        x = ranks.all_gather(&x)?;
+        w = ranks.all_gather(&w)?;
     }
     Ok((x, w))
 }
@@ -1014,7 +1308,13 @@ fn draw(w: &[f64], total: f64, r: f64) -> Option<usize> {
 /// The initial centres of a run drawn with `seed`, and the mean
 /// per-feature variance of the initialisation sample (the scale of the
 /// mini-batch tolerance).
-fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config, seed: u64) -> Result<(Centers, f64)> {
+fn initial_centers(
+    rt: &Runtime,
+    ds: &Dataset,
+    cfg: &Config,
+    ranks: &Ranks,
+    seed: u64,
+) -> Result<(Centers, f64)> {
     let d = ds.dims;
     let k = cfg.k;
     if let Init::Given(v) = &cfg.init {
@@ -1027,7 +1327,7 @@ fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config, seed: u64) -> Resul
         }
         let variance = if cfg.tol > 0.0 && cfg.algorithm == Algorithm::MiniBatch {
             let want = sample_size(ds.rows, k);
-            mean_variance(&sample(rt, ds, want, seed)?.0, d)
+            mean_variance(&sample(rt, ds, ranks, want, seed)?.0, d)
         } else {
             0.0
         };
@@ -1036,7 +1336,7 @@ fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config, seed: u64) -> Resul
     let want = sample_size(ds.rows, k);
     // Room for the sample, its pieces and the distances.
     rt.make_room(want as usize * (d * 8 + 16));
-    let (mut s, mut sw) = sample(rt, ds, want, seed)?;
+    let (mut s, mut sw) = sample(rt, ds, ranks, want, seed)?;
     let mut n = s.len() / d;
     let positive = |sw: &[f32], n: usize| {
         if sw.is_empty() {
@@ -1048,7 +1348,7 @@ fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config, seed: u64) -> Resul
     if positive(&sw, n) < k {
         // A sparse hash sample can fall short for k close to the number of
         // points: take every point then.
-        (s, sw) = sample(rt, ds, ds.rows, seed)?;
+        (s, sw) = sample(rt, ds, ranks, ds.rows, seed)?;
         n = s.len() / d;
         if positive(&sw, n) < k {
             return Err(Error::Input(format!(
@@ -1093,6 +1393,10 @@ fn initial_centers(rt: &Runtime, ds: &Dataset, cfg: &Config, seed: u64) -> Resul
     for &i in &chosen {
         values.extend_from_slice(&s[i * d..(i + 1) * d]);
     }
+    // Every rank drew the same centres from the same sample; rank 0's are
+    // the ones used everywhere all the same (a rank on another CPU model
+    // cannot drift).
+    ranks.broadcast(&mut values);
     Ok((Centers::new(k, d, values), variance))
 }
 

@@ -32,6 +32,8 @@ use outcore::{Handle, PodVec, Runtime};
 use crate::error::{Error, Result};
 use crate::input::{mix, Block, InputReads, Labels, Loader, Source};
 use crate::npy::NpyInts;
+use crate::ranks::{Ranks, Shards};
+use std::ops::Range;
 
 pub mod lbfgs;
 
@@ -388,6 +390,11 @@ pub struct TrainConfig {
     pub holdout: f64,
     /// Seed (the held-out split).
     pub seed: u64,
+    /// L-BFGS: shards the tasks are cut into, the unit of the reductions'
+    /// order and of the split among processes (at least the number of
+    /// processes). The model depends on it, never on the number of
+    /// processes.
+    pub shards: usize,
 }
 
 impl Default for TrainConfig {
@@ -403,6 +410,7 @@ impl Default for TrainConfig {
             batch: 64,
             holdout: 0.1,
             seed: 42,
+            shards: 8,
         }
     }
 }
@@ -422,8 +430,13 @@ pub struct Job {
     pub classes: usize,
     /// Columns.
     pub dims: usize,
-    /// Rows.
+    /// Rows of the whole data.
     pub rows: u64,
+    /// Global index of the first row held here (0 unless the job holds
+    /// one process's share of the rows).
+    pub first_row: u64,
+    /// Rows in each shard.
+    pub shard_rows: Vec<u32>,
     /// Bytes the shards read from the input file (built and rebuilt
     /// after evictions).
     pub input_reads: InputReads,
@@ -442,6 +455,39 @@ pub fn load(
     classes: Option<usize>,
     shard_bytes: u64,
     cfg: &TrainConfig,
+    progress: impl FnMut(u64, u64),
+) -> Result<Job> {
+    load_on(
+        rt,
+        src,
+        labels,
+        classes,
+        shard_bytes,
+        cfg,
+        &Ranks::single(),
+        progress,
+    )
+}
+
+/// The rows rank `rank` of `ranks` holds for L-BFGS: its share of
+/// `cfg.shards` shards of [`TASK_ROWS`]-row tasks.
+pub fn rank_rows(rows: u64, cfg: &TrainConfig, rank: usize, ranks: usize) -> Range<u64> {
+    let t = Shards::new(rows.div_ceil(TASK_ROWS as u64), cfg.shards).tasks_of_rank(rank, ranks);
+    let tr = TASK_ROWS as u64;
+    (t.start * tr).min(rows)..(t.end * tr).min(rows)
+}
+
+/// [`load`] as one of `ranks`: this rank's rows only ([`rank_rows`]).
+/// Collective when there is more than one rank.
+#[allow(clippy::too_many_arguments)]
+pub fn load_on(
+    rt: &Runtime,
+    src: &Source,
+    labels: &Labels,
+    classes: Option<usize>,
+    shard_bytes: u64,
+    cfg: &TrainConfig,
+    ranks: &Ranks,
     progress: impl FnMut(u64, u64),
 ) -> Result<Job> {
     if !(0.0..1.0).contains(&cfg.holdout) {
@@ -482,12 +528,35 @@ pub fn load(
         }
         None => max_label as usize + 1,
     };
+    let range = if ranks.size() > 1 {
+        if cfg.solver == Solver::Sgd {
+            return Err(Error::Input(
+                "local SGD's model depends on the sharding, so it does not run on several processes; L-BFGS does".into(),
+            ));
+        }
+        let rows = src.shape()?.0;
+        let s = Shards::new(rows.div_ceil(TASK_ROWS as u64), cfg.shards);
+        if s.count() < ranks.size() {
+            return Err(Error::Input(format!(
+                "{} processes, but the data makes only {} shards ({} tasks of {TASK_ROWS} rows, {} shards asked): at least one shard per process is needed",
+                ranks.size(),
+                s.count(),
+                s.task_count(),
+                cfg.shards
+            )));
+        }
+        let r = rank_rows(rows, cfg, ranks.rank(), ranks.size());
+        Some((r.start, r.end))
+    } else {
+        None
+    };
     let loader = Loader {
         source: src,
         labels: Some(labels),
         weights: None,
         part_bytes: shard_bytes,
         name: "shard",
+        range,
     };
     // Shards are built when first needed (read from the input again after
     // an eviction while they are clean).
@@ -501,7 +570,7 @@ pub fn load(
     // What each shard will hold, from the row indices alone.
     let mut weights = Vec::with_capacity(data.parts.len());
     let mut tasks = Vec::with_capacity(data.parts.len());
-    let mut first = 0u64;
+    let mut first = data.first_row;
     for &n in &data.part_rows {
         let last = first + u64::from(n);
         weights.push(
@@ -530,6 +599,8 @@ pub fn load(
         classes,
         dims: data.dims,
         rows: data.rows,
+        first_row: data.first_row,
+        shard_rows: data.part_rows,
     })
 }
 
@@ -664,6 +735,19 @@ pub fn train_lbfgs(
     rt: &Runtime,
     job: &Job,
     cfg: &TrainConfig,
+    on_iter: impl FnMut(&Iteration),
+) -> Result<Trained> {
+    train_lbfgs_on(rt, job, cfg, &Ranks::single(), on_iter)
+}
+
+/// [`train_lbfgs`] as one of `ranks`, each with its share of the rows
+/// ([`load_on`]). Collective: every rank gets the same model, bit for bit
+/// the one a single process gets with the same `cfg.shards`.
+pub fn train_lbfgs_on(
+    rt: &Runtime,
+    job: &Job,
+    cfg: &TrainConfig,
+    ranks: &Ranks,
     mut on_iter: impl FnMut(&Iteration),
 ) -> Result<Trained> {
     if !(cfg.c.is_finite() && cfg.c > 0.0) {
@@ -678,7 +762,9 @@ pub fn train_lbfgs(
             cfg.tol
         )));
     }
-    let n: u64 = job.weights.iter().sum();
+    let local_n: u64 = job.weights.iter().sum();
+    // Training rows of all the ranks (integers: exact in any order).
+    let n = ranks.ordered_sum(&[vec![local_n as f64]], 1)?[0] as u64;
     if n == 0 {
         return Err(Error::Input(
             "no training rows left after the held-out split".into(),
@@ -686,40 +772,59 @@ pub fn train_lbfgs(
     }
     let (classes, d) = (job.classes, job.dims);
     let stride = d + 1;
-    // The plan: every task of every shard, in row order.
-    let plan: Vec<(usize, usize)> = job
-        .tasks
-        .iter()
-        .enumerate()
-        .flat_map(|(s, &t)| (0..t).map(move |i| (s, i)))
-        .collect();
+    // The plan: every task of every shard executor, in row order, each
+    // with the reduction shard (counted from this rank's first) of its
+    // global task.
+    let shards = Shards::new(job.rows.div_ceil(TASK_ROWS as u64), cfg.shards);
+    let mine = shards.of_rank(ranks.rank(), ranks.size());
+    let owner_of = |g: u64| -> usize {
+        mine.clone()
+            .find(|&s| shards.tasks(s).contains(&g))
+            .map_or(0, |s| s - mine.start)
+    };
+    let mut plan: Vec<(usize, usize, usize)> = Vec::new();
+    let mut first = job.first_row;
+    for (s, (&t, &rows)) in job.tasks.iter().zip(&job.shard_rows).enumerate() {
+        let g0 = first / TASK_ROWS as u64;
+        for i in 0..t {
+            plan.push((s, i, owner_of(g0 + i as u64)));
+        }
+        first += u64::from(rows);
+    }
+    let groups = mine.len().max(1);
     let held_out = cfg.holdout > 0.0;
     let scale = 1.0 / n as f64;
     let reg = 1.0 / (cfg.c * n as f64);
     let objective_scale = cfg.c * n as f64;
     let eval = |w: &[f64]| -> Result<lbfgs::Value<Measured>> {
         let shared = Arc::new(w.to_vec());
-        let mut loss = 0.0;
-        let mut grad = vec![0.0; w.len()];
-        let (mut correct, mut held) = (0u64, 0u64);
+        // Per reduction shard: the gradient, the loss, and the held-out
+        // rows right and seen (integers, exact as sums of f64).
+        let len = w.len() + 3;
+        let mut accs = vec![vec![0.0; len]; groups];
         // Groups bound the partial gradients held at once.
         for group in plan.chunks(32) {
             let mut b = rt.batch();
-            for &(s, t) in group {
+            for &(s, t, _) in group {
                 let w = shared.clone();
                 b.read(&job.shards[s], move |sh: &Shard| {
                     sh.loss_part(t, &w, classes, held_out && t == 0)
                 });
             }
-            for p in b.run()? {
-                loss += p.loss;
-                for (a, v) in grad.iter_mut().zip(&p.grad) {
+            for (p, &(_, _, o)) in b.run()?.into_iter().zip(group) {
+                let acc = &mut accs[o];
+                for (a, v) in acc.iter_mut().zip(&p.grad) {
                     *a += v;
                 }
-                correct += p.correct;
-                held += p.held;
+                acc[len - 3] += p.loss;
+                acc[len - 2] += p.correct as f64;
+                acc[len - 1] += p.held as f64;
             }
         }
+        let mut grad = ranks.ordered_sum(&accs[..mine.len()], len)?;
+        let held = grad.pop().unwrap_or(0.0) as u64;
+        let correct = grad.pop().unwrap_or(0.0) as u64;
+        let loss = grad.pop().unwrap_or(0.0);
         let mut penalty = 0.0;
         for c in 0..classes {
             for j in 0..d {

@@ -1,0 +1,433 @@
+//! Ranks: the jobs on several processes under MPI (the `mpi` feature), each
+//! with its own outcore runtime, cap and spill directory, with results
+//! that do not depend on the number of processes.
+//!
+//! Floating-point addition is not associative, so a plain
+//! `MPI_Allreduce(SUM)` of per-rank sums changes the last bits of the
+//! result with the number of ranks. The jobs instead cut their work into a
+//! fixed number of *shards* (contiguous runs of tasks, independent of the
+//! number of ranks), give each rank a contiguous run of shards, and add
+//! the shards' partial sums in global shard order with
+//! [`Ranks::ordered_sum`]: the result is bit for bit what one process
+//! adding the same vectors in the same order gets.
+//!
+//! [`Ranks::single`] is the one-process case (no MPI needed); with the
+//! `mpi` feature, [`Ranks::init`] initialises MPI (`MPI_THREAD_FUNNELED`:
+//! every MPI call is made from the thread that called it, never from the
+//! runtime's workers or its allocator).
+//!
+//! ```
+//! use outcore_jobs::ranks::{Ranks, Shards};
+//! # #[global_allocator]
+//! # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+//!
+//! let ranks = Ranks::single();
+//! // 10 tasks in 4 shards; this rank's shards and their tasks.
+//! let shards = Shards::new(10, 4);
+//! let mine = shards.of_rank(ranks.rank(), ranks.size());
+//! let local: Vec<Vec<f64>> = mine
+//!     .map(|s| shards.tasks(s).map(|t| t as f64).collect::<Vec<_>>())
+//!     .map(|v| vec![v.iter().sum::<f64>(), v.len() as f64])
+//!     .collect();
+//! // The shards' vectors added in global shard order, on every rank.
+//! let total = ranks.ordered_sum(&local, 2)?;
+//! assert_eq!(total, vec![45.0, 10.0]);
+//! # Ok::<(), outcore_jobs::Error>(())
+//! ```
+
+use std::ops::Range;
+
+use crate::error::{Error, Result};
+
+/// A fixed split of `tasks` tasks into shards of consecutive tasks (sizes
+/// differing by at most one), and of the shards among ranks: rank `r` of
+/// `n` owns a contiguous run of shards, so ranks hold contiguous runs of
+/// tasks, in rank order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shards {
+    tasks: u64,
+    count: usize,
+}
+
+impl Shards {
+    /// `tasks` tasks in `shards` shards (at most one per task, at least
+    /// one).
+    pub fn new(tasks: u64, shards: usize) -> Shards {
+        let count = (shards.max(1) as u64).min(tasks.max(1)) as usize;
+        Shards { tasks, count }
+    }
+
+    /// Number of shards.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Number of tasks.
+    pub fn task_count(&self) -> u64 {
+        self.tasks
+    }
+
+    /// The tasks of shard `s`.
+    pub fn tasks(&self, s: usize) -> Range<u64> {
+        let at = |j: usize| (j as u128 * self.tasks as u128 / self.count as u128) as u64;
+        at(s)..at(s + 1)
+    }
+
+    /// The shards of rank `rank` among `ranks` (empty when there are more
+    /// ranks than shards).
+    pub fn of_rank(&self, rank: usize, ranks: usize) -> Range<usize> {
+        let at = |r: usize| r * self.count / ranks.max(1);
+        at(rank)..at(rank + 1)
+    }
+
+    /// The tasks of rank `rank` among `ranks`.
+    pub fn tasks_of_rank(&self, rank: usize, ranks: usize) -> Range<u64> {
+        let s = self.of_rank(rank, ranks);
+        if s.is_empty() {
+            let t = self.tasks(s.start.min(self.count - 1)).start;
+            return t..t;
+        }
+        self.tasks(s.start).start..self.tasks(s.end - 1).end
+    }
+}
+
+/// The processes a job runs on: one, or the ranks of `MPI_COMM_WORLD`.
+pub struct Ranks {
+    inner: Inner,
+}
+
+enum Inner {
+    Single,
+    #[cfg(feature = "mpi")]
+    Mpi(mpi_impl::World),
+}
+
+impl std::fmt::Debug for Ranks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ranks")
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .finish()
+    }
+}
+
+impl Ranks {
+    /// One process, no MPI.
+    pub fn single() -> Ranks {
+        Ranks {
+            inner: Inner::Single,
+        }
+    }
+
+    /// Initialises MPI (at most once per process) and returns the ranks of
+    /// `MPI_COMM_WORLD`. MPI is finalised when the value is dropped.
+    #[cfg(feature = "mpi")]
+    pub fn init() -> Result<Ranks> {
+        Ok(Ranks {
+            inner: Inner::Mpi(mpi_impl::World::init()?),
+        })
+    }
+
+    /// This process's rank (0 for a single process).
+    pub fn rank(&self) -> usize {
+        match &self.inner {
+            Inner::Single => 0,
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.rank,
+        }
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        match &self.inner {
+            Inner::Single => 1,
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.size,
+        }
+    }
+
+    /// Ranks running on this node (this one included), which share its
+    /// memory.
+    pub fn on_node(&self) -> usize {
+        match &self.inner {
+            Inner::Single => 1,
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.on_node,
+        }
+    }
+
+    /// Whether this is rank 0, the one that prints and writes outputs.
+    pub fn is_root(&self) -> bool {
+        self.rank() == 0
+    }
+
+    /// The element-wise sum of every rank's `local` vectors (each of
+    /// `len` values), added in global order (rank 0's vectors in their
+    /// order, then rank 1's, and so on) starting from zeros: on every
+    /// rank, bit for bit what one process adding all the vectors in that
+    /// order gets. Collective: every rank calls it with the same `len`.
+    ///
+    /// Each rank folds one slice of the vectors (an all-to-all of the
+    /// slices, then an all-gather of the sums): a rank sends and receives
+    /// about (its vectors + all vectors / ranks) x `len` x 8 bytes.
+    pub fn ordered_sum(&self, local: &[Vec<f64>], len: usize) -> Result<Vec<f64>> {
+        if let Some(v) = local.iter().find(|v| v.len() != len) {
+            return Err(Error::Input(format!(
+                "ordered_sum: a vector of {} values where {len} were announced",
+                v.len()
+            )));
+        }
+        match &self.inner {
+            Inner::Single => {
+                let mut acc = vec![0.0; len];
+                for v in local {
+                    add(&mut acc, v);
+                }
+                Ok(acc)
+            }
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.ordered_sum(local, len),
+        }
+    }
+
+    /// Every rank's `local` values, concatenated in rank order, on every
+    /// rank.
+    pub fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
+        match &self.inner {
+            Inner::Single => Ok(local.to_vec()),
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.all_gather(local),
+        }
+    }
+
+    /// Every rank's `local` values, concatenated in rank order, on rank 0
+    /// (`None` on the others).
+    pub fn gather_u32(&self, local: &[u32]) -> Result<Option<Vec<u32>>> {
+        match &self.inner {
+            Inner::Single => Ok(Some(local.to_vec())),
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.gather_u32(local),
+        }
+    }
+
+    /// Each rank's `local` values (the same count on every rank), one
+    /// vector per rank, on rank 0 (`None` on the others).
+    pub fn gather_rows(&self, local: &[f64]) -> Result<Option<Vec<Vec<f64>>>> {
+        match &self.inner {
+            Inner::Single => Ok(Some(vec![local.to_vec()])),
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.gather_rows(local),
+        }
+    }
+
+    /// Rank 0's `values` on every rank (the same length everywhere).
+    pub fn broadcast(&self, values: &mut [f32]) {
+        match &self.inner {
+            Inner::Single => {
+                let _ = values;
+            }
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.broadcast(values),
+        }
+    }
+
+    /// Waits for every rank.
+    pub fn barrier(&self) {
+        match &self.inner {
+            Inner::Single => {}
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.barrier(),
+        }
+    }
+
+    /// Ends every rank's process with exit status `code` (`MPI_Abort`);
+    /// for a single process, exits.
+    pub fn abort(&self, code: i32) -> ! {
+        match &self.inner {
+            Inner::Single => std::process::exit(code),
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.abort(code),
+        }
+    }
+}
+
+/// `a += b`, element by element.
+fn add(a: &mut [f64], b: &[f64]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x += y;
+    }
+}
+
+#[cfg(feature = "mpi")]
+mod mpi_impl {
+    use mpi::datatype::{Partition, PartitionMut};
+    use mpi::environment::Universe;
+    use mpi::topology::SimpleCommunicator;
+    use mpi::traits::{Communicator, CommunicatorCollectives, Root};
+    use mpi::Threading;
+
+    use super::add;
+    use crate::error::{Error, Result};
+
+    pub(super) struct World {
+        // Dropped last: finalises MPI.
+        world: SimpleCommunicator,
+        _universe: Universe,
+        pub rank: usize,
+        pub size: usize,
+        pub on_node: usize,
+    }
+
+    /// MPI counts are C ints.
+    fn count(n: usize, what: &str) -> Result<i32> {
+        i32::try_from(n).map_err(|_| {
+            Error::Input(format!(
+                "{what}: {n} values in one MPI message, more than MPI's count allows"
+            ))
+        })
+    }
+
+    fn displacements(counts: &[i32]) -> Vec<i32> {
+        let mut at = 0;
+        counts
+            .iter()
+            .map(|c| {
+                let d = at;
+                at += c;
+                d
+            })
+            .collect()
+    }
+
+    impl World {
+        pub fn init() -> Result<World> {
+            let (universe, _) = mpi::initialize_with_threading(Threading::Funneled)
+                .ok_or_else(|| Error::Input("MPI was already initialised".into()))?;
+            let world = universe.world();
+            let on_node = world.split_shared(0).size() as usize;
+            Ok(World {
+                rank: world.rank() as usize,
+                size: world.size() as usize,
+                on_node,
+                world,
+                _universe: universe,
+            })
+        }
+
+        pub fn ordered_sum(&self, local: &[Vec<f64>], len: usize) -> Result<Vec<f64>> {
+            let n = self.size;
+            let bound = |j: usize| j * len / n;
+            // How many vectors each rank adds.
+            let mine = count(local.len(), "ordered_sum")?;
+            let mut counts = vec![0i32; n];
+            self.world.all_gather_into(&mine, &mut counts[..]);
+            // Slice j of every local vector goes to rank j.
+            let mut send = Vec::with_capacity(local.len() * len);
+            let mut scounts = Vec::with_capacity(n);
+            for j in 0..n {
+                let (a, b) = (bound(j), bound(j + 1));
+                for v in local {
+                    send.extend_from_slice(&v[a..b]);
+                }
+                scounts.push(count(local.len() * (b - a), "ordered_sum")?);
+            }
+            let width = bound(self.rank + 1) - bound(self.rank);
+            let rcounts = counts
+                .iter()
+                .map(|&m| count(m as usize * width, "ordered_sum"))
+                .collect::<Result<Vec<i32>>>()?;
+            let total: usize = rcounts.iter().map(|&c| c as usize).sum();
+            let mut recv = vec![0f64; total];
+            {
+                let sd = displacements(&scounts);
+                let rd = displacements(&rcounts);
+                let s = Partition::new(&send[..], &scounts[..], &sd[..]);
+                let mut r = PartitionMut::new(&mut recv[..], &rcounts[..], &rd[..]);
+                self.world.all_to_all_varcount_into(&s, &mut r);
+            }
+            drop(send);
+            // This rank's slice, added in global order: the vectors arrive
+            // by source rank, each rank's in its order.
+            let mut acc = vec![0f64; width];
+            if width > 0 {
+                for v in recv.chunks_exact(width) {
+                    add(&mut acc, v);
+                }
+            }
+            drop(recv);
+            let widths = (0..n)
+                .map(|j| count(bound(j + 1) - bound(j), "ordered_sum"))
+                .collect::<Result<Vec<i32>>>()?;
+            let wd = displacements(&widths);
+            let mut out = vec![0f64; len];
+            {
+                let mut r = PartitionMut::new(&mut out[..], &widths[..], &wd[..]);
+                self.world.all_gather_varcount_into(&acc[..], &mut r);
+            }
+            Ok(out)
+        }
+
+        pub fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
+            let mine = count(local.len(), "all_gather")?;
+            let mut counts = vec![0i32; self.size];
+            self.world.all_gather_into(&mine, &mut counts[..]);
+            let total: usize = counts.iter().map(|&c| c as usize).sum();
+            count(total, "all_gather")?;
+            let d = displacements(&counts);
+            let mut out = vec![0f32; total];
+            {
+                let mut r = PartitionMut::new(&mut out[..], &counts[..], &d[..]);
+                self.world.all_gather_varcount_into(local, &mut r);
+            }
+            Ok(out)
+        }
+
+        pub fn gather_u32(&self, local: &[u32]) -> Result<Option<Vec<u32>>> {
+            let root = self.world.process_at_rank(0);
+            let mine = count(local.len(), "gather")?;
+            if self.rank != 0 {
+                root.gather_into(&mine);
+                root.gather_varcount_into(local);
+                return Ok(None);
+            }
+            let mut counts = vec![0i32; self.size];
+            root.gather_into_root(&mine, &mut counts[..]);
+            let total: usize = counts.iter().map(|&c| c as usize).sum();
+            count(total, "gather")?;
+            let d = displacements(&counts);
+            let mut out = vec![0u32; total];
+            {
+                let mut r = PartitionMut::new(&mut out[..], &counts[..], &d[..]);
+                root.gather_varcount_into_root(local, &mut r);
+            }
+            Ok(Some(out))
+        }
+
+        pub fn gather_rows(&self, local: &[f64]) -> Result<Option<Vec<Vec<f64>>>> {
+            let root = self.world.process_at_rank(0);
+            if self.rank != 0 {
+                root.gather_into(local);
+                return Ok(None);
+            }
+            let mut all = vec![0f64; local.len() * self.size];
+            root.gather_into_root(local, &mut all[..]);
+            Ok(Some(
+                all.chunks(local.len().max(1))
+                    .map(<[f64]>::to_vec)
+                    .collect(),
+            ))
+        }
+
+        pub fn broadcast(&self, values: &mut [f32]) {
+            self.world.process_at_rank(0).broadcast_into(values);
+        }
+
+        pub fn barrier(&self) {
+            self.world.barrier();
+        }
+
+        pub fn abort(&self, code: i32) -> ! {
+            self.world.abort(code)
+        }
+    }
+}

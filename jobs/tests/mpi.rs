@@ -1,0 +1,363 @@
+//! The jobs on MPI ranks (`--features mpi`): the same bytes out for any
+//! number of processes, and one failing rank ending them all.
+//!
+//! These tests start `mpirun` (OpenMPI) and skip when it is missing,
+//! unless `OUTCORE_REQUIRE_MPI=1` (set by CI) makes that a failure. Every
+//! `mpirun` runs under `timeout`, so a hang fails the test instead of
+//! blocking it.
+#![cfg(feature = "mpi")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_outcore");
+
+/// Whether `mpirun` can be used (else the test is skipped, or fails in CI).
+fn have_mpirun() -> bool {
+    let ok = Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var("OUTCORE_REQUIRE_MPI").as_deref() != Ok("1"),
+            "mpirun is required (OUTCORE_REQUIRE_MPI=1) but cannot be run"
+        );
+        eprintln!("skipped: mpirun is not installed");
+    }
+    ok
+}
+
+/// Runs `cmd` (a program and its arguments) in `dir` under a watchdog:
+/// its exit code (`None`: killed) and stderr.
+fn watched(dir: &Path, seconds: u32, cmd: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new("timeout")
+        .args(["-k", "5", &seconds.to_string()])
+        .args(cmd)
+        .current_dir(dir)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("timeout(1) runs");
+    let code = out.status.code();
+    assert_ne!(code, Some(124), "timed out (a hang): {cmd:?}");
+    (code, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `outcore args` on `n` ranks (0: started directly, no MPI); panics
+/// unless it succeeds.
+fn outcore(dir: &Path, n: usize, args: &[&str]) -> String {
+    let np = n.to_string();
+    let mut cmd: Vec<&str> = Vec::new();
+    if n > 0 {
+        cmd.extend(["mpirun", "-np", &np, "--oversubscribe", "--bind-to", "none"]);
+    }
+    cmd.push(BIN);
+    cmd.extend(args);
+    let (code, err) = watched(dir, 300, &cmd);
+    assert_eq!(code, Some(0), "{cmd:?} failed:\n{err}");
+    err
+}
+
+fn stats(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// Runs `args` (which write `outputs` into the current directory) directly
+/// and on 1 to 4 ranks, under a cap that evicts on every rank: every
+/// output is the same file, byte for byte, and the statistics' `exact`
+/// fields (double precision, where a different order of the additions
+/// shows in the last bits) are the same numbers.
+fn same_bytes_for_every_count(args: &[&str], outputs: &[&str], exact: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut reference: Option<Vec<Vec<u8>>> = None;
+    for n in [0, 1, 2, 3, 4] {
+        let sub = dir.path().join(format!("n{n}"));
+        std::fs::create_dir(&sub).unwrap();
+        let mut a = args.to_vec();
+        a.extend(["--stats", "s.json", "--workers", "1"]);
+        outcore(&sub, n, &a);
+        let s = stats(&sub.join("s.json"));
+        let mut files: Vec<Vec<u8>> = outputs
+            .iter()
+            .map(|o| std::fs::read(sub.join(o)).unwrap())
+            .collect();
+        for f in exact {
+            let v = f
+                .split('.')
+                .try_fold(&s, |v, key| match key.parse::<usize>() {
+                    Ok(i) => v.get(i),
+                    Err(_) => v.get(key),
+                });
+            let v = v.unwrap_or_else(|| panic!("no {f} in {s}"));
+            assert!(v.is_number() || v.is_array(), "{f}: {v}");
+            files.push(v.to_string().into_bytes());
+        }
+        let per = s["per_process"].as_array().unwrap();
+        assert_eq!(per.len(), n.max(1), "{s}");
+        assert_eq!(s["processes"].as_u64(), Some(n.max(1) as u64));
+        for r in per {
+            assert!(
+                r["evictions"].as_u64().unwrap() > 0,
+                "a rank did not evict on {n} ranks: {r}"
+            );
+        }
+        let total: u64 = per.iter().map(|r| r["loads"].as_u64().unwrap()).sum();
+        assert_eq!(s["loads"].as_u64(), Some(total), "totals are the sums");
+        match &reference {
+            None => reference = Some(files),
+            Some(r) => {
+                for (i, (a, b)) in r.iter().zip(&files).enumerate() {
+                    let what = outputs
+                        .get(i)
+                        .copied()
+                        .unwrap_or_else(|| exact[i - outputs.len()]);
+                    assert!(
+                        a == b,
+                        "{what} differs on {n} ranks from the single process: {} / {}",
+                        String::from_utf8_lossy(&a[..a.len().min(200)]),
+                        String::from_utf8_lossy(&b[..b.len().min(200)])
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A 1-D float32 `.npy` of `n` pseudo-random sample weights in [0.5, 2).
+fn weights(dir: &Path, n: usize) -> PathBuf {
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({n},), }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend((header.len() as u16).to_le_bytes());
+    b.extend(header.as_bytes());
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..n {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let w = 0.5 + 1.5 * ((x >> 40) as f32 / (1u64 << 24) as f32);
+        b.extend(w.to_le_bytes());
+    }
+    let p = dir.join("w.npy");
+    std::fs::write(&p, b).unwrap();
+    p
+}
+
+/// A `.npy` file of synthetic data written by `outcore gen`.
+fn gen(dir: &Path, size: &str, dims: usize) -> PathBuf {
+    let p = dir.join("x.npy");
+    let d = dims.to_string();
+    let (code, err) = watched(
+        dir,
+        120,
+        &[
+            BIN,
+            "gen",
+            "--synthetic",
+            size,
+            "--dims",
+            &d,
+            "--true-k",
+            "8",
+            "--output",
+            p.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    p
+}
+
+#[test]
+fn minibatch_kmeans_is_the_same_on_any_number_of_ranks() {
+    if !have_mpirun() {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    // 6 MiB of 32-D rows; weights make the sums inexact in double
+    // precision, so their order shows.
+    let w = weights(data.path(), (6 << 20) / (32 * 4));
+    same_bytes_for_every_count(
+        &[
+            "kmeans",
+            "--sample-weight",
+            w.to_str().unwrap(),
+            "--synthetic",
+            "6MiB",
+            "--dims",
+            "32",
+            "--k",
+            "8",
+            "--true-k",
+            "8",
+            "--epochs",
+            "2",
+            "--task-points",
+            "500",
+            "--mem-cap",
+            "1MiB",
+            "--partitions",
+            "24",
+            "--output",
+            "c.npy",
+            "--labels",
+            "l.npy",
+        ],
+        &["c.npy", "l.npy"],
+        &["inertia", "epoch_inertia", "init_inertia"],
+    );
+}
+
+#[test]
+fn lloyd_from_a_file_is_the_same_on_any_number_of_ranks() {
+    if !have_mpirun() {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let x = gen(data.path(), "6MiB", 24);
+    let w = weights(data.path(), (6 << 20) / (24 * 4));
+    same_bytes_for_every_count(
+        &[
+            "kmeans",
+            "--input",
+            x.to_str().unwrap(),
+            "--sample-weight",
+            w.to_str().unwrap(),
+            "--k",
+            "8",
+            "--algorithm",
+            "lloyd",
+            "--iterations",
+            "4",
+            "--tol",
+            "0",
+            "--task-points",
+            "500",
+            "--mem-cap",
+            "1MiB",
+            "--partitions",
+            "24",
+            "--output",
+            "c.npy",
+            "--labels",
+            "l.npy",
+        ],
+        &["c.npy", "l.npy"],
+        &["inertia", "epoch_inertia"],
+    );
+}
+
+#[test]
+fn training_is_the_same_on_any_number_of_ranks() {
+    if !have_mpirun() {
+        return;
+    }
+    same_bytes_for_every_count(
+        &[
+            "train",
+            "--synthetic",
+            "6MiB",
+            "--dims",
+            "32",
+            "--classes",
+            "4",
+            "--max-iter",
+            "4",
+            "--tol",
+            "0",
+            "--mem-cap",
+            "1MiB",
+            "--partitions",
+            "24",
+            "--output",
+            "m.npy",
+        ],
+        &["m.npy"],
+        &[
+            "objective",
+            "loss",
+            "grad_max",
+            "iterations.0.loss",
+            "iterations.2.grad_max",
+        ],
+    );
+}
+
+#[test]
+fn one_failing_rank_ends_every_rank_with_one_line() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let x = gen(dir.path(), "2MiB", 16);
+    // A NaN in the last row: only the last rank reads it.
+    let mut bytes = std::fs::read(&x).unwrap();
+    let n = bytes.len();
+    bytes[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&x, bytes).unwrap();
+    let (code, err) = watched(
+        dir.path(),
+        120,
+        &[
+            "mpirun",
+            "-np",
+            "3",
+            "--oversubscribe",
+            BIN,
+            "kmeans",
+            "--input",
+            x.to_str().unwrap(),
+            "--k",
+            "4",
+            "--workers",
+            "1",
+            "--output",
+            "c.npy",
+        ],
+    );
+    assert_ne!(code, Some(0), "{err}");
+    let ours: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("outcore: error"))
+        .collect();
+    assert_eq!(ours.len(), 1, "{err}");
+    assert!(
+        ours[0].starts_with("outcore: error: rank 2 of 3: ") && ours[0].contains("is NaN"),
+        "{err}"
+    );
+    assert!(!dir.path().join("c.npy").exists());
+
+    // More processes than shards: rank 0 says so, once, and all exit.
+    let (code, err) = watched(
+        dir.path(),
+        120,
+        &[
+            "mpirun",
+            "-np",
+            "3",
+            "--oversubscribe",
+            BIN,
+            "kmeans",
+            "--synthetic",
+            "1MiB",
+            "--dims",
+            "16",
+            "--k",
+            "4",
+            "--shards",
+            "2",
+            "--workers",
+            "1",
+        ],
+    );
+    assert_ne!(code, Some(0), "{err}");
+    let ours: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("outcore: error"))
+        .collect();
+    assert_eq!(ours.len(), 1, "{err}");
+    assert!(ours[0].contains("give --shards"), "{err}");
+}
