@@ -195,6 +195,8 @@ fn minibatch_kmeans_is_the_same_on_any_number_of_ranks() {
             "8",
             "--epochs",
             "2",
+            "--shards",
+            "4",
             "--task-points",
             "500",
             "--mem-cap",

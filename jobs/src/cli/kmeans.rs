@@ -57,9 +57,10 @@ pub(super) struct KmeansArgs {
     /// Shards the tasks are cut into: the order of every sum, and the
     /// unit spread over MPI processes (at least one each; at most
     /// --batch-tasks are used). Results depend on it, not on the number of
-    /// processes.
-    #[arg(long, value_name = "S", default_value_t = 8)]
-    shards: usize,
+    /// processes. Default: 1 for mini-batch (each batch is consecutive
+    /// tasks), 8 for Lloyd.
+    #[arg(long, value_name = "S")]
+    shards: Option<usize>,
     /// Convergence tolerance, relative to the data's mean per-feature
     /// variance (scikit-learn's tol). Lloyd stops when the squared centre
     /// shift of an iteration is at most this (default 1e-4); mini-batch
@@ -144,6 +145,10 @@ struct KmeansStats<'a> {
     best_init: usize,
     init_inertia: &'a [f64],
     weighted: bool,
+    /// Rank 0's seconds adding the shards' sums across processes, and the
+    /// number of steps that did.
+    combine_seconds: f64,
+    combines: usize,
     evictions: u64,
     trap_evictions: u64,
     clean_evictions: u64,
@@ -204,7 +209,13 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         check_writable(p)?;
     }
     positive("--task-points", a.task_points)?;
-    positive("--shards", a.shards)?;
+    let shards = positive(
+        "--shards",
+        a.shards.unwrap_or(match a.algorithm {
+            AlgorithmArg::Minibatch => 1,
+            AlgorithmArg::Lloyd => 8,
+        }),
+    )?;
     positive("--batch-tasks", a.batch_tasks)?;
     positive("--epochs", a.epochs)?;
     positive("--iterations", a.iterations)?;
@@ -273,18 +284,17 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         }),
         max_no_improvement: a.max_no_improvement,
         n_init: a.n_init,
-        shards: a.shards,
+        shards,
     };
     let processes = ranks.size();
     let share = if processes > 1 {
         let sh = kmeans::shards(rows, &cfg);
         if sh.count() < processes {
             return Err(Error::Input(format!(
-                "{processes} processes, but the data makes only {} shards ({} tasks of --task-points {}; --shards {}, --batch-tasks {}): give --shards and --batch-tasks at least {processes}",
+                "{processes} processes, but the data makes only {} shards ({} tasks of --task-points {}; --shards {shards}, --batch-tasks {}): give --shards and --batch-tasks at least {processes} (the results depend on --shards, not on the number of processes)",
                 sh.count(),
                 sh.task_count(),
                 a.task_points,
-                a.shards,
                 a.batch_tasks
             )));
         }
@@ -492,6 +502,8 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 best_init: out.best_init,
                 init_inertia: &out.init_inertia,
                 weighted: a.sample_weight.is_some(),
+                combine_seconds: out.combine_seconds,
+                combines: out.combines,
                 evictions: tot.evictions,
                 trap_evictions: tot.trap_evictions,
                 clean_evictions: tot.clean_evictions,

@@ -52,9 +52,10 @@ shift
 [[ $np =~ ^[1-9][0-9]*$ ]] || usage
 
 [[ $(id -u) -eq 0 ]] || skip "needs root (network namespaces)"
-command -v ip >/dev/null 2>&1 && ip netns list >/dev/null 2>&1 ||
+if ! command -v ip >/dev/null 2>&1 || ! ip netns list >/dev/null 2>&1; then
     skip "\`ip netns\` is unavailable"
-mpirun=$(command -v mpirun) || skip "mpirun not found"
+fi
+command -v mpirun >/dev/null 2>&1 || skip "mpirun not found"
 # Absolute path of the daemon, so that node B finds it whatever its PATH.
 orted=$(command -v orted) || skip "orted not found"
 
@@ -80,15 +81,16 @@ created_b=0
 tmp=""
 job=""
 
-# Ends every process still inside namespace $1 (mpirun, orted, ranks),
-# politely first.
+# Ends every process still inside namespace $1 (mpirun, orted, ranks: all
+# started by this script), politely first. This is the safety net when
+# mpirun did not end its job (killed, or a signal came before $job was set).
 kill_in_ns() {
-    local ns=$1 pids i
+    local ns=$1 pids
     pids=$(ip netns pids "$ns" 2>/dev/null) || return 0
     [[ -n $pids ]] || return 0
     # shellcheck disable=SC2086 # word splitting of the pid list is wanted
     kill -TERM $pids 2>/dev/null
-    for i in $(seq 50); do
+    for _ in $(seq 50); do
         pids=$(ip netns pids "$ns" 2>/dev/null)
         [[ -n $pids ]] || return 0
         sleep 0.1
@@ -101,10 +103,14 @@ kill_in_ns() {
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM HUP
-    # Stop the job if it is still running (signal, or the script failed).
+    # Stop the job if it is still running (signal, or the script failed):
+    # SIGTERM makes mpirun end every rank on both nodes; SIGKILL after 10 s.
     if [[ -n $job ]] && kill -0 "$job" 2>/dev/null; then
         kill -TERM "$job" 2>/dev/null
-        timeout 10 tail --pid="$job" -f /dev/null 2>/dev/null
+        for _ in $(seq 100); do
+            kill -0 "$job" 2>/dev/null || break
+            sleep 0.1
+        done
         kill -KILL "$job" 2>/dev/null
         wait "$job" 2>/dev/null
     fi
@@ -135,10 +141,18 @@ trap 'on_signal 15' TERM
 
 # --- the two nodes ---------------------------------------------------------
 
-ip netns add "$ns_a" 2>/dev/null || skip "cannot create network namespaces"
+# Each flag is set just before its `ip netns add`: a signal during the add
+# runs the trap only once the add is done, and cleanup then removes it.
 created_a=1
-ip netns add "$ns_b" 2>/dev/null || skip "cannot create network namespaces"
+ip netns add "$ns_a" 2>/dev/null || {
+    created_a=0
+    skip "cannot create network namespaces"
+}
 created_b=1
+ip netns add "$ns_b" 2>/dev/null || {
+    created_b=0
+    skip "cannot create network namespaces"
+}
 
 # The veth pair is created directly inside the namespaces: nothing appears
 # in the host's namespace, even for a moment.
@@ -148,6 +162,10 @@ set -e
 ip -n "$ns_a" addr add "$addr_a/24" dev "$if_a"
 ip -n "$ns_b" addr add "$addr_b/24" dev "$if_b"
 for ns in "$ns_a" "$ns_b"; do
+    # IPv4 only on the link (no IPv6 link-local addresses for OpenMPI to
+    # consider); best effort.
+    ip netns exec "$ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 \
+        net.ipv6.conf.default.disable_ipv6=1 >/dev/null 2>&1 || true
     ip -n "$ns" link set lo up
 done
 ip -n "$ns_a" link set "$if_a" up
@@ -161,7 +179,10 @@ for _ in $(seq 50); do
     sleep 0.1
 done
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/ocmpi.XXXXXX")
+# Temporary files (hostfile, agent, OpenMPI's session directories). In /tmp,
+# not $TMPDIR: OpenMPI splits the agent's path at spaces. The program's own
+# TMPDIR is left as it is.
+tmp=$(mktemp -d /tmp/ocmpi.XXXXXX)
 
 # Hostfile: ceil(np/2) slots on node A (which gets ranks 0..), the rest on B.
 n_a=$(((np + 1) / 2))
@@ -221,8 +242,9 @@ while read -r name; do
 done < <(compgen -e | grep -E '^(OUTCORE_|RUST_)' || true)
 
 # mpirun runs in namespace A, whose only interfaces are lo and the veth end.
-# - plm rsh with our agent; no tree spawn (the HNP starts node B's daemon);
-#   the daemon by absolute path.
+# - plm rsh with our agent; the daemon by absolute path. (mpirun itself is
+#   called by name: called by absolute path, it would act as with --prefix
+#   and prepend /usr/bin and /usr/lib to PATH and LD_LIBRARY_PATH on B.)
 # - pml ob1 + btl tcp,self: every message between ranks, on the same node
 #   or not, goes over TCP (no shared memory, no UCX); TCP and the
 #   out-of-band channel only on the veth subnet.
@@ -234,9 +256,10 @@ done < <(compgen -e | grep -E '^(OUTCORE_|RUST_)' || true)
 # It runs in the background so that a signal to this script is handled at
 # once (trap above); stdin is passed on explicitly (a background command
 # would otherwise read /dev/null).
+# shellcheck disable=SC2016 # $1 and $@ are the inner shell's
 ip netns exec "$ns_a" unshare --uts sh -c \
     'echo "$1" >/proc/sys/kernel/hostname && shift && exec "$@"' sh "$ns_a" \
-    "$mpirun" \
+    mpirun \
     -np "$np" \
     --hostfile "$hostfile" \
     --map-by slot \
@@ -245,7 +268,6 @@ ip netns exec "$ns_a" unshare --uts sh -c \
     --wdir "$PWD" \
     --mca plm rsh \
     --mca plm_rsh_agent "$agent" \
-    --mca plm_rsh_no_tree_spawn 1 \
     --mca orte_launch_agent "$orted" \
     --mca pml ob1 \
     --mca btl tcp,self \
@@ -256,7 +278,7 @@ ip netns exec "$ns_a" unshare --uts sh -c \
     "$@" <&0 &
 job=$!
 
-wait "$job"
+wait "$job" 2>/dev/null # (no "Killed" notice from bash on stderr)
 rc=$?
 job=""
 exit "$rc"
