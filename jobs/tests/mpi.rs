@@ -314,6 +314,8 @@ fn one_failing_rank_ends_every_rank_with_one_line() {
             x.to_str().unwrap(),
             "--k",
             "4",
+            "--shards",
+            "3",
             "--workers",
             "1",
             "--output",
@@ -362,4 +364,54 @@ fn one_failing_rank_ends_every_rank_with_one_line() {
         .collect();
     assert_eq!(ours.len(), 1, "{err}");
     assert!(ours[0].contains("give --shards"), "{err}");
+}
+
+#[test]
+fn ranks_on_two_simulated_nodes_over_tcp_give_the_same_bytes() {
+    if !have_mpirun() {
+        return;
+    }
+    // Two network namespaces joined by a veth pair, OpenMPI's TCP
+    // transport between them (tests/mpi/netns.sh; root only).
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mpi/netns.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "kmeans",
+        "--synthetic",
+        "4MiB",
+        "--dims",
+        "32",
+        "--k",
+        "8",
+        "--true-k",
+        "8",
+        "--epochs",
+        "2",
+        "--shards",
+        "4",
+        "--task-points",
+        "500",
+        "--mem-cap",
+        "1MiB",
+        "--workers",
+        "1",
+        "--output",
+        "c.npy",
+    ];
+    let mut cmd = vec!["bash", script, "3", BIN];
+    cmd.extend(args);
+    let (code, err) = watched(dir.path(), 300, &cmd);
+    if code == Some(77) {
+        eprintln!("skipped: {}", err.trim());
+        return;
+    }
+    assert_eq!(code, Some(0), "{err}");
+    let single = dir.path().join("single");
+    std::fs::create_dir(&single).unwrap();
+    outcore(&single, 0, &args);
+    assert!(
+        std::fs::read(dir.path().join("c.npy")).unwrap()
+            == std::fs::read(single.join("c.npy")).unwrap(),
+        "the centroids differ between two nodes and one process"
+    );
 }
