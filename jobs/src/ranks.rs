@@ -12,7 +12,7 @@
 //! adding the same vectors in the same order gets.
 //!
 //! [`Ranks::single`] is the one-process case (no MPI needed); with the
-//! `mpi` feature, [`Ranks::init`] initialises MPI (`MPI_THREAD_FUNNELED`:
+//! `mpi` feature, `Ranks::init` initialises MPI (`MPI_THREAD_FUNNELED`:
 //! every MPI call is made from the thread that called it, never from the
 //! runtime's workers or its allocator).
 //!
@@ -429,5 +429,52 @@ mod mpi_impl {
         pub fn abort(&self, code: i32) -> ! {
             self.world.abort(code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Ranks, Shards};
+
+    #[test]
+    fn shards_cover_every_task_once_and_ranks_hold_runs_of_them() {
+        for tasks in [0u64, 1, 2, 7, 40, 41, 1000] {
+            for count in [1usize, 3, 8, 64] {
+                let s = Shards::new(tasks, count);
+                assert!(s.count() >= 1 && s.count() as u64 <= tasks.max(1));
+                let mut next = 0;
+                for j in 0..s.count() {
+                    let t = s.tasks(j);
+                    assert_eq!(t.start, next);
+                    assert!(t.end - t.start <= tasks.div_ceil(s.count() as u64));
+                    next = t.end;
+                }
+                assert_eq!(next, tasks);
+                for ranks in 1..=s.count() {
+                    let mut at = 0;
+                    for r in 0..ranks {
+                        let mine = s.of_rank(r, ranks);
+                        assert_eq!(mine.start, at);
+                        assert!(!mine.is_empty());
+                        at = mine.end;
+                        let t = s.tasks_of_rank(r, ranks);
+                        assert_eq!(t.start, s.tasks(mine.start).start);
+                        assert_eq!(t.end, s.tasks(mine.end - 1).end);
+                    }
+                    assert_eq!(at, s.count());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_process_adds_in_order() {
+        let r = Ranks::single();
+        let v = vec![vec![1e16, 1.0], vec![1.0, 2.0], vec![-1e16, 3.0]];
+        // ((0 + 1e16) + 1) - 1e16 = 0 in this order: not the exact 1.
+        assert_eq!(r.ordered_sum(&v, 2).unwrap(), vec![0.0, 6.0]);
+        assert!(r.ordered_sum(&v, 3).is_err());
+        assert_eq!(r.all_gather(&[1.0, 2.0]).unwrap(), vec![1.0, 2.0]);
+        assert_eq!(r.gather_u32(&[3]).unwrap(), Some(vec![3]));
     }
 }

@@ -56,11 +56,11 @@ pub(super) struct KmeansArgs {
     task_points: usize,
     /// Shards the tasks are cut into: the order of every sum, and the
     /// unit spread over MPI processes (at least one each; at most
-    /// --batch-tasks are used). Results depend on it, not on the number of
-    /// processes. Default: 1 for mini-batch (each batch is consecutive
-    /// tasks), 8 for Lloyd.
-    #[arg(long, value_name = "S")]
-    shards: Option<usize>,
+    /// --batch-tasks are used). A mini-batch takes --batch-tasks / S
+    /// consecutive tasks from each shard. Results depend on it, not on the
+    /// number of processes.
+    #[arg(long, value_name = "S", default_value_t = 8)]
+    shards: usize,
     /// Convergence tolerance, relative to the data's mean per-feature
     /// variance (scikit-learn's tol). Lloyd stops when the squared centre
     /// shift of an iteration is at most this (default 1e-4); mini-batch
@@ -209,13 +209,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         check_writable(p)?;
     }
     positive("--task-points", a.task_points)?;
-    let shards = positive(
-        "--shards",
-        a.shards.unwrap_or(match a.algorithm {
-            AlgorithmArg::Minibatch => 1,
-            AlgorithmArg::Lloyd => 8,
-        }),
-    )?;
+    let shards = positive("--shards", a.shards)?;
     positive("--batch-tasks", a.batch_tasks)?;
     positive("--epochs", a.epochs)?;
     positive("--iterations", a.iterations)?;
@@ -287,7 +281,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         shards,
     };
     let processes = ranks.size();
-    let share = if processes > 1 {
+    if processes > 1 {
         let sh = kmeans::shards(rows, &cfg);
         if sh.count() < processes {
             return Err(Error::Input(format!(
@@ -298,10 +292,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 a.batch_tasks
             )));
         }
-        Some(kmeans::rank_rows(rows, &cfg, ranks.rank(), processes))
-    } else {
-        None
-    };
+    }
     let data_bytes = rows * dims as u64 * 4;
     let default_cap = match a.data.input {
         None => MemoryCap::Bytes(1 << 30),
@@ -318,15 +309,19 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     let mut fb = Feedback::new();
     fb.stage("loading", rows);
     let t = Instant::now();
-    let ds = kmeans::load_rows(
+    let ds = kmeans::load_on(
         &rt,
         &src,
         a.sample_weight.as_deref(),
-        share,
+        &cfg,
+        ranks,
         part_bytes,
         |done, _| fb.progress(done),
     )?;
     let load_seconds = t.elapsed().as_secs_f64();
+    // The partitions' mean size (they are cut shard by shard).
+    let held: u64 = ds.part_rows.iter().map(|&n| u64::from(n)).sum();
+    let part_size = held * dims as u64 * 4 / ds.parts.len().max(1) as u64;
     phases.add_reads(ds.input_reads());
     // The start lines wait for the initialisation, which reads the data
     // (k-means++ and random samples read every partition): an input error
@@ -354,7 +349,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         intro.push(format!(
             "{} of {}, read from the {} as the run needs them",
             plural(ds.parts.len(), "partition"),
-            format_bytes(part_bytes.min(data_bytes)),
+            format_bytes(part_size),
             if a.data.input.is_some() {
                 "input"
             } else {
@@ -365,7 +360,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         intro.push(format!(
             "loaded {} of {} in {:.1}s",
             plural(ds.parts.len(), "partition"),
-            format_bytes(part_bytes.min(data_bytes)),
+            format_bytes(part_size),
             load_seconds
         ));
     }

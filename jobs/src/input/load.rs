@@ -93,9 +93,11 @@ pub(crate) struct Loader<'a> {
     pub part_bytes: u64,
     /// Executors are named `"{name} {index}"`.
     pub name: &'a str,
-    /// Only these rows (one rank's share), when given; [`Loader::load_lazy`]
-    /// only.
-    pub range: Option<(u64, u64)>,
+    /// Only these rows, cut into blocks segment by segment, when given:
+    /// `(first, end, rows per block)`, consecutive (one rank's share,
+    /// with blocks aligned to its shards). [`Loader::load_lazy`] only;
+    /// [`Loader::load`] takes them only when they cover every row.
+    pub segments: Option<&'a [(u64, u64, u64)]>,
 }
 
 /// How a block's values reach the task that builds its executor.
@@ -134,7 +136,10 @@ impl Loader<'_> {
     {
         let mut rows_src = Rows::open(self.source)?;
         let (rows, dims) = (rows_src.rows(), rows_src.dims());
-        if self.range.is_some_and(|r| r != (0, rows)) {
+        let covered = self
+            .segments
+            .map(|s| (s.first().map_or(0, |f| f.0), s.last().map_or(0, |l| l.1)));
+        if covered.is_some_and(|r| r != (0, rows)) {
             return Err(Error::Input(
                 "standard input and compressed .npz members can only be read whole, in order: they cannot be split among processes".into(),
             ));
@@ -532,19 +537,29 @@ impl Loader<'_> {
         // for one rank's share, blocks from the share's first row.
         let row_bytes = 4 * dims as u64 + if self.labels.is_some() { 4 } else { 0 };
         let per = (self.part_bytes / row_bytes.max(1)).clamp(1, u64::from(u32::MAX));
-        let range = self.range.map_or(0..rows, |(a, b)| a..b);
-        if range.start > range.end || range.end > rows {
-            return Err(Error::Input(format!(
-                "rows {}..{} asked of data with {rows} rows",
-                range.start, range.end
-            )));
+        let whole = [(0, rows, per)];
+        let segments = self.segments.unwrap_or(&whole);
+        let mut blocks = Vec::new();
+        let mut at = segments.first().map_or(0, |s| s.0);
+        let start = at;
+        for &(a, b, per) in segments {
+            if a != at || a > b || b > rows || per == 0 {
+                return Err(Error::Input(format!(
+                    "row segments must be consecutive, within the {rows} rows and cut into blocks of at least 1 row: {segments:?}"
+                )));
+            }
+            let per = per.min(u64::from(u32::MAX));
+            let mut first = a;
+            while first < b {
+                let n = per.min(b - first);
+                blocks.push((first, n as usize));
+                first += n;
+            }
+            at = b;
         }
-        let nparts = (range.end - range.start).div_ceil(per);
-        let mut parts = Vec::with_capacity(nparts as usize);
-        let mut part_rows = Vec::with_capacity(nparts as usize);
-        for p in 0..nparts {
-            let first = range.start + p * per;
-            let n = per.min(range.end - first) as usize;
+        let mut parts = Vec::with_capacity(blocks.len());
+        let mut part_rows = Vec::with_capacity(blocks.len());
+        for (p, &(first, n)) in blocks.iter().enumerate() {
             let name = format!("{} {p}", self.name);
             let size = n as u64 * bytes_per_row;
             let size = usize::try_from(size).unwrap_or(usize::MAX);
@@ -589,7 +604,7 @@ impl Loader<'_> {
             parts,
             part_rows,
             rows,
-            first_row: range.start,
+            first_row: start,
             dims,
             lazy: true,
             input: match &lazy {

@@ -109,31 +109,51 @@ pub fn load_weighted(
     part_bytes: u64,
     progress: impl FnMut(u64, u64),
 ) -> Result<Dataset> {
-    load_rows(rt, src, weights, None, part_bytes, progress)
-}
-
-/// [`load_weighted`], of rows `rows` only when given: one rank's share
-/// (see [`super::rank_rows`]). Each partition is read (or generated) from
-/// its own rows only. Sources that can only be read whole and in order
-/// (standard input, compressed `.npz` members) cannot be split.
-pub fn load_rows(
-    rt: &Runtime,
-    src: &Source,
-    weights: Option<&Path>,
-    rows: Option<std::ops::Range<u64>>,
-    part_bytes: u64,
-    progress: impl FnMut(u64, u64),
-) -> Result<Dataset> {
     let loader = Loader {
         source: src,
         labels: None,
         weights,
         part_bytes,
         name: "partition",
-        range: rows.map(|r| (r.start, r.end)),
+        segments: None,
     };
     // A row takes its values, its norm and its weight.
     let bytes_per_row = 4 * src.shape()?.1 as u64 + if weights.is_some() { 8 } else { 4 };
+    loader.load_lazy(
+        rt,
+        bytes_per_row,
+        |b| Partition::with_weights(b.first, b.dims, b.x, b.w),
+        progress,
+    )
+}
+
+/// [`load_weighted`] as one of `ranks`: this rank's shards of the tasks
+/// under `cfg` only (see [`super::rank_rows`]), each partition read (or
+/// generated) from its own rows only, and cut shard by shard so that a
+/// mini-batch's share of a shard is whole partitions (about `part_bytes`
+/// each). Sources that can only be read whole and in order (standard
+/// input, compressed `.npz` members) cannot be split among ranks.
+pub fn load_on(
+    rt: &Runtime,
+    src: &Source,
+    weights: Option<&Path>,
+    cfg: &super::Config,
+    ranks: &crate::ranks::Ranks,
+    part_bytes: u64,
+    progress: impl FnMut(u64, u64),
+) -> Result<Dataset> {
+    let (rows, dims) = src.shape()?;
+    let segments = super::segments(rows, dims, cfg, ranks, part_bytes)?;
+    let loader = Loader {
+        source: src,
+        labels: None,
+        weights,
+        part_bytes,
+        name: "partition",
+        segments: Some(&segments),
+    };
+    // A row takes its values, its norm and its weight.
+    let bytes_per_row = 4 * dims as u64 + if weights.is_some() { 8 } else { 4 };
     loader.load_lazy(
         rt,
         bytes_per_row,

@@ -31,7 +31,7 @@ use std::time::Instant;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
-pub use data::{load, load_rows, load_weighted, Dataset, Partition};
+pub use data::{load, load_on, load_weighted, Dataset, Partition};
 
 use crate::error::{Error, Result};
 use crate::input::mix;
@@ -323,12 +323,11 @@ pub struct Config {
     /// Shards the tasks are cut into (at most `batch_tasks` and the number
     /// of tasks are used): the unit of the reductions' order and of the
     /// split among processes, so at least the number of processes. The
-    /// results depend on it, never on the number of processes. With one
-    /// shard (the default) a mini-batch is `batch_tasks` consecutive
-    /// tasks; with more, each batch takes its share from every shard, and
-    /// under a cap the shards' windows side by side keep less of the data
-    /// resident (measured: 1.16 GiB read per epoch with 1 shard, 1.55 GiB
-    /// with 8, for 2 GiB under a 1 GiB cap).
+    /// results depend on it, never on the number of processes. A
+    /// mini-batch takes `batch_tasks / shards` consecutive tasks from each
+    /// shard (with one shard, `batch_tasks` consecutive tasks). Load with
+    /// [`load_on`], which cuts the partitions shard by shard to fit the
+    /// batches: under a cap, 8 shards then read as little per epoch as 1.
     pub shards: usize,
 }
 
@@ -347,7 +346,7 @@ impl Default for Config {
             tol: 0.0,
             max_no_improvement: None,
             n_init: 1,
-            shards: 1,
+            shards: 8,
         }
     }
 }
@@ -497,11 +496,75 @@ pub fn shards(rows: u64, cfg: &Config) -> Shards {
 }
 
 /// The rows rank `rank` of `ranks` holds (its shards' tasks): load them
-/// with [`load_rows`] and run with [`run_on`].
+/// with [`load_on`] and run with [`run_on`].
 pub fn rank_rows(rows: u64, cfg: &Config, rank: usize, ranks: usize) -> std::ops::Range<u64> {
     let t = shards(rows, cfg).tasks_of_rank(rank, ranks);
     let tp = cfg.task_points.max(1) as u64;
     (t.start * tp).min(rows)..(t.end * tp).min(rows)
+}
+
+/// Mini-batch: the tasks shard `s` of `shards` gives each batch
+/// (`batch_tasks` spread over the shards).
+fn per_batch(shards: &Shards, s: usize, batch_tasks: usize) -> u64 {
+    let n = shards.count();
+    ((s + 1) * batch_tasks / n - s * batch_tasks / n) as u64
+}
+
+/// The row segments rank `ranks.rank()` loads (see [`load_on`]): one per
+/// shard, `(first, end, rows per partition)`, with partitions of whole
+/// tasks near `part_bytes`; for mini-batch, a divisor or a multiple of the
+/// shard's tasks per batch, so that a batch never takes part of a
+/// partition that the next batch takes the rest of.
+fn segments(
+    rows: u64,
+    dims: usize,
+    cfg: &Config,
+    ranks: &Ranks,
+    part_bytes: u64,
+) -> Result<Vec<(u64, u64, u64)>> {
+    let sh = shards(rows, cfg);
+    if sh.count() < ranks.size() {
+        return Err(too_few_shards(&sh, cfg, ranks));
+    }
+    let tp = cfg.task_points.max(1) as u64;
+    let want = (part_bytes / (4 * dims.max(1) as u64) / tp).max(1);
+    let mut out = Vec::new();
+    for s in sh.of_rank(ranks.rank(), ranks.size()) {
+        let t = sh.tasks(s);
+        let tasks = match cfg.algorithm {
+            Algorithm::MiniBatch => {
+                let q = per_batch(&sh, s, cfg.batch_tasks).max(1);
+                if want >= q {
+                    want / q * q
+                } else {
+                    // The divisor of q nearest to `want` (by ratio).
+                    let below = (1..=want).rev().find(|&d| q.is_multiple_of(d)).unwrap_or(1);
+                    let above = (want..=q).find(|&d| q.is_multiple_of(d)).unwrap_or(q);
+                    if (above as f64 / want as f64) < (want as f64 / below as f64) {
+                        above
+                    } else {
+                        below
+                    }
+                }
+            }
+            Algorithm::Lloyd => want,
+        };
+        out.push(((t.start * tp).min(rows), (t.end * tp).min(rows), tasks * tp));
+    }
+    Ok(out)
+}
+
+/// The error for fewer shards than processes.
+fn too_few_shards(sh: &Shards, cfg: &Config, ranks: &Ranks) -> Error {
+    Error::Input(format!(
+        "{} processes, but the data makes only {} shards ({} tasks of {} rows, at most {} per batch and {} shards asked): at least one shard per process is needed",
+        ranks.size(),
+        sh.count(),
+        sh.task_count(),
+        cfg.task_points,
+        cfg.batch_tasks,
+        cfg.shards
+    ))
 }
 
 /// Where this process's tasks are.
@@ -523,15 +586,7 @@ impl<'a> Plan<'a> {
     fn new(ranks: &'a Ranks, ds: &Dataset, cfg: &Config) -> Result<Plan<'a>> {
         let shards = shards(ds.rows, cfg);
         if shards.count() < ranks.size() {
-            return Err(Error::Input(format!(
-                "{} processes, but the data makes only {} shards ({} tasks of {} rows, at most {} per batch and {} shards asked): at least one shard per process is needed",
-                ranks.size(),
-                shards.count(),
-                shards.task_count(),
-                cfg.task_points,
-                cfg.batch_tasks,
-                cfg.shards
-            )));
+            return Err(too_few_shards(&shards, cfg, ranks));
         }
         let want = rank_rows(ds.rows, cfg, ranks.rank(), ranks.size());
         let held: u64 = ds.part_rows.iter().map(|&n| u64::from(n)).sum();
@@ -580,17 +635,10 @@ impl<'a> Plan<'a> {
         (self.rows - t * self.tp).min(self.tp)
     }
 
-    /// Mini-batch: tasks each shard gives a batch (`batch_tasks` spread
-    /// over the shards).
-    fn per_batch(&self, s: usize, batch_tasks: usize) -> u64 {
-        let n = self.shards.count();
-        ((s + 1) * batch_tasks / n - s * batch_tasks / n) as u64
-    }
-
     /// Mini-batch: the tasks shard `s` gives to batch `b`.
     fn batch_tasks(&self, s: usize, b: u64, batch_tasks: usize) -> std::ops::Range<u64> {
         let r = self.shards.tasks(s);
-        let q = self.per_batch(s, batch_tasks);
+        let q = per_batch(&self.shards, s, batch_tasks);
         let a = (r.start + b * q).min(r.end);
         a..(a + q).min(r.end)
     }
@@ -600,7 +648,7 @@ impl<'a> Plan<'a> {
         (0..self.shards.count())
             .map(|s| {
                 let r = self.shards.tasks(s);
-                (r.end - r.start).div_ceil(self.per_batch(s, batch_tasks).max(1))
+                (r.end - r.start).div_ceil(per_batch(&self.shards, s, batch_tasks).max(1))
             })
             .max()
             .unwrap_or(0)
@@ -693,7 +741,7 @@ pub fn run(rt: &Runtime, ds: &Dataset, cfg: &Config, on: impl FnMut(Event)) -> R
 }
 
 /// [`run`] as one of `ranks`, each holding its share of the rows (loaded
-/// with [`load_rows`] for [`rank_rows`]). Collective: every rank calls it
+/// with [`load_on`]). Collective: every rank calls it
 /// with the same configuration, and every rank gets the same centres,
 /// bit for bit those of one process; the labels, when asked, are all on
 /// rank 0 (none on the others).

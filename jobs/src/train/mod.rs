@@ -546,7 +546,9 @@ pub fn load_on(
             )));
         }
         let r = rank_rows(rows, cfg, ranks.rank(), ranks.size());
-        Some((r.start, r.end))
+        // Shards of about `shard_bytes` from the share's first row.
+        let per = shard_bytes / (4 * src.shape()?.1 as u64 + 4).max(1);
+        Some([(r.start, r.end, per.max(1))])
     } else {
         None
     };
@@ -556,7 +558,7 @@ pub fn load_on(
         weights: None,
         part_bytes: shard_bytes,
         name: "shard",
-        range,
+        segments: range.as_ref().map(|s| &s[..]),
     };
     // Shards are built when first needed (read from the input again after
     // an eviction while they are clean).
