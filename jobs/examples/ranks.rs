@@ -20,6 +20,16 @@ const BLOCK: u64 = 1 << 19;
 
 fn main() -> Result<(), outcore_jobs::Error> {
     let ranks = Ranks::init()?;
+    // An error on one rank ends every rank: returning would leave the
+    // others waiting in a collective.
+    if let Err(e) = run(&ranks) {
+        eprintln!("rank {} of {}: {e}", ranks.rank(), ranks.size());
+        ranks.abort(1);
+    }
+    Ok(())
+}
+
+fn run(ranks: &Ranks) -> Result<(), outcore_jobs::Error> {
     // The runtime is per rank: its cap, workers and spill directory.
     let rt = Runtime::builder()
         .mem_cap(MemoryCap::parse("16MiB")?)

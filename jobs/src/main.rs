@@ -31,7 +31,7 @@ fn main() -> ExitCode {
             }
             // Under mpirun every rank parses the same arguments: rank 0
             // alone says what is wrong.
-            let rank = ["OMPI_COMM_WORLD_RANK", "PMI_RANK"]
+            let rank = ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]
                 .iter()
                 .find_map(|v| std::env::var(v).ok());
             if rank.is_none_or(|r| r == "0") {

@@ -13,8 +13,20 @@
 //!
 //! [`Ranks::single`] is the one-process case (no MPI needed); with the
 //! `mpi` feature, `Ranks::init` initialises MPI (`MPI_THREAD_FUNNELED`:
-//! every MPI call is made from the thread that called it, never from the
-//! runtime's workers or its allocator).
+//! every MPI call is made from the thread that initialised MPI, never from
+//! the runtime's workers or its allocator).
+//!
+//! Every method but [`Ranks::rank`], [`Ranks::size`] and the like is
+//! collective: all ranks call it, in the same order. A rank that meets an
+//! error the others do not must end the job with [`Ranks::abort`] (the
+//! `outcore` command does): returning from `main` instead finalises MPI,
+//! which waits for ranks that wait in a collective for it. A panic on
+//! the thread that owns the `Ranks` aborts the job (`MPI_Abort`) for the
+//! same reason.
+//!
+//! Results are the same bit for bit on any number of ranks when the ranks
+//! run the same code on CPUs with the same features (the GEMM kernels are
+//! chosen at run time by CPU features).
 //!
 //! ```
 //! use outcore_jobs::ranks::{Ranks, Shards};
@@ -270,9 +282,11 @@ mod mpi_impl {
     use crate::error::{Error, Result};
 
     pub(super) struct World {
-        // Dropped last: finalises MPI.
         world: SimpleCommunicator,
+        // Dropped after `world`: finalises MPI.
         _universe: Universe,
+        // MPI is used from the thread that initialised it only.
+        _not_send: std::marker::PhantomData<*const ()>,
         pub rank: usize,
         pub size: usize,
         pub on_node: usize,
@@ -287,22 +301,43 @@ mod mpi_impl {
         })
     }
 
-    fn displacements(counts: &[i32]) -> Vec<i32> {
-        let mut at = 0;
-        counts
-            .iter()
-            .map(|c| {
-                let d = at;
-                at += c;
-                d
-            })
-            .collect()
+    /// Offsets of consecutive blocks of `counts` values; an error when
+    /// they add up to more than a C int.
+    fn displacements(counts: &[i32]) -> Result<Vec<i32>> {
+        let mut at = 0i32;
+        let mut out = Vec::with_capacity(counts.len());
+        for &c in counts {
+            out.push(at);
+            at = at.checked_add(c).ok_or_else(|| {
+                Error::Input("more values in one MPI collective than MPI's count allows".into())
+            })?;
+        }
+        Ok(out)
+    }
+
+    impl Drop for World {
+        fn drop(&mut self) {
+            // Unwinding out of the thread that owns MPI: finalising would
+            // wait for ranks that wait for this one. End the job instead.
+            if std::thread::panicking() {
+                eprintln!(
+                    "outcore: error: rank {} of {}: panicked; ending every rank",
+                    self.rank, self.size
+                );
+                self.world.abort(101);
+            }
+        }
     }
 
     impl World {
         pub fn init() -> Result<World> {
-            let (universe, _) = mpi::initialize_with_threading(Threading::Funneled)
+            let (universe, provided) = mpi::initialize_with_threading(Threading::Funneled)
                 .ok_or_else(|| Error::Input("MPI was already initialised".into()))?;
+            if provided < Threading::Funneled {
+                return Err(Error::Input(format!(
+                    "the MPI library provides thread level {provided:?}; outcore's worker threads need at least Funneled"
+                )));
+            }
             let world = universe.world();
             let on_node = world.split_shared(0).size() as usize;
             Ok(World {
@@ -311,6 +346,7 @@ mod mpi_impl {
                 on_node,
                 world,
                 _universe: universe,
+                _not_send: std::marker::PhantomData,
             })
         }
 
@@ -339,8 +375,8 @@ mod mpi_impl {
             let total: usize = rcounts.iter().map(|&c| c as usize).sum();
             let mut recv = vec![0f64; total];
             {
-                let sd = displacements(&scounts);
-                let rd = displacements(&rcounts);
+                let sd = displacements(&scounts)?;
+                let rd = displacements(&rcounts)?;
                 let s = Partition::new(&send[..], &scounts[..], &sd[..]);
                 let mut r = PartitionMut::new(&mut recv[..], &rcounts[..], &rd[..]);
                 self.world.all_to_all_varcount_into(&s, &mut r);
@@ -358,7 +394,7 @@ mod mpi_impl {
             let widths = (0..n)
                 .map(|j| count(bound(j + 1) - bound(j), "ordered_sum"))
                 .collect::<Result<Vec<i32>>>()?;
-            let wd = displacements(&widths);
+            let wd = displacements(&widths)?;
             let mut out = vec![0f64; len];
             {
                 let mut r = PartitionMut::new(&mut out[..], &widths[..], &wd[..]);
@@ -373,7 +409,7 @@ mod mpi_impl {
             self.world.all_gather_into(&mine, &mut counts[..]);
             let total: usize = counts.iter().map(|&c| c as usize).sum();
             count(total, "all_gather")?;
-            let d = displacements(&counts);
+            let d = displacements(&counts)?;
             let mut out = vec![0f32; total];
             {
                 let mut r = PartitionMut::new(&mut out[..], &counts[..], &d[..]);
@@ -394,7 +430,7 @@ mod mpi_impl {
             root.gather_into_root(&mine, &mut counts[..]);
             let total: usize = counts.iter().map(|&c| c as usize).sum();
             count(total, "gather")?;
-            let d = displacements(&counts);
+            let d = displacements(&counts)?;
             let mut out = vec![0u32; total];
             {
                 let mut r = PartitionMut::new(&mut out[..], &counts[..], &d[..]);

@@ -125,9 +125,13 @@ struct KmeansStats<'a> {
     k: usize,
     rows: u64,
     dims: usize,
+    /// Rank 0's partitions.
     partitions: usize,
+    /// Shards used (the order of the sums; the unit spread over ranks).
+    shards: usize,
     epoch_seconds: &'a [f64],
     epoch_inertia: &'a [f64],
+    /// Rank 0's bytes read and written per epoch.
     epoch_bytes_read: &'a [u64],
     epoch_bytes_written: &'a [u64],
     inertia: f64,
@@ -285,11 +289,18 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         let sh = kmeans::shards(rows, &cfg);
         if sh.count() < processes {
             return Err(Error::Input(format!(
-                "{processes} processes, but the data makes only {} shards ({} tasks of --task-points {}; --shards {shards}, --batch-tasks {}): give --shards and --batch-tasks at least {processes} (the results depend on --shards, not on the number of processes)",
+                "{processes} processes, but the data makes only {} shards ({} tasks of --task-points {}; --shards {shards}{}): give {} at least {processes} (the results depend on --shards, not on the number of processes)",
                 sh.count(),
                 sh.task_count(),
                 a.task_points,
-                a.batch_tasks
+                match cfg.algorithm {
+                    Algorithm::MiniBatch => format!(", --batch-tasks {}", a.batch_tasks),
+                    Algorithm::Lloyd => String::new(),
+                },
+                match cfg.algorithm {
+                    Algorithm::MiniBatch => "--shards and --batch-tasks",
+                    Algorithm::Lloyd => "--shards",
+                }
             )));
         }
     }
@@ -482,6 +493,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 rows,
                 dims,
                 partitions: ds.parts.len(),
+                shards: kmeans::shards(rows, &cfg).count(),
                 epoch_seconds: &out.epoch_seconds,
                 epoch_inertia: &out.epoch_inertia,
                 epoch_bytes_read: &epoch_read,

@@ -119,7 +119,11 @@ struct TrainStats<'a> {
     rows: u64,
     dims: usize,
     classes: usize,
+    /// Rank 0's shard executors.
     shards: usize,
+    /// L-BFGS reduction shards (the order of the sums; the unit spread
+    /// over ranks).
+    reduction_shards: usize,
     /// Local SGD: seconds per round.
     round_seconds: Vec<f64>,
     /// Held-out accuracy per round (local SGD) or per iteration (L-BFGS).
@@ -416,6 +420,11 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 dims: job.dims,
                 classes: job.classes,
                 shards: job.shards.len(),
+                reduction_shards: outcore_jobs::ranks::Shards::new(
+                    job.rows.div_ceil(train::TASK_ROWS as u64),
+                    cfg.shards,
+                )
+                .count(),
                 round_seconds: out.rounds.iter().map(|r| r.seconds).collect(),
                 accuracy: if out.rounds.is_empty() {
                     out.iterations.iter().filter_map(|i| i.accuracy).collect()

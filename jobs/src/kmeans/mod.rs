@@ -320,8 +320,8 @@ pub struct Config {
     /// Runs from different initialisations (the first from `seed`); the
     /// one with the lowest final inertia is kept.
     pub n_init: usize,
-    /// Shards the tasks are cut into (at most `batch_tasks` and the number
-    /// of tasks are used): the unit of the reductions' order and of the
+    /// Shards the tasks are cut into (at most the number of tasks, and for
+    /// mini-batch at most `batch_tasks`, are used): the unit of the reductions' order and of the
     /// split among processes, so at least the number of processes. The
     /// results depend on it, never on the number of processes. A
     /// mini-batch takes `batch_tasks / shards` consecutive tasks from each
@@ -489,10 +489,15 @@ fn chunks(ds: &Dataset, task_points: usize) -> Vec<Chunk> {
 }
 
 /// The shards of `rows` rows under `cfg`: tasks of `task_points` global
-/// rows, in `min(shards, batch_tasks, tasks)` shards.
+/// rows, in `min(shards, tasks)` shards, and for mini-batch at most
+/// `batch_tasks` (each batch takes at least one task from each shard).
 pub fn shards(rows: u64, cfg: &Config) -> Shards {
     let tasks = rows.div_ceil(cfg.task_points.max(1) as u64);
-    Shards::new(tasks, cfg.shards.min(cfg.batch_tasks).max(1))
+    let n = match cfg.algorithm {
+        Algorithm::MiniBatch => cfg.shards.min(cfg.batch_tasks),
+        Algorithm::Lloyd => cfg.shards,
+    };
+    Shards::new(tasks, n.max(1))
 }
 
 /// The rows rank `rank` of `ranks` holds (its shards' tasks): load them
@@ -506,8 +511,8 @@ pub fn rank_rows(rows: u64, cfg: &Config, rank: usize, ranks: usize) -> std::ops
 /// Mini-batch: the tasks shard `s` of `shards` gives each batch
 /// (`batch_tasks` spread over the shards).
 fn per_batch(shards: &Shards, s: usize, batch_tasks: usize) -> u64 {
-    let n = shards.count();
-    ((s + 1) * batch_tasks / n - s * batch_tasks / n) as u64
+    let (n, b, s) = (shards.count() as u128, batch_tasks as u128, s as u128);
+    ((s + 1) * b / n - s * b / n) as u64
 }
 
 /// The row segments rank `ranks.rank()` loads (see [`load_on`]): one per
@@ -533,7 +538,8 @@ fn segments(
         let t = sh.tasks(s);
         let tasks = match cfg.algorithm {
             Algorithm::MiniBatch => {
-                let q = per_batch(&sh, s, cfg.batch_tasks).max(1);
+                // (Beyond the shard's tasks, runs change nothing.)
+                let q = per_batch(&sh, s, cfg.batch_tasks).clamp(1, (t.end - t.start).max(1));
                 if want >= q {
                     want / q * q
                 } else {
@@ -557,13 +563,17 @@ fn segments(
 /// The error for fewer shards than processes.
 fn too_few_shards(sh: &Shards, cfg: &Config, ranks: &Ranks) -> Error {
     Error::Input(format!(
-        "{} processes, but the data makes only {} shards ({} tasks of {} rows, at most {} per batch and {} shards asked): at least one shard per process is needed",
+        "{} processes, but the data makes only {} shards ({} tasks of {} rows, {} shards asked{}): at least one shard per process is needed",
         ranks.size(),
         sh.count(),
         sh.task_count(),
         cfg.task_points,
-        cfg.batch_tasks,
-        cfg.shards
+        cfg.shards,
+        if cfg.algorithm == Algorithm::MiniBatch {
+            format!(", at most {} per batch", cfg.batch_tasks)
+        } else {
+            String::new()
+        }
     ))
 }
 

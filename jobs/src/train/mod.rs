@@ -8,9 +8,12 @@
 //! internally it is divided by `C * n` (as scikit-learn does), which
 //! changes the scale of the gradient tolerance but not the minimum. Each
 //! evaluation of the objective and its gradient is one pass of read-only
-//! tasks over the shards, one task per block of [`TASK_ROWS`] global rows,
-//! and the per-task partial sums are added in task order: the model does
-//! not depend on the number of shards, the cap or the timing. The
+//! tasks over the shards, one task per block of [`TASK_ROWS`] global rows.
+//! The tasks are grouped into [`TrainConfig::shards`] reduction shards;
+//! the per-task partial sums are added per reduction shard in task order,
+//! then across them in order ([`crate::ranks::Ranks::ordered_sum`]): the
+//! model does not depend on the number of shard executors, the cap, the
+//! timing or the number of MPI processes ([`train_lbfgs_on`]). The
 //! held-out accuracy of every evaluated point is measured in the same
 //! pass. The L-BFGS curvature pairs live in executors (see [`lbfgs`]).
 //!
@@ -477,8 +480,8 @@ pub fn rank_rows(rows: u64, cfg: &TrainConfig, rank: usize, ranks: usize) -> Ran
     (t.start * tr).min(rows)..(t.end * tr).min(rows)
 }
 
-/// [`load`] as one of `ranks`: this rank's rows only ([`rank_rows`]).
-/// Collective when there is more than one rank.
+/// [`load`] as one of `ranks`: this rank's rows only ([`rank_rows`]), in
+/// shards of whole [`TASK_ROWS`]-row tasks.
 #[allow(clippy::too_many_arguments)]
 pub fn load_on(
     rt: &Runtime,
@@ -546,9 +549,11 @@ pub fn load_on(
             )));
         }
         let r = rank_rows(rows, cfg, ranks.rank(), ranks.size());
-        // Shards of about `shard_bytes` from the share's first row.
+        // Shards of about `shard_bytes`, whole tasks, from the share's
+        // first row (a task boundary).
         let per = shard_bytes / (4 * src.shape()?.1 as u64 + 4).max(1);
-        Some([(r.start, r.end, per.max(1))])
+        let tr = TASK_ROWS as u64;
+        Some([(r.start, r.end, (per / tr).max(1) * tr)])
     } else {
         None
     };
@@ -779,6 +784,19 @@ pub fn train_lbfgs_on(
     // global task.
     let shards = Shards::new(job.rows.div_ceil(TASK_ROWS as u64), cfg.shards);
     let mine = shards.of_rank(ranks.rank(), ranks.size());
+    let held: u64 = job.shard_rows.iter().map(|&r| u64::from(r)).sum();
+    let want = rank_rows(job.rows, cfg, ranks.rank(), ranks.size());
+    if ranks.size() > 1 && want != (job.first_row..job.first_row + held) {
+        return Err(Error::Input(format!(
+            "process {} of {} holds rows {}..{}, but its shards are rows {}..{} (load the job with the same configuration and processes)",
+            ranks.rank(),
+            ranks.size(),
+            job.first_row,
+            job.first_row + held,
+            want.start,
+            want.end
+        )));
+    }
     let owner_of = |g: u64| -> usize {
         mine.clone()
             .find(|&s| shards.tasks(s).contains(&g))
