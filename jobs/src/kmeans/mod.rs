@@ -460,6 +460,8 @@ struct Chunk {
     start: usize,
     len: usize,
     task: u64,
+    /// Global index of its first row.
+    row: u64,
 }
 
 /// The dataset's rows cut at global task boundaries (multiples of
@@ -480,6 +482,7 @@ fn chunks(ds: &Dataset, task_points: usize) -> Vec<Chunk> {
                 start: (r - first) as usize,
                 len: (stop - r) as usize,
                 task,
+                row: r,
             });
             r = stop;
         }
@@ -590,6 +593,8 @@ struct Plan<'a> {
     t0: u64,
     tp: u64,
     rows: u64,
+    algorithm: Algorithm,
+    batch_tasks: usize,
 }
 
 impl<'a> Plan<'a> {
@@ -631,6 +636,8 @@ impl<'a> Plan<'a> {
             t0: tasks.start,
             tp,
             rows: ds.rows,
+            algorithm: cfg.algorithm,
+            batch_tasks: cfg.batch_tasks,
         })
     }
 
@@ -682,6 +689,24 @@ impl<'a> Plan<'a> {
             }
         }
         rt.hint_cycle(order);
+    }
+
+    /// This process's tasks in the order the algorithm's passes take them
+    /// (Lloyd: row order; mini-batch: batch after batch, each walking the
+    /// shards), each with its shard (counted from the first local one).
+    /// Every shard's tasks come in task order.
+    fn sweep_order(&self) -> Vec<(u64, usize)> {
+        match self.algorithm {
+            Algorithm::Lloyd => self.local_tasks(),
+            Algorithm::MiniBatch => (0..self.batches(self.batch_tasks))
+                .flat_map(|b| {
+                    self.mine.clone().flat_map(move |s| {
+                        self.batch_tasks(s, b, self.batch_tasks)
+                            .map(move |t| (t, s - self.mine.start))
+                    })
+                })
+                .collect(),
+        }
     }
 
     /// This process's tasks in row order, each with its shard (counted
@@ -832,6 +857,10 @@ fn run_once(
     labels: bool,
     on: &mut impl FnMut(Event),
 ) -> Result<Outcome> {
+    // Every pass (the initialisation's sample, the epochs or iterations,
+    // the final pass) sweeps in the same order: the resident part of the
+    // data chosen during one stays right for the next.
+    plan.declare(rt, ds, plan.sweep_order().into_iter().map(|(t, _)| t));
     let t = Instant::now();
     let (mut centers, sample_variance) = initial_centers(rt, ds, cfg, plan.ranks, seed)?;
     on(Event::Initialized {
@@ -867,16 +896,6 @@ fn run_once(
             let packed = Packed { k, d, stats: false };
             let batches = plan.batches(cfg.batch_tasks);
             let bt = cfg.batch_tasks;
-            // The epoch walks the shards side by side.
-            plan.declare(
-                rt,
-                ds,
-                (0..batches).flat_map(|b| {
-                    plan.mine
-                        .clone()
-                        .flat_map(move |s| plan.batch_tasks(s, b, bt))
-                }),
-            );
             for epoch in 0..cfg.epochs {
                 let t = Instant::now();
                 let mut inertia = 0.0;
@@ -960,8 +979,6 @@ fn run_once(
                     break;
                 }
             }
-            // The final pass sweeps in row order.
-            plan.declare(rt, ds, plan.local_tasks().into_iter().map(|(t, _)| t));
         }
         Algorithm::Lloyd => {
             // Every task's sums are added to its shard's, in task order,
@@ -1153,12 +1170,14 @@ fn final_pass(
 ) -> Result<(f64, Option<Vec<u32>>)> {
     let shared = Arc::new(c.clone());
     let mut accs = vec![vec![0f64]; plan.mine.len()];
-    let mut all = labels.then(|| Vec::with_capacity(plan.local_rows() as usize));
+    let mut all = labels.then(|| vec![0u32; plan.local_rows() as usize]);
     let want = Want {
         labels,
         ..Want::default()
     };
-    for group in plan.local_tasks().chunks(LLOYD_GROUP) {
+    // In the passes' order (each shard's tasks in task order); the labels
+    // land at their rows.
+    for group in plan.sweep_order().chunks(LLOYD_GROUP) {
         let mut list = Vec::new();
         let mut owner = Vec::new();
         for &(task, o) in group {
@@ -1167,13 +1186,15 @@ fn final_pass(
                 owner.push(o);
             }
         }
-        for (p, &o) in sweep(rt, ds, &list, &shared, want, None)?
+        for ((p, &o), ch) in sweep(rt, ds, &list, &shared, want, None)?
             .iter()
             .zip(&owner)
+            .zip(&list)
         {
             accs[o][0] += p.inertia;
             if let Some(all) = all.as_mut() {
-                all.extend_from_slice(&p.labels);
+                let at = (ch.row - ds.first_row) as usize;
+                all[at..at + p.labels.len()].copy_from_slice(&p.labels);
             }
         }
     }
