@@ -305,6 +305,38 @@ fn training_is_the_same_on_any_number_of_ranks() {
 }
 
 #[test]
+fn local_sgd_is_the_same_on_any_number_of_ranks() {
+    if !have_mpirun() {
+        return;
+    }
+    // The ranks hold runs of the one process's 8 shard executors (of 3
+    // tasks each: not the L-BFGS split).
+    same_bytes_for_every_count(
+        &[
+            "train",
+            "--solver",
+            "sgd",
+            "--synthetic",
+            "6MiB",
+            "--dims",
+            "32",
+            "--classes",
+            "4",
+            "--rounds",
+            "2",
+            "--mem-cap",
+            "1MiB",
+            "--partitions",
+            "6",
+            "--output",
+            "m.npy",
+        ],
+        &["m.npy"],
+        &["accuracy", "final_accuracy"],
+    );
+}
+
+#[test]
 fn one_failing_rank_ends_every_rank_with_one_line() {
     if !have_mpirun() {
         return;

@@ -187,11 +187,6 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         ),
     }
     positive("--shards", a.shards)?;
-    if ranks.size() > 1 && matches!(a.solver, SolverArg::Sgd) {
-        return Err(Error::Input(
-            "--solver sgd does not run on several processes (its model depends on the sharding); --solver lbfgs does".into(),
-        ));
-    }
     // Rank 0 writes the outputs.
     for p in [&a.output, &a.mem.stats, &a.mem.timeline]
         .into_iter()
@@ -346,7 +341,7 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         })
     };
     let out = match solver {
-        Solver::Sgd => train::train(&rt, &job, &cfg, |r| {
+        Solver::Sgd => train::train_on(&rt, &job, &cfg, ranks, |r| {
             say!(
                 "round {}/{}: {:.2}s{}, {}",
                 r.index + 1,

@@ -531,12 +531,23 @@ pub fn load_on(
         }
         None => max_label as usize + 1,
     };
-    let range = if ranks.size() > 1 {
-        if cfg.solver == Solver::Sgd {
-            return Err(Error::Input(
-                "local SGD's model depends on the sharding, so it does not run on several processes; L-BFGS does".into(),
-            ));
+    let range = if ranks.size() > 1 && cfg.solver == Solver::Sgd {
+        // Local SGD's model depends on the shard executors: the ranks
+        // hold runs of the single process's shards (every `per` rows from
+        // row 0).
+        let rows = src.shape()?.0;
+        let per = (shard_bytes / (4 * src.shape()?.1 as u64 + 4)).max(1);
+        let s = Shards::new(rows.div_ceil(per), usize::MAX);
+        if s.count() < ranks.size() {
+            return Err(Error::Input(format!(
+                "{} processes, but the data makes only {} shards of {per} rows: at least one shard per process is needed",
+                ranks.size(),
+                s.count()
+            )));
         }
+        let t = s.tasks_of_rank(ranks.rank(), ranks.size());
+        Some([((t.start * per).min(rows), (t.end * per).min(rows), per)])
+    } else if ranks.size() > 1 {
         let rows = src.shape()?.0;
         let s = Shards::new(rows.div_ceil(TASK_ROWS as u64), cfg.shards);
         if s.count() < ranks.size() {
@@ -663,6 +674,20 @@ pub fn train(
     rt: &Runtime,
     job: &Job,
     cfg: &TrainConfig,
+    on_round: impl FnMut(&Round),
+) -> Result<Trained> {
+    train_on(rt, job, cfg, &Ranks::single(), on_round)
+}
+
+/// [`train`] (local SGD) as one of `ranks`, each holding a run of the
+/// shards one process would hold with the same shard size ([`load_on`]).
+/// Collective: every rank gets the same model, bit for bit the single
+/// process's: the replicas are averaged in shard order across ranks.
+pub fn train_on(
+    rt: &Runtime,
+    job: &Job,
+    cfg: &TrainConfig,
+    ranks: &Ranks,
     mut on_round: impl FnMut(&Round),
 ) -> Result<Trained> {
     if cfg.batch == 0 || cfg.local_epochs == 0 {
@@ -670,7 +695,9 @@ pub fn train(
             "batch and local_epochs must be at least 1".into(),
         ));
     }
-    let total: u64 = job.weights.iter().sum();
+    let local: u64 = job.weights.iter().sum();
+    // Training rows of all the ranks (integers: exact in any order).
+    let total = ranks.ordered_sum(&[vec![local as f64]], 1)?[0] as u64;
     if total == 0 {
         return Err(Error::Input(
             "no training rows left after the held-out split".into(),
@@ -691,14 +718,19 @@ pub fn train(
             });
         }
         let replicas = b.run()?;
-        // Weighted average, in shard order.
-        let mut avg = vec![0f64; global.w.len()];
-        for (w, &n) in replicas.iter().zip(&job.weights) {
-            let f = n as f64 / total as f64;
-            for (a, &v) in avg.iter_mut().zip(w.iter()) {
-                *a += f * f64::from(v);
-            }
-        }
+        // Weighted average, in shard order (across ranks).
+        let len = global.w.len();
+        let terms: Vec<Vec<f64>> = replicas
+            .iter()
+            .zip(&job.weights)
+            .map(|(w, &n)| {
+                let f = n as f64 / total as f64;
+                w.iter().map(|&v| f * f64::from(v)).collect()
+            })
+            .collect();
+        drop(replicas);
+        let avg = ranks.ordered_sum(&terms, len)?;
+        drop(terms);
         let avg: Vec<f32> = avg.into_iter().map(|v| v as f32).collect();
         rt.write(&job.global, move |m: &mut Model| m.w = PodVec::from(avg))?;
         let model = Arc::new(rt.read(&job.global, |m: &Model| m.clone())?);
@@ -710,7 +742,9 @@ pub fn train(
         let (correct, seen) = b
             .run()?
             .into_iter()
-            .fold((0, 0), |a, r| (a.0 + r.0, a.1 + r.1));
+            .fold((0u64, 0u64), |a, r| (a.0 + r.0, a.1 + r.1));
+        let all = ranks.ordered_sum(&[vec![correct as f64, seen as f64]], 2)?;
+        let (correct, seen) = (all[0] as u64, all[1] as u64);
         let r = Round {
             index,
             seconds: t.elapsed().as_secs_f64(),
