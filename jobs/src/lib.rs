@@ -54,6 +54,8 @@
 //!   load through.
 //! - [`timeline`]: a CSV of memory and traffic sampled while a job runs
 //!   (`--timeline`), and its reader.
+//! - [`ranks`]: the jobs on MPI ranks (the `mpi` feature) with results
+//!   that do not depend on the number of ranks ([`ranks::Ranks::ordered_sum`]).
 //! - [`npy`]: `.npy` arrays in and out; [`write_json`] and
 //!   [`check_writable`] for the other outputs.
 //! - [`Error`], [`Result`].

@@ -109,13 +109,26 @@ pub fn load_weighted(
     part_bytes: u64,
     progress: impl FnMut(u64, u64),
 ) -> Result<Dataset> {
+    load_segments(rt, src, weights, None, part_bytes, progress)
+}
+
+/// The partitions of `segments` (all rows when `None`; see
+/// `Loader::segments`).
+fn load_segments(
+    rt: &Runtime,
+    src: &Source,
+    weights: Option<&Path>,
+    segments: Option<&[(u64, u64, u64)]>,
+    part_bytes: u64,
+    progress: impl FnMut(u64, u64),
+) -> Result<Dataset> {
     let loader = Loader {
         source: src,
         labels: None,
         weights,
         part_bytes,
         name: "partition",
-        segments: None,
+        segments,
     };
     // A row takes its values, its norm and its weight.
     let bytes_per_row = 4 * src.shape()?.1 as u64 + if weights.is_some() { 8 } else { 4 };
@@ -144,20 +157,5 @@ pub fn load_on(
 ) -> Result<Dataset> {
     let (rows, dims) = src.shape()?;
     let segments = super::segments(rows, dims, cfg, ranks, part_bytes)?;
-    let loader = Loader {
-        source: src,
-        labels: None,
-        weights,
-        part_bytes,
-        name: "partition",
-        segments: Some(&segments),
-    };
-    // A row takes its values, its norm and its weight.
-    let bytes_per_row = 4 * dims as u64 + if weights.is_some() { 8 } else { 4 };
-    loader.load_lazy(
-        rt,
-        bytes_per_row,
-        |b| Partition::with_weights(b.first, b.dims, b.x, b.w),
-        progress,
-    )
+    load_segments(rt, src, weights, Some(&segments), part_bytes, progress)
 }
