@@ -709,6 +709,20 @@ impl<'a> Plan<'a> {
         }
     }
 
+    /// The chunks of `tasks` (global index, shard), in order, and the shard
+    /// (counted from the first local one) of each.
+    fn chunks_of(&self, tasks: &[(u64, usize)]) -> (Vec<Chunk>, Vec<usize>) {
+        let mut list = Vec::with_capacity(tasks.len());
+        let mut owner = Vec::with_capacity(tasks.len());
+        for &(task, o) in tasks {
+            for c in self.task(task) {
+                list.push(*c);
+                owner.push(o);
+            }
+        }
+        (list, owner)
+    }
+
     /// This process's tasks in row order, each with its shard (counted
     /// from the first local one).
     fn local_tasks(&self) -> Vec<(u64, usize)> {
@@ -901,16 +915,15 @@ fn run_once(
                 let mut inertia = 0.0;
                 let mut done = 0u64;
                 for b in 0..batches {
-                    let mut list = Vec::new();
-                    let mut owner = Vec::new();
-                    for s in plan.mine.clone() {
-                        for task in plan.batch_tasks(s, b, bt) {
-                            for c in plan.task(task) {
-                                list.push(*c);
-                                owner.push(s - plan.mine.start);
-                            }
-                        }
-                    }
+                    let tasks: Vec<(u64, usize)> = plan
+                        .mine
+                        .clone()
+                        .flat_map(|s| {
+                            plan.batch_tasks(s, b, bt)
+                                .map(move |t| (t, s - plan.mine.start))
+                        })
+                        .collect();
+                    let (list, owner) = plan.chunks_of(&tasks);
                     // Room for the batch's partial sums.
                     rt.make_room((list.len() + plan.mine.len()) * k * d * 8);
                     let shared = Arc::new(centers.clone());
@@ -1001,14 +1014,7 @@ fn run_once(
                 // sums held at once; the declared cycle still tells the
                 // runtime what comes next.
                 for group in tasks.chunks(LLOYD_GROUP) {
-                    let mut list = Vec::new();
-                    let mut owner = Vec::new();
-                    for &(task, o) in group {
-                        for c in plan.task(task) {
-                            list.push(*c);
-                            owner.push(o);
-                        }
-                    }
+                    let (list, owner) = plan.chunks_of(group);
                     let want = Want {
                         sums: true,
                         ..Want::default()
@@ -1178,14 +1184,7 @@ fn final_pass(
     // In the passes' order (each shard's tasks in task order); the labels
     // land at their rows.
     for group in plan.sweep_order().chunks(LLOYD_GROUP) {
-        let mut list = Vec::new();
-        let mut owner = Vec::new();
-        for &(task, o) in group {
-            for ch in plan.task(task) {
-                list.push(*ch);
-                owner.push(o);
-            }
-        }
+        let (list, owner) = plan.chunks_of(group);
         for ((p, &o), ch) in sweep(rt, ds, &list, &shared, want, None)?
             .iter()
             .zip(&owner)
