@@ -669,6 +669,19 @@ pub struct Trained {
     pub last: Option<Iteration>,
 }
 
+/// Training rows of all the ranks (integers: exact in any order); an
+/// error when the held-out split left none. Collective.
+fn training_rows(job: &Job, ranks: &Ranks) -> Result<u64> {
+    let local: u64 = job.weights.iter().sum();
+    let n = ranks.ordered_sum(&[vec![local as f64]], 1)?[0] as u64;
+    if n == 0 {
+        return Err(Error::Input(
+            "no training rows left after the held-out split".into(),
+        ));
+    }
+    Ok(n)
+}
+
 /// Trains the job.
 pub fn train(
     rt: &Runtime,
@@ -695,14 +708,7 @@ pub fn train_on(
             "batch and local_epochs must be at least 1".into(),
         ));
     }
-    let local: u64 = job.weights.iter().sum();
-    // Training rows of all the ranks (integers: exact in any order).
-    let total = ranks.ordered_sum(&[vec![local as f64]], 1)?[0] as u64;
-    if total == 0 {
-        return Err(Error::Input(
-            "no training rows left after the held-out split".into(),
-        ));
-    }
+    let total = training_rows(job, ranks)?;
     let mut rounds = Vec::new();
     for index in 0..cfg.rounds {
         let t = Instant::now();
@@ -803,14 +809,7 @@ pub fn train_lbfgs_on(
             cfg.tol
         )));
     }
-    let local_n: u64 = job.weights.iter().sum();
-    // Training rows of all the ranks (integers: exact in any order).
-    let n = ranks.ordered_sum(&[vec![local_n as f64]], 1)?[0] as u64;
-    if n == 0 {
-        return Err(Error::Input(
-            "no training rows left after the held-out split".into(),
-        ));
-    }
+    let n = training_rows(job, ranks)?;
     let (classes, d) = (job.classes, job.dims);
     let stride = d + 1;
     // The plan: every task of every shard executor, in row order, each
