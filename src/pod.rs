@@ -1,9 +1,14 @@
 //! [`PodVec`]: a vector of plain numbers that spills at memory speed.
 //!
 //! A `Vec<f32>` goes through serde element by element; `PodVec<f32>`
-//! serializes its contents as raw little-endian byte chunks of 1 MiB, and
-//! loads them into one exact-size allocation (no doubling growth, so loading
-//! a 256 MiB array never needs 512 MiB).
+//! serializes its contents as raw byte chunks, and loads them into one
+//! exact-size allocation (no doubling growth, so loading a 256 MiB array
+//! never needs 512 MiB).
+//!
+//! In a spill file a large `PodVec`'s bytes are one chunk that starts on a
+//! 4 KiB boundary of the file, and the allocator starts large blocks on a
+//! page: the spill loader reads them from the disk straight into the
+//! vector's memory with direct I/O (no page cache, no copy, no zeroing).
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
@@ -31,8 +36,14 @@ macro_rules! plain {
 }
 plain!(u8 u16 u32 u64 i8 i16 i32 i64 f32 f64);
 
-/// Bytes per chunk in the serialized form.
+/// Bytes per chunk in the serialized form outside spill files.
 const CHUNK: usize = 1 << 20;
+
+/// Alignment of a large `PodVec`'s bytes in a spill file.
+const FILE_ALIGN: u64 = crate::alloc::PAGE as u64;
+
+/// Zeros for the padding element.
+static PAD: [u8; FILE_ALIGN as usize] = [0; FILE_ALIGN as usize];
 
 /// A `Vec<T>` of plain numbers with a bulk serde path.
 ///
@@ -96,16 +107,37 @@ impl<T: Plain + fmt::Debug> fmt::Debug for PodVec<T> {
 }
 
 impl<T: Plain> Serialize for PodVec<T> {
-    /// A sequence: the element count (u64), then the data as byte chunks of
-    /// at most 1 MiB. Multi-byte numbers are stored in the machine's byte
-    /// order (spill files never leave the machine).
+    /// A sequence: the element count (u64), a padding byte string, then the
+    /// data as byte strings. Multi-byte numbers are stored in the machine's
+    /// byte order (spill files never leave the machine).
+    ///
+    /// Written to a spill file, a vector of 1 MiB or more is one byte
+    /// string, padded so that its bytes start on a 4 KiB boundary of the
+    /// file; elsewhere the padding is empty and the data comes in 1 MiB
+    /// chunks.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let bytes = self.bytes();
-        let chunks = bytes.len().div_ceil(CHUNK);
-        let mut seq = s.serialize_seq(Some(1 + chunks))?;
+        let aligned = bytes.len() >= crate::alloc::PAGE_ALIGNED_FROM && write_pos().is_some();
+        let chunks = if aligned {
+            1
+        } else {
+            bytes.len().div_ceil(CHUNK)
+        };
+        let mut seq = s.serialize_seq(Some(2 + chunks))?;
         seq.serialize_element(&(self.0.len() as u64))?;
-        for c in bytes.chunks(CHUNK) {
-            seq.serialize_element(&BytesRef(c))?;
+        // The padding and the data's byte string each start with a u64
+        // length: pad so that the data's first byte lands on the boundary.
+        let pad = match write_pos() {
+            Some(pos) if aligned => ((FILE_ALIGN - (pos + 16) % FILE_ALIGN) % FILE_ALIGN) as usize,
+            _ => 0,
+        };
+        seq.serialize_element(&BytesRef(&PAD[..pad]))?;
+        if aligned {
+            seq.serialize_element(&BytesRef(bytes))?;
+        } else {
+            for c in bytes.chunks(CHUNK) {
+                seq.serialize_element(&BytesRef(c))?;
+            }
         }
         seq.end()
     }
@@ -126,7 +158,59 @@ thread_local! {
     static BUDGET: Cell<u64> = const { Cell::new(u64::MAX) };
     /// The spill loader's reader, shared with the bincode decoder, so a
     /// `PodVec` can read its chunks straight into place (see [`RawReader`]).
-    static RAW: Cell<Option<*const RefCell<dyn Read>>> = const { Cell::new(None) };
+    static RAW: Cell<Option<*const RefCell<dyn RawRead>>> = const { Cell::new(None) };
+    /// While the spill writer encodes on this thread: the file offset the
+    /// next byte goes to.
+    static WRITE_POS: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// The file offset of the next byte the spill writer writes on this thread,
+/// if it is writing.
+fn write_pos() -> Option<u64> {
+    WRITE_POS.with(Cell::get)
+}
+
+/// Tells [`PodVec`] where in the spill file its bytes land, for the
+/// lifetime of the guard.
+pub(crate) struct WritePos(Option<u64>);
+
+impl WritePos {
+    /// The encoder's next byte goes to file offset `start`.
+    pub(crate) fn install(start: u64) -> WritePos {
+        WritePos(WRITE_POS.with(|c| c.replace(Some(start))))
+    }
+
+    /// `n` more bytes went to the file.
+    pub(crate) fn advance(n: u64) {
+        WRITE_POS.with(|c| {
+            if let Some(p) = c.get() {
+                c.set(Some(p + n));
+            }
+        });
+    }
+}
+
+impl Drop for WritePos {
+    fn drop(&mut self) {
+        WRITE_POS.with(|c| c.set(self.0));
+    }
+}
+
+/// The spill loader's reader, as [`PodVec`] sees it.
+pub(crate) trait RawRead: Read {
+    /// Reads a prefix of the next `len` bytes of the stream straight into
+    /// `dst`, bypassing buffers (direct I/O), and returns how many bytes it
+    /// read: 0 when it cannot (no direct descriptor, `dst` or the file
+    /// position not on a page boundary, a filesystem that refuses direct
+    /// I/O). The caller reads the rest with [`Read`].
+    ///
+    /// # Safety
+    ///
+    /// `dst` is valid for writes of `len` bytes, and nothing else reads or
+    /// writes that memory during the call.
+    unsafe fn read_direct(&mut self, _dst: *mut u8, _len: usize) -> std::io::Result<usize> {
+        Ok(0)
+    }
 }
 
 /// Lets [`PodVec`] read its byte chunks directly from the spill file while
@@ -139,20 +223,22 @@ thread_local! {
 /// configuration. Both the decoder and the hook reach the reader through the
 /// same `RefCell`, never at the same time.
 pub(crate) struct RawReader {
-    prev: Option<*const RefCell<dyn Read>>,
+    prev: Option<*const RefCell<dyn RawRead>>,
 }
 
 impl RawReader {
     /// Installs `r` for the calling thread until the guard drops. The guard
     /// must not outlive `r` (the spill loader keeps both in one scope).
-    pub(crate) fn install<'a>(r: &'a RefCell<dyn Read + 'a>) -> RawReader {
-        let ptr: *const RefCell<dyn Read + 'a> = r;
+    pub(crate) fn install<'a>(r: &'a RefCell<dyn RawRead + 'a>) -> RawReader {
+        let ptr: *const RefCell<dyn RawRead + 'a> = r;
         // SAFETY: erasing the lifetime only (same pointer, same layout); the
         // guard is dropped before `r` goes out of scope (see
         // `spill::read_from`), and the pointer is only dereferenced while
         // the guard lives.
-        let ptr: *const RefCell<dyn Read> = unsafe {
-            std::mem::transmute::<*const RefCell<dyn Read + 'a>, *const RefCell<dyn Read>>(ptr)
+        let ptr: *const RefCell<dyn RawRead> = unsafe {
+            std::mem::transmute::<*const RefCell<dyn RawRead + 'a>, *const RefCell<dyn RawRead>>(
+                ptr,
+            )
         };
         RawReader {
             prev: RAW.with(|c| c.replace(Some(ptr))),
@@ -166,9 +252,32 @@ impl Drop for RawReader {
     }
 }
 
-/// Reads `n` plain elements straight from the installed raw reader, or
-/// `None` when there is none.
-fn read_raw<T: Plain>(n: usize) -> Option<std::io::Result<Vec<T>>> {
+/// Asks for transparent huge pages over the whole 2 MiB pages of
+/// `base..base + len`: memory the process has not touched yet faults in
+/// 2 MiB at a time instead of 4 KiB (on a virtual machine, each first touch
+/// of a small page is costly). Advice only.
+fn huge_pages(base: *mut u8, len: usize) {
+    const HUGE: usize = 2 << 20;
+    let start = (base as usize).next_multiple_of(HUGE);
+    let end = (base as usize + len) & !(HUGE - 1);
+    if end > start {
+        // SAFETY: the range lies inside the allocation the caller owns;
+        // advice changes neither its contents nor its validity.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+    }
+}
+
+/// Reads one byte string's `u64` length prefix.
+fn read_len(r: &mut dyn RawRead) -> std::io::Result<u64> {
+    let mut len = [0u8; 8];
+    r.read_exact(&mut len)?;
+    Ok(u64::from_le_bytes(len))
+}
+
+/// Reads the padding element and the `chunks` data chunks of `n` plain
+/// elements straight from the installed raw reader, or `None` when there
+/// is none.
+fn read_raw<T: Plain>(n: usize, chunks: usize) -> Option<std::io::Result<Vec<T>>> {
     let ptr = RAW.with(Cell::get)?;
     // SAFETY: the pointer was installed by `RawReader::install` from a live
     // reference whose guard is still alive (we are inside its decode call).
@@ -176,28 +285,66 @@ fn read_raw<T: Plain>(n: usize) -> Option<std::io::Result<Vec<T>>> {
     let Ok(mut r) = cell.try_borrow_mut() else {
         return Some(Err(std::io::Error::other("PodVec: reader busy")));
     };
-    // A zeroed allocation: large ones come as fresh zero pages from the
-    // allocator, so this costs no extra pass over memory.
-    let mut v = vec![T::default(); n];
-    let total = std::mem::size_of_val(v.as_slice());
-    // SAFETY:
-    // - the slice covers exactly the vector's `n` initialised elements;
-    // - any bytes written into it form valid `T: Plain` values;
-    // - the vector is not otherwise borrowed while the slice lives.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), total) };
-    for chunk in bytes.chunks_mut(CHUNK) {
-        let mut len = [0u8; 8];
-        if let Err(e) = r.read_exact(&mut len) {
-            return Some(Err(e));
-        }
-        if u64::from_le_bytes(len) != chunk.len() as u64 {
-            return Some(Err(std::io::Error::other("PodVec: chunk length mismatch")));
-        }
-        if let Err(e) = r.read_exact(chunk) {
-            return Some(Err(e));
-        }
+    Some(read_raw_from(&mut *r, n, chunks))
+}
+
+fn read_raw_from<T: Plain>(
+    r: &mut dyn RawRead,
+    n: usize,
+    chunks: usize,
+) -> std::io::Result<Vec<T>> {
+    let bad = |m: &str| std::io::Error::other(m.to_string());
+    let pad = read_len(r)?;
+    if pad >= FILE_ALIGN {
+        return Err(bad("padding longer than a page"));
     }
-    Some(Ok(v))
+    let mut skip = [0u8; FILE_ALIGN as usize];
+    r.read_exact(&mut skip[..pad as usize])?;
+    // Uninitialised: every byte is written below before the length is set,
+    // by the kernel (direct I/O) or by zeroing then reading.
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    let total = n * std::mem::size_of::<T>();
+    let base = v.as_mut_ptr().cast::<u8>();
+    huge_pages(base, total);
+    let mut filled = 0usize;
+    for i in 0..chunks {
+        let want = if i + 1 == chunks {
+            total - filled
+        } else {
+            CHUNK.min(total - filled)
+        };
+        if read_len(r)? != want as u64 {
+            return Err(bad("chunk length mismatch"));
+        }
+        // SAFETY: `filled + want <= total`, the vector's capacity in bytes,
+        // and the vector is not otherwise borrowed.
+        let dst = unsafe { base.add(filled) };
+        let direct = if want >= crate::alloc::PAGE_ALIGNED_FROM {
+            // SAFETY: `dst` is valid for `want` bytes (above) and only this
+            // call touches them.
+            unsafe { r.read_direct(dst, want)? }
+        } else {
+            0
+        };
+        let rest = want - direct;
+        // SAFETY: the last `rest` bytes of the chunk lie in the capacity;
+        // they are zeroed first, so the slice is initialised, and any bytes
+        // read into it form valid `T: Plain` values.
+        let tail = unsafe {
+            let p = dst.add(direct);
+            std::ptr::write_bytes(p, 0, rest);
+            std::slice::from_raw_parts_mut(p, rest)
+        };
+        r.read_exact(tail)?;
+        filled += want;
+    }
+    if filled != total {
+        return Err(bad("data ends early"));
+    }
+    // SAFETY: all `total` bytes of the first `n` elements were written
+    // above, and any bit pattern is a valid `T: Plain`.
+    unsafe { v.set_len(n) };
+    Ok(v)
 }
 
 /// Sets this thread's decode budget for the lifetime of the guard.
@@ -244,17 +391,24 @@ impl<'de, T: Plain> Visitor<'de> for PodVisitor<T> {
                 ))
             })?;
         let total = total as usize;
-        // The sequence must hold exactly the chunks the count implies.
-        let chunks = total.div_ceil(CHUNK);
-        if seq.size_hint().is_some_and(|h| h != chunks) {
-            return Err(de::Error::custom(
-                "PodVec: chunk count does not match the element count",
-            ));
-        }
-        if let Some(raw) = read_raw::<T>(n as usize) {
+        // What is left: the padding, then either one chunk of everything
+        // (spill files) or chunks of 1 MiB.
+        let chunks = match seq.size_hint() {
+            Some(h) if h >= 1 && (h - 1 == total.div_ceil(CHUNK) || (h == 2 && total > 0)) => h - 1,
+            _ => {
+                return Err(de::Error::custom(
+                    "PodVec: chunk count does not match the element count",
+                ))
+            }
+        };
+        if let Some(raw) = read_raw::<T>(n as usize, chunks) {
             return raw
                 .map(PodVec)
                 .map_err(|e| de::Error::custom(format!("PodVec: {e}")));
+        }
+        match seq.next_element_seed(Padding)? {
+            Some(()) => {}
+            None => return Err(de::Error::custom("PodVec: missing padding")),
         }
         let mut v: Vec<T> = Vec::with_capacity(n as usize);
         let mut filled = 0usize;
@@ -280,6 +434,35 @@ impl<'de, T: Plain> Visitor<'de> for PodVisitor<T> {
         // - any bit pattern is a valid `T: Plain`.
         unsafe { v.set_len(n as usize) };
         Ok(PodVec(v))
+    }
+}
+
+/// The padding element: bytes that are skipped.
+struct Padding;
+
+impl<'de> DeserializeSeed<'de> for Padding {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_bytes(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Padding {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("padding bytes")
+    }
+
+    fn visit_bytes<E: de::Error>(self, b: &[u8]) -> Result<(), E> {
+        if b.len() as u64 >= FILE_ALIGN {
+            return Err(E::custom("PodVec: padding longer than a page"));
+        }
+        Ok(())
+    }
+
+    fn visit_byte_buf<E: de::Error>(self, b: Vec<u8>) -> Result<(), E> {
+        self.visit_bytes(&b)
     }
 }
 
@@ -355,8 +538,8 @@ mod tests {
         let p = PodVec(vec![1.0f32; 1000]);
         let cfg = crate::spill::bincode_config();
         let mut bytes = bincode::serde::encode_to_vec(&p, cfg).unwrap();
-        // One chunk: the sequence holds 2 elements (count + chunk).
-        assert_eq!(u64::from_le_bytes(bytes[0..8].try_into().unwrap()), 2);
+        // One chunk: the sequence holds 3 elements (count, padding, chunk).
+        assert_eq!(u64::from_le_bytes(bytes[0..8].try_into().unwrap()), 3);
         bytes[0..8].copy_from_slice(&5u64.to_le_bytes());
         let r: Result<(PodVec<f32>, usize), _> = bincode::serde::decode_from_slice(&bytes, cfg);
         assert!(r.is_err());

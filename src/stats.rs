@@ -21,6 +21,7 @@ pub(crate) struct Counters {
     pub demand_loads: AtomicU64,
     pub bytes_written: AtomicU64,
     pub bytes_read: AtomicU64,
+    pub direct_bytes_read: AtomicU64,
     pub tasks: AtomicU64,
     pub load_wait_nanos: AtomicU64,
 }
@@ -65,6 +66,10 @@ pub struct Stats {
     pub bytes_written: u64,
     /// Bytes read from spill files.
     pub bytes_read: u64,
+    /// Of those, bytes read with direct I/O (`O_DIRECT`) straight into the
+    /// loaded value's memory: the bytes of large [`PodVec`](crate::PodVec)s,
+    /// where the spill directory's filesystem allows it.
+    pub direct_bytes_read: u64,
     /// Tasks run.
     pub tasks: u64,
     /// Time tasks spent waiting for their executor to be loaded, in seconds.
@@ -114,6 +119,7 @@ impl Stats {
             demand_loads: g(&c.demand_loads),
             bytes_written: g(&c.bytes_written),
             bytes_read: g(&c.bytes_read),
+            direct_bytes_read: g(&c.direct_bytes_read),
             tasks: g(&c.tasks),
             load_wait_seconds: g(&c.load_wait_nanos) as f64 * 1e-9,
             peak_bytes: crate::alloc::peak_usage() as u64,

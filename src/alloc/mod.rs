@@ -64,6 +64,10 @@ pub(crate) use trap::{register, Evictor, Freed, Registration};
 /// `TrapAlloc` is not the global allocator
 /// ([`Error::AllocatorNotInstalled`](crate::Error::AllocatorNotInstalled)):
 /// the cap would do nothing.
+///
+/// Blocks of 1 MiB and more start on a 4 KiB page boundary (jemalloc
+/// alone starts them at a random cache line of their first page), so spill
+/// loads can read straight into them with direct I/O.
 #[derive(Debug)]
 pub struct TrapAlloc {
     inner: Jemalloc,
@@ -82,21 +86,58 @@ impl Default for TrapAlloc {
     }
 }
 
-// SAFETY: every method forwards to jemalloc with the caller's layout
-// (or to the reserve for pointers it owns), so the `GlobalAlloc` contract is
-// the one jemalloc already meets. None of the paths panics, takes a lock or
-// allocates through this allocator outside a bypass scope.
+/// Blocks of at least this many bytes start on a page boundary, so that
+/// direct I/O can read straight into them (a spill load into a
+/// `PodVec`'s storage). jemalloc would otherwise start
+/// large blocks at a random cache line within their first page.
+pub(crate) const PAGE_ALIGNED_FROM: usize = 1 << 20;
+
+/// The page size that [`PAGE_ALIGNED_FROM`] blocks are aligned to.
+pub(crate) const PAGE: usize = 4096;
+
+/// The layout jemalloc is asked for: `layout`, page-aligned when large.
+/// A pure function of the layout, so `alloc` and `dealloc` of one block
+/// always agree (jemalloc's sized free must see the alignment the block
+/// was allocated with).
+#[inline(always)]
+fn placed(layout: Layout) -> Layout {
+    if layout.size() >= PAGE_ALIGNED_FROM && layout.align() < PAGE {
+        placed_slow(layout)
+    } else {
+        layout
+    }
+}
+
+#[inline(never)]
+fn placed_slow(layout: Layout) -> Layout {
+    // Fails only for sizes within a page of `isize::MAX`, which no
+    // allocator can serve: keep the caller's layout then (still
+    // consistent, since this is a pure function of `layout`).
+    Layout::from_size_align(layout.size(), PAGE).unwrap_or(layout)
+}
+
+// SAFETY: every method forwards to jemalloc with the caller's layout, raised
+// to page alignment for large blocks by `placed` in every path (so a block
+// is freed with the alignment it was allocated with), or to the reserve for
+// pointers it owns. The `GlobalAlloc` contract is the one jemalloc already
+// meets; a stricter alignment than asked for is allowed. None of the paths
+// panics, takes a lock or allocates through this allocator outside a bypass
+// scope.
 unsafe impl GlobalAlloc for TrapAlloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller guarantees `layout` has a non-zero size.
-        allocate(layout, || unsafe { self.inner.alloc(layout) })
+        let inner = placed(layout);
+        // SAFETY: the caller guarantees `layout` has a non-zero size, and
+        // `inner` has the same size.
+        allocate(layout, || unsafe { self.inner.alloc(inner) })
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller guarantees `layout` has a non-zero size.
-        let p = allocate(layout, || unsafe { self.inner.alloc_zeroed(layout) });
+        let inner = placed(layout);
+        // SAFETY: the caller guarantees `layout` has a non-zero size, and
+        // `inner` has the same size.
+        let p = allocate(layout, || unsafe { self.inner.alloc_zeroed(inner) });
         if reserve::contains(p) {
             // SAFETY: the reserve handed out `layout.size()` writable bytes.
             unsafe { std::ptr::write_bytes(p, 0, layout.size()) };
@@ -109,9 +150,9 @@ unsafe impl GlobalAlloc for TrapAlloc {
         if reserve::contains(ptr) {
             reserve::free(ptr);
         } else {
-            // SAFETY: `ptr` came from jemalloc with this layout (the caller's
-            // contract; reserve pointers were handled above).
-            unsafe { self.inner.dealloc(ptr, layout) };
+            // SAFETY: `ptr` came from jemalloc with `placed(layout)` (the
+            // caller's contract; reserve pointers were handled above).
+            unsafe { self.inner.dealloc(ptr, placed(layout)) };
         }
         account_free(layout.size());
     }
@@ -124,9 +165,22 @@ unsafe impl GlobalAlloc for TrapAlloc {
             return unsafe { self.move_out_of_reserve(ptr, layout, new_size) };
         }
         let old = layout.size();
-        // SAFETY: `ptr` was allocated by jemalloc with `layout`; on failure
-        // it stays valid, so retrying is sound.
-        let attempt = || unsafe { self.inner.realloc(ptr, layout, new_size) };
+        // jemalloc's realloc takes the new block's alignment from the
+        // layout it is given (the old block's alignment does not matter to
+        // it): that of `placed` for the new size, so that the block's
+        // eventual `dealloc(placed(new layout))` matches.
+        let Ok(new_layout) = Layout::from_size_align(new_size, layout.align()) else {
+            return std::ptr::null_mut();
+        };
+        let align = placed(new_layout).align();
+        let Ok(call_layout) = Layout::from_size_align(old, align) else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: `ptr` was allocated by jemalloc (with `placed(layout)`),
+        // `new_size` is non-zero, and jemalloc's realloc only uses the
+        // layout's alignment; on failure `ptr` stays valid, so retrying is
+        // sound.
+        let attempt = || unsafe { self.inner.realloc(ptr, call_layout, new_size) };
         if new_size <= old {
             let p = attempt();
             if !p.is_null() {
@@ -134,7 +188,6 @@ unsafe impl GlobalAlloc for TrapAlloc {
             }
             return p;
         }
-        let new_layout = Layout::from_size_align(new_size, layout.align()).unwrap_or(layout);
         let p = grow(new_size - old, new_layout, attempt);
         if reserve::contains(p) {
             // The trap served a fresh block from the reserve: move the data.
@@ -142,7 +195,7 @@ unsafe impl GlobalAlloc for TrapAlloc {
             // they do not overlap (distinct allocations).
             unsafe {
                 std::ptr::copy_nonoverlapping(ptr, p, old);
-                self.inner.dealloc(ptr, layout);
+                self.inner.dealloc(ptr, placed(layout));
             }
         }
         p

@@ -64,3 +64,39 @@ fn the_reserve_serves_evictions_only() {
     assert!(reserve::contains(p));
     reserve::free(p);
 }
+
+#[test]
+fn large_blocks_start_on_a_page_through_every_path() {
+    let aligned = |p: *const u8| p as usize % PAGE == 0;
+    // Many allocations: jemalloc alone starts a large block at a random
+    // cache line of its first page (63 of 64 not page-aligned).
+    for i in 0..64 {
+        let v: Vec<u8> = Vec::with_capacity(PAGE_ALIGNED_FROM + i * 64);
+        assert!(aligned(v.as_ptr()), "alloc of {} bytes", v.capacity());
+        let z: Vec<f32> = vec![0.0; (PAGE_ALIGNED_FROM >> 2) + i];
+        assert!(aligned(z.as_ptr().cast()), "alloc_zeroed");
+        assert!(z.iter().all(|&x| x == 0.0));
+        // Growth from small to large and large to larger moves or grows
+        // in place, page-aligned either way; a shrink below the threshold
+        // and back again frees with the matching alignment.
+        let mut g: Vec<u8> = vec![7; 1000 + i];
+        g.reserve_exact(PAGE_ALIGNED_FROM);
+        assert!(aligned(g.as_ptr()), "realloc small -> large");
+        g.reserve_exact(4 * PAGE_ALIGNED_FROM);
+        assert!(aligned(g.as_ptr()), "realloc large -> larger");
+        g.shrink_to_fit();
+        assert!(g.iter().all(|&b| b == 7));
+        g.truncate(10);
+        g.shrink_to_fit();
+        g.reserve_exact(PAGE_ALIGNED_FROM);
+        assert!(aligned(g.as_ptr()), "realloc back to large");
+        assert_eq!(&g[..], &[7u8; 10][..]);
+    }
+    // Over-aligned requests keep their own alignment.
+    let l = Layout::from_size_align(PAGE_ALIGNED_FROM, 1 << 16).unwrap();
+    // SAFETY: non-zero size; freed with the same layout below.
+    let p = unsafe { std::alloc::alloc(l) };
+    assert!(!p.is_null() && p as usize % (1 << 16) == 0);
+    // SAFETY: allocated above with `l`.
+    unsafe { std::alloc::dealloc(p, l) };
+}

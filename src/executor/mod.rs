@@ -30,7 +30,7 @@ pub(crate) const NONE: u64 = u64::MAX;
 /// Encodes a type-erased value to a spill file.
 pub(crate) type SaveFn = fn(&(dyn Any + Send), &Path, FileKey) -> io::Result<u64>;
 /// Decodes a type-erased value from a spill file.
-pub(crate) type LoadFn = fn(&Path, FileKey) -> io::Result<(Box<dyn Any + Send>, u64)>;
+pub(crate) type LoadFn = fn(&Path, FileKey) -> io::Result<(Box<dyn Any + Send>, spill::Loaded)>;
 /// Rebuilds a type-erased value from its lineage.
 pub(crate) type RebuildFn = Box<dyn Fn() -> io::Result<Box<dyn Any + Send>> + Send + Sync>;
 
@@ -55,8 +55,8 @@ fn save_impl<T: Serialize + 'static>(
 fn load_impl<T: DeserializeOwned + Send + 'static>(
     path: &Path,
     key: FileKey,
-) -> io::Result<(Box<dyn Any + Send>, u64)> {
-    let (v, n) = spill::read_file::<T>(path, key)?;
+) -> io::Result<(Box<dyn Any + Send>, spill::Loaded)> {
+    let (v, n) = spill::read_file_counted::<T>(path, key)?;
     Ok((Box::new(v), n))
 }
 

@@ -15,6 +15,7 @@ use super::shared::{drop_user_value, panic_message, Shared};
 use crate::alloc;
 use crate::error::{Error, Result};
 use crate::executor::{PinStep, Slot, State, FROM_LINEAGE};
+use crate::spill;
 use crate::stats::Counters;
 
 impl Shared {
@@ -39,7 +40,15 @@ impl Shared {
             _ => None,
         };
         let result = catch_unwind(AssertUnwindSafe(|| match rebuild {
-            Some(l) => l().map(|v| (v, 0)),
+            Some(l) => l().map(|v| {
+                (
+                    v,
+                    spill::Loaded {
+                        bytes: 0,
+                        direct_bytes: 0,
+                    },
+                )
+            }),
             None => (slot.load)(&path, slot.key(file_gen)),
         }))
         .unwrap_or_else(|p| {
@@ -73,7 +82,8 @@ impl Shared {
                 slot.set_state(&mut g, State::Resident);
                 drop(g);
                 Counters::add(&self.counters.loads, 1);
-                Counters::add(&self.counters.bytes_read, read);
+                Counters::add(&self.counters.bytes_read, read.bytes);
+                Counters::add(&self.counters.direct_bytes_read, read.direct_bytes);
                 if rebuild.is_some() {
                     Counters::add(&self.counters.rebuilds, 1);
                 }

@@ -5,7 +5,7 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic "OUTCORE\0"
-//!      8     4  format version (1)
+//!      8     4  format version (2)
 //!     12     4  flags (0)
 //!     16     8  executor id
 //!     24     8  generation (bumped on every write of that executor)
@@ -16,6 +16,14 @@
 //!     56     …  payload: the value encoded with bincode 2 (serde, fixed-width
 //!               little-endian integers)
 //! ```
+//!
+//! Version 2: the bytes of every [`PodVec`](crate::PodVec) of 1 MiB or more
+//! start on a 4 KiB boundary of the file (the vector's encoding carries the
+//! padding), so loading reads them with `O_DIRECT` straight into the new
+//! vector, which the allocator places on a page boundary. The rest of the
+//! file goes through a small buffered reader. Where the filesystem refuses
+//! `O_DIRECT` (tmpfs, some network filesystems), everything is read
+//! buffered.
 //!
 //! Writing streams the encoder straight into a buffered file writer (no
 //! intermediate buffer of the whole value), then seeks back to fill in the
@@ -45,11 +53,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::pod::RawRead;
 
 /// Magic bytes at the start of every spill file.
 pub const MAGIC: [u8; 8] = *b"OUTCORE\0";
 /// The current format version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 56;
 /// Buffer size of the spill writer.
@@ -58,6 +67,10 @@ const IO_BUF: usize = 1 << 20;
 /// 1 MiB chunks straight into place, and a large buffer would be refilled
 /// by each 8-byte chunk header and then copied out again.
 const READ_BUF: usize = 64 << 10;
+
+/// Bytes per direct read (the kernel splits it into several device
+/// requests in flight).
+const DIRECT_PIECE: usize = 8 << 20;
 
 /// Identifies what a spill file must contain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +168,7 @@ impl<W: Write> Write for Tee<W> {
         let n = self.inner.write(buf)?;
         self.crc.update(&buf[..n]);
         self.len += n as u64;
+        crate::pod::WritePos::advance(n as u64);
         Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -163,11 +177,19 @@ impl<W: Write> Write for Tee<W> {
 }
 
 /// A reader that counts and checksums what passes through, and reports EOF
-/// at the end of the payload.
+/// at the end of the payload. With a direct descriptor, [`RawRead`] reads
+/// page-aligned stretches of the payload with `O_DIRECT`.
 struct TeeRead<R> {
     inner: R,
     crc: crc32fast::Hasher,
+    /// Payload bytes not read yet.
     left: u64,
+    /// The file offset of the next payload byte.
+    pos: u64,
+    /// The same file opened with `O_DIRECT`, if the filesystem allows it.
+    direct: Option<File>,
+    /// Bytes read with direct I/O.
+    direct_bytes: u64,
 }
 
 impl<R: Read> Read for TeeRead<R> {
@@ -181,8 +203,127 @@ impl<R: Read> Read for TeeRead<R> {
         let n = self.inner.read(&mut buf[..max])?;
         self.crc.update(&buf[..n]);
         self.left -= n as u64;
+        self.pos += n as u64;
         Ok(n)
     }
+}
+
+impl<R: Read + Seek> RawRead for TeeRead<R> {
+    unsafe fn read_direct(&mut self, dst: *mut u8, len: usize) -> io::Result<usize> {
+        let page = crate::alloc::PAGE;
+        let Some(file) = &self.direct else {
+            return Ok(0);
+        };
+        if dst as usize % page != 0 || self.pos % page as u64 != 0 {
+            return Ok(0);
+        }
+        let want = len.min(usize::try_from(self.left).unwrap_or(usize::MAX)) / page * page;
+        if want == 0 {
+            return Ok(0);
+        }
+        // SAFETY: the caller lends us `len >= want` bytes at `dst`.
+        let crcs = match unsafe { read_pieces(file, self.pos, dst, want) } {
+            Ok(crcs) => crcs,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // Refused (alignment rules stricter than a page, a
+                // filesystem without direct reads): nothing was taken from
+                // the stream; the caller reads it buffered.
+                self.direct = None;
+                return Ok(0);
+            }
+            Err(e) => return Err(e),
+        };
+        for c in &crcs {
+            self.crc.combine(c);
+        }
+        self.left -= want as u64;
+        self.pos += want as u64;
+        self.direct_bytes += want as u64;
+        // Drops what the buffered reader read ahead.
+        self.inner
+            .seek(SeekFrom::Start(self.pos))
+            .map_err(context("seek"))?;
+        Ok(want)
+    }
+}
+
+/// Reads `len` bytes (a multiple of the page size) of `file` at `pos`
+/// into `dst` with direct I/O, in [`DIRECT_PIECE`]s, each checksummed as
+/// it lands. Returns the CRC state of every piece, in order.
+///
+/// One thread, one read in flight at a time (each read is split into
+/// several device requests by the kernel): a helper thread per load would
+/// read no faster here, and under a hard memory limit starting a thread
+/// can fail fatally (its thread-local destructors are registered with the
+/// C library's allocator).
+///
+/// # Safety
+///
+/// `dst` is valid for writes of `len` bytes and nothing else touches them
+/// during the call.
+unsafe fn read_pieces(
+    file: &File,
+    pos: u64,
+    dst: *mut u8,
+    len: usize,
+) -> io::Result<Vec<crc32fast::Hasher>> {
+    let mut crcs = Vec::with_capacity(len.div_ceil(DIRECT_PIECE));
+    let mut off = 0;
+    while off < len {
+        let n = DIRECT_PIECE.min(len - off);
+        // SAFETY: `off..off + n` lies within the `len` bytes lent to us.
+        crcs.push(unsafe { read_piece(file, pos + off as u64, dst.add(off), n) }?);
+        off += n;
+    }
+    Ok(crcs)
+}
+
+/// Reads exactly `n` bytes at `pos` into `dst` with direct I/O and
+/// checksums them.
+///
+/// # Safety
+///
+/// `dst` is valid for writes of `n` bytes and nothing else touches them
+/// during the call.
+unsafe fn read_piece(
+    file: &File,
+    pos: u64,
+    dst: *mut u8,
+    n: usize,
+) -> io::Result<crc32fast::Hasher> {
+    use std::os::unix::io::AsRawFd;
+    let mut got = 0usize;
+    while got < n {
+        let offset = libc::off_t::try_from(pos + got as u64)
+            .map_err(|_| io::Error::other("file offset out of range"))?;
+        // SAFETY: `dst + got .. dst + n` lies within the bytes lent to us.
+        let r = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                dst.add(got).cast::<libc::c_void>(),
+                n - got,
+                offset,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        if r == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "file ends inside a directly read region (truncated)",
+            ));
+        }
+        got += r as usize;
+    }
+    let mut crc = crc32fast::Hasher::new();
+    // SAFETY: the kernel wrote all `n` bytes at `dst`.
+    crc.update(unsafe { std::slice::from_raw_parts(dst, n) });
+    Ok(crc)
 }
 
 /// Reads through a `RefCell` shared with the `PodVec` raw-read hook.
@@ -221,12 +362,13 @@ pub fn write_file<T: Serialize>(path: &Path, key: FileKey, value: &T) -> io::Res
         crc: crc32fast::Hasher::new(),
         len: 0,
     };
-    bincode::serde::encode_into_std_write(value, &mut tee, bincode_config()).map_err(
-        |e| match e {
-            bincode::error::EncodeError::Io { inner, .. } => context("write")(inner),
-            other => io::Error::other(format!("encode: {other}")),
-        },
-    )?;
+    let pos = crate::pod::WritePos::install(HEADER_LEN as u64);
+    let encoded = bincode::serde::encode_into_std_write(value, &mut tee, bincode_config());
+    drop(pos);
+    encoded.map_err(|e| match e {
+        bincode::error::EncodeError::Io { inner, .. } => context("write")(inner),
+        other => io::Error::other(format!("encode: {other}")),
+    })?;
     let header = Header {
         key,
         payload_len: tee.len,
@@ -274,15 +416,54 @@ fn decode_limited<T: DeserializeOwned, R: Read>(
 /// Reads and verifies the file at `path`, which must hold `key`. Returns
 /// the value and the file length. A file that fails verification gives an
 /// error of kind [`io::ErrorKind::InvalidData`]; others keep their kind.
+#[cfg(test)]
 pub fn read_file<T: DeserializeOwned>(path: &Path, key: FileKey) -> io::Result<(T, u64)> {
+    read_file_counted(path, key).map(|(v, l)| (v, l.bytes))
+}
+
+/// What a load read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Loaded {
+    /// The file's length.
+    pub bytes: u64,
+    /// Of those, bytes read with direct I/O.
+    pub direct_bytes: u64,
+}
+
+/// [`read_file`], also saying how much was read with direct I/O.
+pub(crate) fn read_file_counted<T: DeserializeOwned>(
+    path: &Path,
+    key: FileKey,
+) -> io::Result<(T, Loaded)> {
     let file = File::open(path).map_err(context("open"))?;
     let file_len = file.metadata().map_err(context("stat"))?.len();
-    advise(&file, libc::POSIX_FADV_SEQUENTIAL);
+    // Only a file that can hold a large `PodVec` is worth a second
+    // descriptor. A filesystem without `O_DIRECT` refuses the open.
+    let direct = (file_len >= crate::alloc::PAGE_ALIGNED_FROM as u64)
+        .then(|| {
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+                .ok()
+        })
+        .flatten();
+    if direct.is_none() {
+        // Doubles the kernel's readahead window; with direct reads the
+        // default window wastes less of what is read directly.
+        advise(&file, libc::POSIX_FADV_SEQUENTIAL);
+    }
     let mut reader = BufReader::with_capacity(READ_BUF, file);
-    let value = read_from(&mut reader, file_len, key);
+    let value = read_from(&mut reader, file_len, key, direct);
     drop_cached(reader.get_ref());
-    let value = value.map_err(|m| io::Error::new(io::ErrorKind::InvalidData, m))?;
-    Ok((value, file_len))
+    let (value, direct_bytes) = value.map_err(|m| io::Error::new(io::ErrorKind::InvalidData, m))?;
+    Ok((
+        value,
+        Loaded {
+            bytes: file_len,
+            direct_bytes,
+        },
+    ))
 }
 
 /// Closes `file`, reporting an error `close(2)` returns (dropping a `File`
@@ -331,31 +512,51 @@ pub fn decode_bytes<T: DeserializeOwned>(
     bytes: &[u8],
     key: FileKey,
 ) -> std::result::Result<T, String> {
-    read_from(bytes, bytes.len() as u64, key)
+    read_from(io::Cursor::new(bytes), bytes.len() as u64, key, None).map(|(v, _)| v)
+}
+
+/// The payload of `value` as the spill writer lays it out (large `PodVec`
+/// bytes on 4 KiB boundaries of the file), and its CRC.
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) fn encode_payload<T: Serialize>(
+    value: &T,
+) -> std::result::Result<(Vec<u8>, u32), String> {
+    let mut tee = Tee {
+        inner: Vec::new(),
+        crc: crc32fast::Hasher::new(),
+        len: 0,
+    };
+    let pos = crate::pod::WritePos::install(HEADER_LEN as u64);
+    let encoded = bincode::serde::encode_into_std_write(value, &mut tee, bincode_config());
+    drop(pos);
+    encoded.map_err(|e| format!("encode: {e}"))?;
+    Ok((tee.inner, tee.crc.finalize()))
 }
 
 #[cfg(feature = "fuzzing")]
 /// Encodes `value` as a whole spill file in memory (the inverse of
 /// [`decode_bytes`]).
 pub fn encode_bytes<T: Serialize>(key: FileKey, value: &T) -> std::result::Result<Vec<u8>, String> {
-    let payload = bincode::serde::encode_to_vec(value, bincode_config())
-        .map_err(|e| format!("encode: {e}"))?;
+    let (payload, payload_crc) = encode_payload(value)?;
     let header = Header {
         key,
         payload_len: payload.len() as u64,
-        payload_crc: crc32fast::hash(&payload),
+        payload_crc,
     };
     let mut out = header.encode().to_vec();
     out.extend_from_slice(&payload);
     Ok(out)
 }
 
-/// The checks and the bounded decode, from a reader of `file_len` bytes.
-fn read_from<T: DeserializeOwned, R: Read>(
+/// The checks and the bounded decode, from a reader of `file_len` bytes
+/// (and the same file opened for direct I/O, if it could be). Returns the
+/// value and the bytes read with direct I/O.
+fn read_from<T: DeserializeOwned, R: Read + Seek>(
     mut r: R,
     file_len: u64,
     key: FileKey,
-) -> std::result::Result<T, String> {
+    direct: Option<File>,
+) -> std::result::Result<(T, u64), String> {
     let mut hb = [0u8; HEADER_LEN];
     r.read_exact(&mut hb).map_err(|_| {
         format!("truncated: {file_len} bytes, shorter than the {HEADER_LEN}-byte header")
@@ -387,6 +588,9 @@ fn read_from<T: DeserializeOwned, R: Read>(
         inner: r,
         crc: crc32fast::Hasher::new(),
         left: h.payload_len,
+        pos: HEADER_LEN as u64,
+        direct,
+        direct_bytes: 0,
     });
     let value: T = {
         let _budget = crate::pod::DecodeBudget::set(h.payload_len);
@@ -400,7 +604,7 @@ fn read_from<T: DeserializeOwned, R: Read>(
     if tee.crc.finalize() != h.payload_crc {
         return Err("payload checksum mismatch (damaged data)".into());
     }
-    Ok(value)
+    Ok((value, tee.direct_bytes))
 }
 
 /// The directory holding the spill files.

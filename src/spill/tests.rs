@@ -100,8 +100,9 @@ fn key<T: 'static>(executor: u64, generation: u64) -> FileKey {
     }
 }
 
+/// The payload as the spill writer lays it out.
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    bincode::serde::encode_to_vec(value, bincode_config()).unwrap()
+    encode_payload(value).unwrap().0
 }
 
 fn u32_at(b: &[u8], o: usize) -> u32 {
@@ -281,18 +282,48 @@ fn roundtrip_mixed_struct() {
 
 #[test]
 fn pod_vec_payload_layout() {
-    for n in [0usize, 5, CHUNK / 4, 300_000] {
+    for n in [0usize, 5, CHUNK / 4 - 1, CHUNK / 4, 300_000, 700_000] {
         let v = pod_f32(n);
-        let p = encode(&v);
         let data = n * 4;
+        // Outside spill files: no padding, 1 MiB chunks.
+        let p = bincode::serde::encode_to_vec(&v, bincode_config()).unwrap();
         let chunks = data.div_ceil(CHUNK);
-        assert_eq!(u64_at(&p, 0), 1 + chunks as u64, "seq length, n = {n}");
+        assert_eq!(u64_at(&p, 0), 2 + chunks as u64, "seq length, n = {n}");
         assert_eq!(u64_at(&p, 8), n as u64, "element count, n = {n}");
-        assert_eq!(p.len(), 16 + chunks * 8 + data, "n = {n}");
+        assert_eq!(u64_at(&p, 16), 0, "no padding, n = {n}");
+        assert_eq!(p.len(), 24 + chunks * 8 + data, "n = {n}");
         if chunks > 0 {
-            assert_eq!(u64_at(&p, 16), data.min(CHUNK) as u64, "first chunk length");
+            assert_eq!(u64_at(&p, 24), data.min(CHUNK) as u64, "first chunk length");
         }
+        // In a spill file: from 1 MiB on, one chunk whose bytes start on a
+        // 4 KiB boundary of the file.
+        let p = encode(&v);
+        let large = data >= CHUNK;
+        let chunks = if large { 1 } else { chunks };
+        assert_eq!(
+            u64_at(&p, 0),
+            2 + chunks as u64,
+            "spill seq length, n = {n}"
+        );
+        assert_eq!(u64_at(&p, 8), n as u64, "spill element count, n = {n}");
+        let pad = u64_at(&p, 16) as usize;
+        assert!(pad < 4096 && p[24..24 + pad].iter().all(|&b| b == 0));
+        assert_eq!(pad == 0, !large || (HEADER_LEN + 32) % 4096 == 0, "n = {n}");
+        if large {
+            assert_eq!(u64_at(&p, 24 + pad), data as u64, "one chunk, n = {n}");
+            assert_eq!((HEADER_LEN + 32 + pad) % 4096, 0, "data on a page, n = {n}");
+        }
+        assert_eq!(p.len(), 24 + pad + chunks * 8 + data, "n = {n}");
     }
+    // Both vectors of a struct are placed, whatever precedes them.
+    let m = mixed(600_000);
+    let p = encode(&m);
+    let label = 8 + m.label.len();
+    let pad = u64_at(&p, label + 16) as usize;
+    assert_eq!((HEADER_LEN + label + 32 + pad) % 4096, 0);
+    let more_at = label + 32 + pad + 600_000 * 4;
+    let pad2 = u64_at(&p, more_at + 16) as usize;
+    assert_eq!((HEADER_LEN + more_at + 32 + pad2) % 4096, 0);
 }
 
 #[test]
@@ -827,16 +858,20 @@ fn forged_pod_vec_chunk_and_sequence_lengths_are_rejected() {
     let v = pod_f32(300_000);
     let k = key::<PodVec<f32>>(1, 1);
     let (path, bytes) = write_checked(dir.path(), "c.spill", k, &v);
-    // First chunk length (offset 16), second chunk length (24 + CHUNK).
-    for offset in [16, 24 + CHUNK] {
-        for claim in [u64::MAX, 1 << 40, CHUNK as u64 + 1, 0, 1] {
-            let err = forge(&path, &bytes, k, &v, offset, claim);
-            assert_mentions(
-                &err,
-                &["chunk length"],
-                &format!("chunk at {offset} = {claim}"),
-            );
-        }
+    // The padding's length (offset 16), then the one chunk's length.
+    let pad = u64_at(&bytes, HEADER_LEN + 16);
+    assert!(pad > 0 && pad < 4096);
+    for claim in [u64::MAX, 1 << 40, 4096] {
+        let err = forge(&path, &bytes, k, &v, 16, claim);
+        assert_mentions(&err, &["padding"], &format!("padding = {claim}"));
+    }
+    for claim in [0, pad - 1, pad + 1] {
+        forge(&path, &bytes, k, &v, 16, claim);
+    }
+    let chunk_at = 24 + pad as usize;
+    for claim in [u64::MAX, 1 << 40, 1_200_001, CHUNK as u64, 0, 1] {
+        let err = forge(&path, &bytes, k, &v, chunk_at, claim);
+        assert_mentions(&err, &["chunk length"], &format!("chunk = {claim}"));
     }
     // Sequence length (CRCs recomputed): the raw-reader path does not rely
     // on it beyond the first element, so the decoder may accept it; whatever
@@ -1115,4 +1150,85 @@ fn loads_leave_nothing_in_the_page_cache() {
         after * 10 < before,
         "{after} of {before} pages still cached after the load"
     );
+}
+
+// ---------------------------------------------------------------------------
+// Direct I/O
+// ---------------------------------------------------------------------------
+
+/// Writes `v` into `dir` and reads it back, returning what the load read
+/// directly.
+fn direct_roundtrip<T>(dir: &Path, v: &T) -> Loaded
+where
+    T: Serialize + DeserializeOwned + PartialEq + Debug + 'static,
+{
+    let path = dir.join("d.spill");
+    let k = key::<T>(3, 1);
+    write_file(&path, k, v).unwrap();
+    let (back, loaded) = read_file_counted::<T>(&path, k).unwrap();
+    assert!(back == *v, "direct load changed the value");
+    assert_eq!(loaded.bytes, std::fs::metadata(&path).unwrap().len());
+    loaded
+}
+
+#[test]
+fn large_pod_vecs_load_with_direct_io() {
+    // The cargo target directory: a disk filesystem, as spill directories
+    // are by default (the system temporary directory may be tmpfs).
+    let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target");
+    std::fs::create_dir_all(&base).unwrap();
+    let dir = tempfile::tempdir_in(&base).unwrap();
+    // Whole pages of it are read directly; the last partial page and
+    // everything around it go through the buffered reader.
+    for n in [CHUNK / 4, CHUNK / 4 + 1, 3_000_001, 5 << 20] {
+        let loaded = direct_roundtrip(dir.path(), &pod_f32(n));
+        let data = (n * 4) as u64;
+        assert_eq!(loaded.direct_bytes, data / 4096 * 4096, "n = {n}");
+    }
+    // Two vectors in a struct, both direct; the fields after them are read
+    // where the direct reads left the buffered reader.
+    let loaded = direct_roundtrip(dir.path(), &mixed(600_000));
+    assert_eq!(
+        loaded.direct_bytes,
+        (2_400_000 / 4096 + 1_600_000 / 4096) * 4096
+    );
+    // Small vectors are not worth it.
+    assert_eq!(direct_roundtrip(dir.path(), &pod_f32(1000)).direct_bytes, 0);
+}
+
+#[test]
+fn a_filesystem_without_direct_io_loads_buffered() {
+    // tmpfs refuses O_DIRECT on older kernels and accepts it on newer ones:
+    // the value must come back either way.
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return;
+    }
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    direct_roundtrip(dir.path(), &pod_f32(3_000_001));
+    direct_roundtrip(dir.path(), &mixed(600_000));
+}
+
+#[test]
+fn damage_in_directly_read_bytes_is_detected() {
+    let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target");
+    std::fs::create_dir_all(&base).unwrap();
+    let dir = tempfile::tempdir_in(&base).unwrap();
+    let v = pod_f32(3_000_000);
+    let k = key::<PodVec<f32>>(1, 1);
+    let (path, bytes) = write_checked(dir.path(), "x.spill", k, &v);
+    // A flipped bit in the middle of the directly read region, and one in
+    // its last page.
+    for at in [bytes.len() / 2, bytes.len() - 5000] {
+        let mut b = bytes.clone();
+        b[at] ^= 0x10;
+        std::fs::write(&path, &b).unwrap();
+        let err = expect_err(&path, k, &v, &format!("flip at {at}"));
+        assert_mentions(&err, &["checksum"], &format!("flip at {at}"));
+    }
+    // Cut inside the directly read region.
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    f.set_len(bytes.len() as u64 / 2).unwrap();
+    expect_err(&path, k, &v, &"cut in half");
 }
