@@ -39,6 +39,10 @@ plain!(u8 u16 u32 u64 i8 i16 i32 i64 f32 f64);
 /// Bytes per chunk in the serialized form outside spill files.
 const CHUNK: usize = 1 << 20;
 
+/// From this many bytes on, a `PodVec`'s bytes are placed on a page of the
+/// spill file and loaded with direct I/O.
+pub(crate) const DIRECT_FROM: usize = 1 << 20;
+
 /// Alignment of a large `PodVec`'s bytes in a spill file.
 const FILE_ALIGN: u64 = crate::alloc::PAGE as u64;
 
@@ -117,7 +121,7 @@ impl<T: Plain> Serialize for PodVec<T> {
     /// chunks.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let bytes = self.bytes();
-        let aligned = bytes.len() >= crate::alloc::PAGE_ALIGNED_FROM && write_pos().is_some();
+        let aligned = bytes.len() >= DIRECT_FROM && write_pos().is_some();
         let chunks = if aligned {
             1
         } else {
@@ -319,7 +323,7 @@ fn read_raw_from<T: Plain>(
         // SAFETY: `filled + want <= total`, the vector's capacity in bytes,
         // and the vector is not otherwise borrowed.
         let dst = unsafe { base.add(filled) };
-        let direct = if want >= crate::alloc::PAGE_ALIGNED_FROM {
+        let direct = if want >= DIRECT_FROM {
             // SAFETY: `dst` is valid for `want` bytes (above) and only this
             // call touches them.
             unsafe { r.read_direct(dst, want)? }

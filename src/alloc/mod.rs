@@ -65,7 +65,7 @@ pub(crate) use trap::{register, Evictor, Freed, Registration};
 /// ([`Error::AllocatorNotInstalled`](crate::Error::AllocatorNotInstalled)):
 /// the cap would do nothing.
 ///
-/// Blocks of 1 MiB and more start on a 4 KiB page boundary (jemalloc
+/// Blocks of 16 KiB and more start on a 4 KiB page boundary (jemalloc
 /// alone starts them at a random cache line of their first page), so spill
 /// loads can read straight into them with direct I/O.
 #[derive(Debug)]
@@ -88,9 +88,13 @@ impl Default for TrapAlloc {
 
 /// Blocks of at least this many bytes start on a page boundary, so that
 /// direct I/O can read straight into them (a spill load into a
-/// `PodVec`'s storage). jemalloc would otherwise start
-/// large blocks at a random cache line within their first page.
-pub(crate) const PAGE_ALIGNED_FROM: usize = 1 << 20;
+/// `PodVec`'s storage). jemalloc would otherwise start large blocks at a
+/// random cache line within their first page. 16 KiB is jemalloc's
+/// smallest large size class: every large block is aligned, so a large
+/// block growing in place stays aligned and never has to move just to
+/// become aligned (small blocks move when they grow into large ones
+/// anyway).
+pub(crate) const PAGE_ALIGNED_FROM: usize = 16 << 10;
 
 /// The page size that [`PAGE_ALIGNED_FROM`] blocks are aligned to.
 pub(crate) const PAGE: usize = 4096;

@@ -439,7 +439,7 @@ pub(crate) fn read_file_counted<T: DeserializeOwned>(
     let file_len = file.metadata().map_err(context("stat"))?.len();
     // Only a file that can hold a large `PodVec` is worth a second
     // descriptor. A filesystem without `O_DIRECT` refuses the open.
-    let direct = (file_len >= crate::alloc::PAGE_ALIGNED_FROM as u64)
+    let direct = (file_len >= crate::pod::DIRECT_FROM as u64)
         .then(|| {
             OpenOptions::new()
                 .read(true)
