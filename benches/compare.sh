@@ -3,8 +3,12 @@
 # limit C: outcore (no cap, dispatch-priority cap, LRU cap), OS swap (outcore
 # with no cap in a cgroup limited to C, with a swap file), and scikit-learn
 # MiniBatchKMeans.partial_fit over np.memmap (in the cgroup and without).
+# Every run is set against the physical bound measured in the same run (the
+# device's direct-read bandwidth on the data file: dd iflag=direct bs=1M).
 # Then a sweep over overcommit (data / C = 1, 2, 4) for the outcore cap and
-# OS swap. Writes a markdown table and a PNG chart, prints the table.
+# OS swap, and the in-memory comparison (benches/inmemory.py: an outcore
+# Lloyd iteration against faiss.Kmeans, the kernel against OpenBLAS sgemm).
+# Writes a markdown table and a PNG chart, prints the table.
 #
 #   sudo bash benches/compare.sh                      # 4 GiB, C = 2 GiB, k = 100, 1000-D
 #   sudo bash benches/compare.sh --data 8GiB --cap 4GiB --epochs 4
@@ -12,8 +16,8 @@
 #
 # Needs root (swap file, cgroup v1 memory controller, dropping caches); it
 # creates and removes its own swap file and cgroup. Installs numpy,
-# scikit-learn and matplotlib in a virtual environment (cached under
-# ~/.cache/outcore-bench-venv).
+# scikit-learn, matplotlib and faiss-cpu in a virtual environment (cached
+# under ~/.cache/outcore-bench-venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
@@ -22,8 +26,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 cargo build --release --bin outcore >&2
 venv="${OUTCORE_BENCH_VENV:-$HOME/.cache/outcore-bench-venv}"
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import sklearn, matplotlib, numpy" 2>/dev/null; then
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import sklearn, matplotlib, numpy, faiss" 2>/dev/null; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q numpy scikit-learn matplotlib >&2
+  "$venv/bin/pip" install -q numpy scikit-learn matplotlib faiss-cpu >&2
 fi
 exec "$venv/bin/python" benches/compare.py "$@"
