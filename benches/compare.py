@@ -10,6 +10,10 @@ import sys
 import tempfile
 import time
 
+# The device's direct-read bandwidth, measured as benches/wholerun.py does
+# (this script's directory is on the import path).
+from wholerun import dd_bandwidth
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUTCORE = os.path.join(ROOT, "target", "release", "outcore")
 CG = "/sys/fs/cgroup/memory/outcore-compare"
@@ -106,19 +110,6 @@ def run(cmd, cgroup_limit=None):
             (after.get("pswpin", 0) - before.get("pswpin", 0)) * page,
             (after.get("pswpout", 0) - before.get("pswpout", 0)) * page,
             peak)
-
-
-def dd_bandwidth(path):
-    """The device's read bandwidth on `path`: dd with O_DIRECT and 1 MiB
-    blocks, page cache dropped, best of two (bytes per second)."""
-    best = 0.0
-    for _ in range(2):
-        drop_caches()
-        t = time.perf_counter()
-        subprocess.run(["dd", f"if={path}", "of=/dev/null", "iflag=direct", "bs=1M"],
-                       check=True, capture_output=True)
-        best = max(best, os.path.getsize(path) / (time.perf_counter() - t))
-    return best
 
 
 def steady(epochs):
