@@ -222,8 +222,8 @@ impl<R: Read + Seek> RawRead for TeeRead<R> {
             return Ok(0);
         }
         // SAFETY: the caller lends us `len >= want` bytes at `dst`.
-        let crcs = match unsafe { read_pieces(file, self.pos, dst, want) } {
-            Ok(crcs) => crcs,
+        let crc = match unsafe { read_pieces(file, self.pos, dst, want) } {
+            Ok(crc) => crc,
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 // Refused (alignment rules stricter than a page, a
                 // filesystem without direct reads): nothing was taken from
@@ -233,9 +233,7 @@ impl<R: Read + Seek> RawRead for TeeRead<R> {
             }
             Err(e) => return Err(e),
         };
-        for c in &crcs {
-            self.crc.combine(c);
-        }
+        self.crc.combine(&crc);
         self.left -= want as u64;
         self.pos += want as u64;
         self.direct_bytes += want as u64;
@@ -249,7 +247,8 @@ impl<R: Read + Seek> RawRead for TeeRead<R> {
 
 /// Reads `len` bytes (a multiple of the page size) of `file` at `pos`
 /// into `dst` with direct I/O, in [`DIRECT_PIECE`]s, each checksummed as
-/// it lands. Returns the CRC state of every piece, in order.
+/// it lands. Returns the CRC state of the bytes read (combined into the
+/// stream's only once all of them are in).
 ///
 /// One thread, one read in flight at a time (each read is split into
 /// several device requests by the kernel): a helper thread per load would
@@ -266,31 +265,27 @@ unsafe fn read_pieces(
     pos: u64,
     dst: *mut u8,
     len: usize,
-) -> io::Result<Vec<crc32fast::Hasher>> {
-    let mut crcs = Vec::with_capacity(len.div_ceil(DIRECT_PIECE));
+) -> io::Result<crc32fast::Hasher> {
+    let mut crc = crc32fast::Hasher::new();
     let mut off = 0;
     while off < len {
         let n = DIRECT_PIECE.min(len - off);
         // SAFETY: `off..off + n` lies within the `len` bytes lent to us.
-        crcs.push(unsafe { read_piece(file, pos + off as u64, dst.add(off), n) }?);
+        unsafe { read_piece(file, pos + off as u64, dst.add(off), n) }?;
+        // SAFETY: the kernel wrote all `n` bytes at `dst + off`.
+        crc.update(unsafe { std::slice::from_raw_parts(dst.add(off), n) });
         off += n;
     }
-    Ok(crcs)
+    Ok(crc)
 }
 
-/// Reads exactly `n` bytes at `pos` into `dst` with direct I/O and
-/// checksums them.
+/// Reads exactly `n` bytes at `pos` into `dst` with direct I/O.
 ///
 /// # Safety
 ///
 /// `dst` is valid for writes of `n` bytes and nothing else touches them
 /// during the call.
-unsafe fn read_piece(
-    file: &File,
-    pos: u64,
-    dst: *mut u8,
-    n: usize,
-) -> io::Result<crc32fast::Hasher> {
+unsafe fn read_piece(file: &File, pos: u64, dst: *mut u8, n: usize) -> io::Result<()> {
     use std::os::unix::io::AsRawFd;
     let mut got = 0usize;
     while got < n {
@@ -320,10 +315,7 @@ unsafe fn read_piece(
         }
         got += r as usize;
     }
-    let mut crc = crc32fast::Hasher::new();
-    // SAFETY: the kernel wrote all `n` bytes at `dst`.
-    crc.update(unsafe { std::slice::from_raw_parts(dst, n) });
-    Ok(crc)
+    Ok(())
 }
 
 /// Reads through a `RefCell` shared with the `PodVec` raw-read hook.
@@ -344,6 +336,23 @@ fn context(what: &'static str) -> impl Fn(io::Error) -> io::Error {
     move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
+/// Encodes `value` into `inner` as the payload of a spill file, counting
+/// and checksumming it. `PodVec`s place their bytes by file offset, counted
+/// from the end of the header.
+fn encode_payload_into<W: Write, T: Serialize>(
+    inner: W,
+    value: &T,
+) -> std::result::Result<Tee<W>, bincode::error::EncodeError> {
+    let mut tee = Tee {
+        inner,
+        crc: crc32fast::Hasher::new(),
+        len: 0,
+    };
+    let _pos = crate::pod::WritePos::install(HEADER_LEN as u64);
+    bincode::serde::encode_into_std_write(value, &mut tee, bincode_config())?;
+    Ok(tee)
+}
+
 /// Writes `value` to `path` with the header for `key`. Returns the file's
 /// length. On error the file may be partial; the caller must not treat it as
 /// valid. Errors keep the underlying I/O error's kind.
@@ -357,15 +366,7 @@ pub fn write_file<T: Serialize>(path: &Path, key: FileKey, value: &T) -> io::Res
         .map_err(context("create"))?;
     let mut w = BufWriter::with_capacity(IO_BUF, file);
     w.write_all(&[0u8; HEADER_LEN]).map_err(context("write"))?;
-    let mut tee = Tee {
-        inner: w,
-        crc: crc32fast::Hasher::new(),
-        len: 0,
-    };
-    let pos = crate::pod::WritePos::install(HEADER_LEN as u64);
-    let encoded = bincode::serde::encode_into_std_write(value, &mut tee, bincode_config());
-    drop(pos);
-    encoded.map_err(|e| match e {
+    let tee = encode_payload_into(w, value).map_err(|e| match e {
         bincode::error::EncodeError::Io { inner, .. } => context("write")(inner),
         other => io::Error::other(format!("encode: {other}")),
     })?;
@@ -521,15 +522,7 @@ pub fn decode_bytes<T: DeserializeOwned>(
 pub(crate) fn encode_payload<T: Serialize>(
     value: &T,
 ) -> std::result::Result<(Vec<u8>, u32), String> {
-    let mut tee = Tee {
-        inner: Vec::new(),
-        crc: crc32fast::Hasher::new(),
-        len: 0,
-    };
-    let pos = crate::pod::WritePos::install(HEADER_LEN as u64);
-    let encoded = bincode::serde::encode_into_std_write(value, &mut tee, bincode_config());
-    drop(pos);
-    encoded.map_err(|e| format!("encode: {e}"))?;
+    let tee = encode_payload_into(Vec::new(), value).map_err(|e| format!("encode: {e}"))?;
     Ok((tee.inner, tee.crc.finalize()))
 }
 
