@@ -176,10 +176,75 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
 
     /// Runs every task and returns each task's result in submission order.
     pub fn run_each(self) -> Vec<Result<R>> {
+        let mut out = Vec::with_capacity(self.tasks.len());
+        self.run_in_order(|_, r| out.push(r));
+        out
+    }
+
+    /// Runs every task and hands each result to `f`, with its index, in
+    /// submission order, on this thread while later tasks still run: a
+    /// result is handed over as soon as it and every result before it are
+    /// done. Only the results that finish ahead of an earlier one wait, so
+    /// a long batch whose results are folded as they come holds a few of
+    /// them at a time instead of all of them, and the fold's order (so its
+    /// floating-point result) does not depend on the scheduling.
+    ///
+    /// ```
+    /// # use outcore::Runtime;
+    /// # #[global_allocator]
+    /// # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+    /// let rt = Runtime::builder().workers(2).build()?;
+    /// let parts: Vec<_> = (0..4u32)
+    ///     .map(|i| rt.insert(vec![i as f64 + 0.5; 1000]))
+    ///     .collect::<Result<_, _>>()?;
+    /// let mut batch = rt.batch();
+    /// for h in &parts {
+    ///     batch.read(h, |v: &Vec<f64>| v.iter().sum::<f64>());
+    /// }
+    /// let mut total = 0.0;
+    /// batch.run_in_order(|_, r| total += r.expect("task"));
+    /// assert_eq!(total, 1000.0 * (0.5 + 1.5 + 2.5 + 3.5));
+    /// # Ok::<(), outcore::Error>(())
+    /// ```
+    pub fn run_in_order(self, mut f: impl FnMut(usize, Result<R>)) {
         let n = self.tasks.len();
         if n == 0 {
-            return Vec::new();
+            return;
         }
+        let state = self.start();
+        let mut next = 0;
+        let mut ready = Vec::new();
+        while next < n {
+            {
+                let mut g = state.inner.lock();
+                while g.results[next].is_none() && g.remaining > 0 {
+                    state.done.wait(&mut g);
+                }
+                while next < n {
+                    let Some(r) = g.results[next].take() else {
+                        if g.remaining == 0 {
+                            ready.push(Err(Error::Runtime("task did not run".into())));
+                            next += 1;
+                            continue;
+                        }
+                        break;
+                    };
+                    ready.push(r);
+                    next += 1;
+                }
+            }
+            // Outside the lock: the workers record results meanwhile.
+            let first = next - ready.len();
+            for (i, r) in ready.drain(..).enumerate() {
+                f(first + i, r);
+            }
+        }
+    }
+
+    /// Queues the tasks on the worker pool (the results of tasks on
+    /// another runtime's executors are recorded at once).
+    fn start(self) -> Arc<BatchState<R>> {
+        let n = self.tasks.len();
         let sh = self.shared;
         let base = sh.reserve_seqs(n as u64);
         let mut results: Vec<Option<Result<R>>> = (0..n).map(|_| None).collect();
@@ -195,7 +260,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
             {
                 let mut g = slot.lock();
                 g.pending.push_back(seq);
-                slot.sync_next_task(&g);
+                sh.sync_pending(&slot, &g);
             }
             queue.push_back(Task {
                 index: i,
@@ -219,16 +284,8 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         if remaining > 0 {
             sh.pool.submit(state.clone());
             sh.prefetch_signal.notify();
-            let mut g = state.inner.lock();
-            while g.remaining > 0 {
-                state.done.wait(&mut g);
-            }
         }
-        let mut g = state.inner.lock();
-        std::mem::take(&mut g.results)
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::Runtime("task did not run".into()))))
-            .collect()
+        state
     }
 }
 
@@ -285,9 +342,8 @@ impl<R: Send + 'static> Job for BatchState<R> {
         g.results[index] = Some(result);
         g.busy.remove(&id);
         g.remaining -= 1;
-        if g.remaining == 0 {
-            self.done.notify_all();
-        }
+        // The caller waits for the next result in order, or for the last.
+        self.done.notify_all();
         Step::Ran
     }
 }
@@ -317,6 +373,7 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     Counters::add(&sh.counters.tasks, 1);
     let panicked = out.is_err();
     sh.release(&t.slot, v, changed, panicked && changed);
+    sh.note_idle(&t.slot);
     match out {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(Error::UnknownExecutor {

@@ -177,14 +177,15 @@ impl Shared {
     /// rank now. The list is rebuilt by one scan when it runs out or after
     /// a quarter as many clock ticks as it held candidates (ranks drift as
     /// the sweep moves on), so a decision costs O(log n) amortised instead
-    /// of a scan of the registry per victim.
+    /// of a scan of the registry per victim. Executors join it as soon as
+    /// a task leaves them idle (`note_idle`).
     fn next_victim(&self, above: Option<u64>, skip: &[u64]) -> Option<Arc<Slot>> {
         let mut cache = self.victims.lock().unwrap_or_else(|e| e.into_inner());
         let now = self.clock_now();
         let mut rebuilt = false;
         loop {
             if cache.stale(now) {
-                if rebuilt && cache.list.is_empty() {
+                if rebuilt && cache.is_empty() {
                     return None;
                 }
                 let reg = self.registry.lock();
@@ -196,11 +197,11 @@ impl Shared {
                 cache.rebuild(now, resident, true);
                 drop(reg);
                 rebuilt = true;
-                if cache.list.is_empty() {
+                if cache.is_empty() {
                     return None;
                 }
             }
-            let Some((cached, s)) = cache.list.pop() else {
+            let Some((cached, s)) = cache.pop() else {
                 continue;
             };
             if s.state_hint() != State::Resident || skip.contains(&s.id) {
@@ -213,19 +214,41 @@ impl Shared {
                 }
                 self.rank(&s, &reg)
             };
-            if r < cached && cache.list.last().is_some_and(|(next, _)| r < *next) {
+            if r < cached && cache.peek().is_some_and(|(next, _)| r < next) {
                 // Needed sooner than when ranked (a task came up for it):
                 // back in the list at its rank now.
-                let at = cache.list.partition_point(|(x, _)| *x < r);
-                cache.list.insert(at, (r, s));
+                cache.push(r, s);
                 continue;
             }
             if above.is_some_and(|a| r <= a) {
                 // The best candidates are gone: keep this one for later.
-                cache.list.push((r, s));
+                cache.push(r, s);
                 return None;
             }
             return Some(s);
+        }
+    }
+
+    /// Adds `slot`, just left idle by a task, to the victims at its rank
+    /// now. A rank only falls as the sweep nears an executor (picks are
+    /// checked for that), but it jumps when a task has used it: the
+    /// executor used last in a sweep is needed last. Left out until the
+    /// next rebuild, such executors stayed in memory while executors
+    /// ranked lower were evicted, and were loaded again later in the
+    /// sweep.
+    pub(crate) fn note_idle(&self, slot: &Arc<Slot>) {
+        let r = {
+            let reg = self.registry.lock();
+            if !reg.slots.contains_key(&slot.id) {
+                return;
+            }
+            self.rank(slot, &reg)
+        };
+        let _bypass = BypassGuard::new();
+        let mut cache = self.victims.lock().unwrap_or_else(|e| e.into_inner());
+        // A stale list is rebuilt from a scan at the next decision anyway.
+        if !cache.stale(self.clock_now()) {
+            cache.push(r, slot.clone());
         }
     }
 

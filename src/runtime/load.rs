@@ -220,10 +220,13 @@ impl Shared {
             if let Some(p) = g.pending.iter().position(|&s| s == seq) {
                 g.pending.remove(p);
             }
-            slot.sync_next_task(&g);
+            self.sync_pending(slot, &g);
         }
         if slot.cycle_id.load(Ordering::Relaxed) != crate::executor::NONE {
-            self.registry.lock().set_cursor(slot);
+            let left = self.registry.lock().set_cursor(slot);
+            if let Some(left) = left.filter(|s| s.state_hint() == State::Resident) {
+                self.note_idle(&left);
+            }
         }
         slot.last_use.store(self.tick(), Ordering::Relaxed);
         self.prefetch_signal.notify();

@@ -22,9 +22,13 @@ impl Shared {
     /// ticks as it held candidates.
     fn next_to_prefetch(&self) -> Option<(u64, Cycle, Arc<Slot>)> {
         let ahead = self.lookahead();
+        let mut soon = Vec::new();
+        self.pending_soon(&mut soon);
         let in_window = {
             let reg = self.registry.lock();
+            let pending = soon.iter().filter_map(|id| reg.slots.get(id));
             reg.coming_up(ahead)
+                .chain(pending)
                 .filter(|s| s.state_hint() == State::Evicted)
                 .map(|s| (self.rank(s, &reg), reg.cycle_of(s, ahead), s.clone()))
                 .min_by_key(|(r, _, _)| *r)
@@ -52,7 +56,7 @@ impl Shared {
                 rebuilt = true;
                 continue;
             }
-            let Some((_, s)) = cache.list.last().cloned() else {
+            let Some(s) = cache.peek().map(|(_, s)| s.clone()) else {
                 continue;
             };
             let fresh = {
@@ -62,13 +66,13 @@ impl Shared {
                     .then(|| (self.rank(&s, &reg), reg.cycle_of(&s, ahead)))
             };
             let Some((r, cycle)) = fresh.filter(|_| s.state_hint() == State::Evicted) else {
-                cache.list.pop();
+                cache.pop();
                 continue;
             };
             return match in_window {
                 Some(w) if w.0 <= r => Some(w),
                 _ => {
-                    cache.list.pop();
+                    cache.pop();
                     Some((r, cycle, s))
                 }
             };
@@ -83,7 +87,7 @@ impl Shared {
         if !self.prefetch_may_load(&slot, rank, cycle) {
             // Not now: it stays the most urgent candidate.
             let mut cache = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
-            cache.list.push((rank, slot));
+            cache.push(rank, slot);
             return false;
         }
         let mut g = slot.lock();
@@ -103,10 +107,16 @@ impl Shared {
     /// now, making room for it first when it is part of the plan.
     fn prefetch_may_load(&self, slot: &Slot, rank: u64, cycle: Cycle) -> bool {
         let size = slot.size.load(Ordering::Relaxed);
-        let pending = slot.next_task.load(Ordering::Relaxed) != NONE;
+        let next = slot.next_task.load(Ordering::Relaxed);
+        let pending = next != NONE;
         let planned = pending || slot.cycle_pos.load(Ordering::Relaxed) != NONE;
         if planned {
-            if !self.policy.prefetch_target(rank, cycle) && !pending {
+            let target = if pending {
+                next <= self.pending_horizon()
+            } else {
+                self.policy.prefetch_target(rank, cycle)
+            };
+            if !target {
                 return false;
             }
             let Some(floor) = self.policy.prefetch_floor(cycle, rank) else {

@@ -107,13 +107,18 @@ impl Inner {
         })
     }
 
-    /// Records that the sweep of `s`'s cycle has reached `s`.
-    pub(crate) fn set_cursor(&mut self, s: &Slot) {
+    /// Records that the sweep of `s`'s cycle has reached `s`. Returns the
+    /// executor the cursor left, if another: its rank has just jumped
+    /// (from the one the sweep is on to one needed later).
+    pub(crate) fn set_cursor(&mut self, s: &Slot) -> Option<Arc<Slot>> {
         let id = s.cycle_id.load(Ordering::Relaxed);
         let pos = s.cycle_pos.load(Ordering::Relaxed);
-        if let Some(c) = self.cycles.get_mut(&id) {
-            c.cursor = pos;
-        }
+        let c = self.cycles.get_mut(&id)?;
+        let old = std::mem::replace(&mut c.cursor, pos);
+        let left = *c.order.get(usize::try_from(old).ok()?)?;
+        (old != pos)
+            .then(|| self.slots.get(&left).cloned())
+            .flatten()
     }
 
     /// Removes an executor, taking it out of its cycle.

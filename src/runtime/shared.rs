@@ -7,6 +7,7 @@
 //! pinning), `prefetch.rs` (the prefetcher), `ranked.rs` (the ranked lists
 //! those two decide from).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,7 +15,8 @@ use std::time::Instant;
 use super::pool::{Pool, Signal};
 use super::registry::Registry;
 use super::writes::WriteHealth;
-use crate::executor::{Slot, NONE};
+use crate::alloc::BypassGuard;
+use crate::executor::{Slot, SlotGuard, NONE};
 use crate::policy::{EvictionPolicy, UseInfo};
 use crate::spill::SpillStore;
 use crate::stats::Counters;
@@ -50,6 +52,12 @@ pub(crate) struct Shared {
     pub(crate) dirty_budget: usize,
     /// Evicted executors ranked by one scan, for the prefetcher.
     pub(crate) wanted: std::sync::Mutex<super::ranked::RankedList>,
+    /// The first pending task of every executor that has one (its
+    /// dispatch sequence number, to the executor's id): the order in which
+    /// the workers will want them, so the prefetcher looks only a bounded
+    /// way ahead (see `pending_horizon`). A leaf lock: nothing else is
+    /// taken while it is held.
+    heads: std::sync::Mutex<BTreeMap<u64, u64>>,
     started: Instant,
 }
 
@@ -81,6 +89,7 @@ impl Shared {
             dirty_budget: dirty_budget(cap, &crate::cap::detect_limits()),
             victims: std::sync::Mutex::new(super::ranked::RankedList::default()),
             wanted: std::sync::Mutex::new(super::ranked::RankedList::default()),
+            heads: std::sync::Mutex::new(BTreeMap::new()),
             started: Instant::now(),
         })
     }
@@ -109,6 +118,57 @@ impl Shared {
     /// two per worker.
     pub(crate) fn lookahead(&self) -> u64 {
         2 * self.workers as u64
+    }
+
+    /// Refreshes `slot`'s `next_task` mirror from its pending queue, and
+    /// its entry among the pending heads. The caller holds the slot's lock
+    /// (`g`), so the two change together.
+    pub(crate) fn sync_pending(&self, slot: &Slot, g: &SlotGuard<'_>) {
+        let old = slot.next_task.load(Ordering::Relaxed);
+        slot.sync_next_task(g);
+        let new = slot.next_task.load(Ordering::Relaxed);
+        if old == new {
+            return;
+        }
+        // The map's nodes come from the allocator; its lock is one the
+        // trap never takes, but a trap here would evict under a slot lock.
+        let _bypass = BypassGuard::new();
+        let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
+        if old != NONE {
+            heads.remove(&old);
+        }
+        if new != NONE {
+            heads.insert(new, slot.id);
+        }
+    }
+
+    /// How far ahead of the workers the prefetcher loads executors that
+    /// have pending tasks: up to the first pending task of the
+    /// `lookahead()`-th executor in dispatch order (those being worked on
+    /// count). `u64::MAX` when fewer executors have pending tasks.
+    ///
+    /// Loading every pending executor of a long batch ahead of time, as
+    /// room allowed, took room from the executors kept resident across
+    /// sweeps: they were evicted for executors not needed yet, and loaded
+    /// again later in the sweep.
+    pub(crate) fn pending_horizon(&self) -> u64 {
+        let n = usize::try_from(self.lookahead()).unwrap_or(usize::MAX);
+        let _bypass = BypassGuard::new();
+        let heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
+        heads
+            .keys()
+            .nth(n.saturating_sub(1))
+            .copied()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// The executors with a pending task within [`Self::pending_horizon`],
+    /// in dispatch order (their ids).
+    pub(crate) fn pending_soon(&self, out: &mut Vec<u64>) {
+        let n = usize::try_from(self.lookahead()).unwrap_or(usize::MAX);
+        let _bypass = BypassGuard::new();
+        let heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
+        out.extend(heads.values().take(n).copied());
     }
 
     /// The rank of `s` (the caller holds the registry lock, `reg`).
