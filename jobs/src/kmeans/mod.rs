@@ -104,9 +104,13 @@ struct Want {
     dists: bool,
 }
 
-/// Lloyd: tasks per batch (each holds a `k x dims` partial sum until the
-/// batch is reduced).
-const LLOYD_GROUP: usize = 32;
+/// Partial sums (`k x dims` each) allowed for in memory while a sweep
+/// folds them as they come: those being computed and those that finished
+/// ahead of an earlier task.
+const IN_FLIGHT: usize = 8;
+
+/// A Lloyd pass reports progress every this many tasks.
+const PROGRESS_EVERY: usize = 32;
 
 /// Partition size in bytes for `part_bytes` of `dims`-wide rows, rounded to
 /// a whole number of tasks of `task_points` rows (at least one). Tasks then
@@ -924,19 +928,19 @@ fn run_once(
                         })
                         .collect();
                     let (list, owner) = plan.chunks_of(&tasks);
-                    // Room for the batch's partial sums.
-                    rt.make_room((list.len() + plan.mine.len()) * k * d * 8);
+                    // Room for the batch's sums and the partial sums in
+                    // flight (a few: they are folded as they come).
+                    rt.make_room((plan.mine.len() + IN_FLIGHT) * packed.len() * 8);
                     let shared = Arc::new(centers.clone());
                     let sums_only = Want {
                         sums: true,
                         ..Want::default()
                     };
-                    let parts = sweep(rt, ds, &list, &shared, sums_only, None)?;
                     let mut accs = vec![zeros::<f64>(packed.len()); plan.mine.len()];
-                    for (p, &o) in parts.iter().zip(&owner) {
-                        packed.fold(&mut accs[o], p);
-                    }
-                    drop(parts);
+                    sweep(rt, ds, &list, &shared, sums_only, None, |i, p| {
+                        packed.fold(&mut accs[owner[i]], &p);
+                        Ok(())
+                    })?;
                     let r =
                         packed.unpack(timed(&mut || plan.ranks.ordered_sum(&accs, packed.len()))?);
                     drop(accs);
@@ -1007,28 +1011,28 @@ fn run_once(
                 let shared = Arc::new(centers.clone());
                 let stats = it == 0 && cfg.tol > 0.0;
                 let packed = Packed { k, d, stats };
-                rt.make_room(plan.mine.len() * packed.len() * 8);
+                rt.make_room((plan.mine.len() + IN_FLIGHT) * packed.len() * 8);
                 let mut accs = vec![zeros::<f64>(packed.len()); plan.mine.len()];
                 let mut done = 0u64;
-                // A bounded number of tasks per batch bounds the partial
-                // sums held at once; the declared cycle still tells the
-                // runtime what comes next.
-                for group in tasks.chunks(LLOYD_GROUP) {
-                    let (list, owner) = plan.chunks_of(group);
-                    let want = Want {
-                        sums: true,
-                        ..Want::default()
-                    };
-                    let parts = sweep(rt, ds, &list, &shared, want, stats.then_some(&reference))?;
-                    for (p, &o) in parts.iter().zip(&owner) {
-                        packed.fold(&mut accs[o], p);
+                // One batch per pass: the partial sums are folded as they
+                // come, so only a few are held at once.
+                let (list, owner) = plan.chunks_of(&tasks);
+                let want = Want {
+                    sums: true,
+                    ..Want::default()
+                };
+                let reference = stats.then_some(&reference);
+                sweep(rt, ds, &list, &shared, want, reference, |i, p| {
+                    packed.fold(&mut accs[owner[i]], &p);
+                    done += list[i].len as u64;
+                    if i % PROGRESS_EVERY == PROGRESS_EVERY - 1 || i + 1 == list.len() {
+                        on(Event::Progress {
+                            done: progress(done),
+                            total: ds.rows,
+                        });
                     }
-                    done += list.iter().map(|c| c.len as u64).sum::<u64>();
-                    on(Event::Progress {
-                        done: progress(done),
-                        total: ds.rows,
-                    });
-                }
+                    Ok(())
+                })?;
                 let r = packed.unpack(timed(&mut || plan.ranks.ordered_sum(&accs, packed.len()))?);
                 drop(accs);
                 if stats {
@@ -1109,6 +1113,12 @@ fn squared_shift(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// Runs one read-only assignment task per chunk; results in order.
+/// Runs `plan`'s chunks as one batch and hands each chunk's partial
+/// results to `each` (with the chunk's index in `plan`) in plan order, as
+/// they come: only the results that finish ahead of an earlier chunk are
+/// held, so a whole sweep can be one batch (no barrier every few tasks)
+/// with a fold whose order does not depend on the scheduling. Every chunk
+/// runs; the first error is returned.
 fn sweep(
     rt: &Runtime,
     ds: &Dataset,
@@ -1116,7 +1126,8 @@ fn sweep(
     c: &Arc<Centers>,
     want: Want,
     reference: Option<&Arc<Vec<f32>>>,
-) -> Result<Vec<Partial>> {
+    mut each: impl FnMut(usize, Partial) -> Result<()>,
+) -> Result<()> {
     let mut b = rt.batch();
     for ch in plan {
         let c = c.clone();
@@ -1133,7 +1144,13 @@ fn sweep(
             )
         });
     }
-    Ok(b.run()?)
+    let mut first: Result<()> = Ok(());
+    b.run_in_order(|i, r| {
+        if first.is_ok() {
+            first = r.map_err(Error::from).and_then(|p| each(i, p));
+        }
+    });
+    first
 }
 
 /// A step's sums.
@@ -1183,20 +1200,15 @@ fn final_pass(
     };
     // In the passes' order (each shard's tasks in task order); the labels
     // land at their rows.
-    for group in plan.sweep_order().chunks(LLOYD_GROUP) {
-        let (list, owner) = plan.chunks_of(group);
-        for ((p, &o), ch) in sweep(rt, ds, &list, &shared, want, None)?
-            .iter()
-            .zip(&owner)
-            .zip(&list)
-        {
-            accs[o][0] += p.inertia;
-            if let Some(all) = all.as_mut() {
-                let at = (ch.row - ds.first_row) as usize;
-                all[at..at + p.labels.len()].copy_from_slice(&p.labels);
-            }
+    let (list, owner) = plan.chunks_of(&plan.sweep_order());
+    sweep(rt, ds, &list, &shared, want, None, |i, p| {
+        accs[owner[i]][0] += p.inertia;
+        if let Some(all) = all.as_mut() {
+            let at = (list[i].row - ds.first_row) as usize;
+            all[at..at + p.labels.len()].copy_from_slice(&p.labels);
         }
-    }
+        Ok(())
+    })?;
     let inertia = plan.ranks.ordered_sum(&accs, 1)?[0];
     let labels = match all {
         Some(l) => plan.ranks.gather_u32(&l)?,
@@ -1231,12 +1243,10 @@ pub fn predict(
         dists,
         ..Want::default()
     };
-    for group in chunks(ds, task_points.max(1)).chunks(LLOYD_GROUP) {
-        for p in sweep(rt, ds, group, &shared, want, None)? {
-            on_block(&p.labels, &p.dists)?;
-        }
-    }
-    Ok(())
+    let list = chunks(ds, task_points.max(1));
+    sweep(rt, ds, &list, &shared, want, None, |_, p| {
+        on_block(&p.labels, &p.dists)
+    })
 }
 
 /// Points sampled for the initialisation: at least 10,000 and 20 per
@@ -1280,11 +1290,19 @@ fn sample(
         });
     }
     let (mut x, mut w) = (Vec::new(), Vec::new());
-    let parts: Vec<(Vec<f32>, Vec<f32>)> = b.run()?;
-    for (a, b) in parts {
-        x.extend_from_slice(&a);
-        w.extend_from_slice(&b);
-    }
+    let mut first: Result<()> = Ok(());
+    b.run_in_order(|_, r| match r {
+        Ok((a, b)) => {
+            x.extend_from_slice(&a);
+            w.extend_from_slice(&b);
+        }
+        Err(e) => {
+            if first.is_ok() {
+                first = Err(e.into());
+            }
+        }
+    });
+    first?;
     if ranks.size() > 1 {
         x = ranks.all_gather(&x)?;
         w = ranks.all_gather(&w)?;
