@@ -402,3 +402,88 @@ fn a_small_run_reports_its_real_peak() {
     let out = common::child_ok(TEST, None, std::time::Duration::from_secs(60), &[]);
     assert!(out.num("PEAK") >= 1 << 20, "{}", out.stdout);
 }
+
+/// `run_in_order` hands each result over, in submission order, while
+/// later tasks still run: here the last task waits for the first result
+/// to have been handed over (it would time out if results came only at
+/// the end).
+#[test]
+fn results_are_handed_over_in_order_while_later_tasks_run() {
+    use std::sync::{mpsc, Arc, Mutex};
+    let rt = rt();
+    let hs: Vec<_> = (0..6u64).map(|i| rt.insert(vec![i; 10]).unwrap()).collect();
+    let (tx, rx) = mpsc::channel::<()>();
+    let rx = Arc::new(Mutex::new(rx));
+    let mut b = rt.batch();
+    for (i, h) in hs.iter().enumerate() {
+        let rx = rx.clone();
+        b.read(h, move |v: &Vec<u64>| {
+            let streamed = i + 1 < 6
+                || rx
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(std::time::Duration::from_secs(30))
+                    .is_ok();
+            (v[0], streamed)
+        });
+    }
+    let mut seen = Vec::new();
+    b.run_in_order(|i, r| {
+        if i == 0 {
+            tx.send(()).unwrap();
+        }
+        seen.push((i, r.unwrap()));
+    });
+    let want: Vec<_> = (0..6).map(|i| (i, (i as u64, true))).collect();
+    assert_eq!(seen, want);
+}
+
+/// The prefetcher loads a batch's executors only a short way ahead of the
+/// workers (two per worker, in dispatch order), not every executor the
+/// batch names as soon as there is room: under a cap, loading far ahead
+/// evicts executors that are needed before those.
+#[test]
+fn the_prefetcher_loads_a_batch_only_a_short_way_ahead() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const N: usize = 24;
+    let rt = rt();
+    let hs: Vec<_> = (0..N)
+        .map(|i| rt.insert(PodVec::from(vec![i as u8; 1 << 20])).unwrap())
+        .collect();
+    rt.evict_all().unwrap();
+    assert_eq!(rt.resident_count(), 0);
+    let done = std::sync::Arc::new(AtomicUsize::new(0));
+    let finished = AtomicUsize::new(0);
+    let mut ahead_max = 0;
+    std::thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            let mut max = 0;
+            while finished.load(Ordering::Acquire) == 0 {
+                // Resident and not yet used: loaded ahead (or in use).
+                let ahead = rt
+                    .resident_count()
+                    .saturating_sub(done.load(Ordering::Acquire));
+                max = max.max(ahead);
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            max
+        });
+        let mut b = rt.batch();
+        for h in &hs {
+            let done = done.clone();
+            b.read(h, move |v: &PodVec<u8>| {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                done.fetch_add(1, Ordering::Release);
+                v.len()
+            });
+        }
+        b.run().unwrap();
+        finished.store(1, Ordering::Release);
+        ahead_max = watcher.join().unwrap();
+    });
+    // Two workers, four executors ahead of the queue (those being worked
+    // on among them); a little slack for the watcher seeing a task's
+    // executor before the task counts. Loading the whole batch ahead
+    // showed 22 here.
+    assert!(ahead_max <= 8, "{ahead_max} executors loaded ahead");
+}
