@@ -855,17 +855,19 @@ pub fn train_lbfgs_on(
         // rows right and seen (integers, exact as sums of f64).
         let len = w.len() + 3;
         let mut accs = vec![vec![0.0; len]; groups];
-        // Groups bound the partial gradients held at once.
-        for group in plan.chunks(32) {
-            let mut b = rt.batch();
-            for &(s, t, _) in group {
-                let w = shared.clone();
-                b.read(&job.shards[s], move |sh: &Shard| {
-                    sh.loss_part(t, &w, classes, held_out && t == 0)
-                });
-            }
-            for (p, &(_, _, o)) in b.run()?.into_iter().zip(group) {
-                let acc = &mut accs[o];
+        // One batch per evaluation; the partial gradients are folded as
+        // they come (in plan order), so only a few are held at once.
+        let mut b = rt.batch();
+        for &(s, t, _) in &plan {
+            let w = shared.clone();
+            b.read(&job.shards[s], move |sh: &Shard| {
+                sh.loss_part(t, &w, classes, held_out && t == 0)
+            });
+        }
+        let mut outcome: Result<()> = Ok(());
+        b.run_in_order(|i, r| match r {
+            Ok(p) if outcome.is_ok() => {
+                let acc = &mut accs[plan[i].2];
                 for (a, v) in acc.iter_mut().zip(&p.grad) {
                     *a += v;
                 }
@@ -873,7 +875,14 @@ pub fn train_lbfgs_on(
                 acc[len - 2] += p.correct as f64;
                 acc[len - 1] += p.held as f64;
             }
-        }
+            Ok(_) => {}
+            Err(e) => {
+                if outcome.is_ok() {
+                    outcome = Err(e.into());
+                }
+            }
+        });
+        outcome?;
         let mut grad = ranks.ordered_sum(&accs[..mine.len()], len)?;
         let held = grad.pop().unwrap_or(0.0) as u64;
         let correct = grad.pop().unwrap_or(0.0) as u64;
