@@ -75,6 +75,23 @@ pub use error::{Error, Result};
 pub use files::{check_writable, write_file, write_json};
 pub use input::{BlockReader, InputReads, Labels, Partitioned, Source};
 
+/// Runs `batch` and hands each task's result to `each` in submission order
+/// as it comes (see [`outcore::Batch::run_in_order`]). Every task runs; the
+/// first error, a task's or `each`'s, is returned, and `each` is not called
+/// after it.
+pub(crate) fn fold_in_order<R: Send + 'static>(
+    batch: outcore::Batch<'_, R>,
+    mut each: impl FnMut(usize, R) -> Result<()>,
+) -> Result<()> {
+    let mut outcome: Result<()> = Ok(());
+    batch.run_in_order(|i, r| {
+        if outcome.is_ok() {
+            outcome = r.map_err(Error::from).and_then(|v| each(i, v));
+        }
+    });
+    outcome
+}
+
 /// The unit tests run with the allocator installed, as an application
 /// would.
 #[cfg(test)]

@@ -1126,7 +1126,7 @@ fn sweep(
     c: &Arc<Centers>,
     want: Want,
     reference: Option<&Arc<Vec<f32>>>,
-    mut each: impl FnMut(usize, Partial) -> Result<()>,
+    each: impl FnMut(usize, Partial) -> Result<()>,
 ) -> Result<()> {
     let mut b = rt.batch();
     for ch in plan {
@@ -1144,13 +1144,7 @@ fn sweep(
             )
         });
     }
-    let mut first: Result<()> = Ok(());
-    b.run_in_order(|i, r| {
-        if first.is_ok() {
-            first = r.map_err(Error::from).and_then(|p| each(i, p));
-        }
-    });
-    first
+    crate::fold_in_order(b, each)
 }
 
 /// A step's sums.
@@ -1290,19 +1284,11 @@ fn sample(
         });
     }
     let (mut x, mut w) = (Vec::new(), Vec::new());
-    let mut first: Result<()> = Ok(());
-    b.run_in_order(|_, r| match r {
-        Ok((a, b)) => {
-            x.extend_from_slice(&a);
-            w.extend_from_slice(&b);
-        }
-        Err(e) => {
-            if first.is_ok() {
-                first = Err(e.into());
-            }
-        }
-    });
-    first?;
+    crate::fold_in_order(b, |_, (a, b)| {
+        x.extend_from_slice(&a);
+        w.extend_from_slice(&b);
+        Ok(())
+    })?;
     if ranks.size() > 1 {
         x = ranks.all_gather(&x)?;
         w = ranks.all_gather(&w)?;

@@ -864,25 +864,16 @@ pub fn train_lbfgs_on(
                 sh.loss_part(t, &w, classes, held_out && t == 0)
             });
         }
-        let mut outcome: Result<()> = Ok(());
-        b.run_in_order(|i, r| match r {
-            Ok(p) if outcome.is_ok() => {
-                let acc = &mut accs[plan[i].2];
-                for (a, v) in acc.iter_mut().zip(&p.grad) {
-                    *a += v;
-                }
-                acc[len - 3] += p.loss;
-                acc[len - 2] += p.correct as f64;
-                acc[len - 1] += p.held as f64;
+        crate::fold_in_order(b, |i, p| {
+            let acc = &mut accs[plan[i].2];
+            for (a, v) in acc.iter_mut().zip(&p.grad) {
+                *a += v;
             }
-            Ok(_) => {}
-            Err(e) => {
-                if outcome.is_ok() {
-                    outcome = Err(e.into());
-                }
-            }
-        });
-        outcome?;
+            acc[len - 3] += p.loss;
+            acc[len - 2] += p.correct as f64;
+            acc[len - 1] += p.held as f64;
+            Ok(())
+        })?;
         let mut grad = ranks.ordered_sum(&accs[..mine.len()], len)?;
         let held = grad.pop().unwrap_or(0.0) as u64;
         let correct = grad.pop().unwrap_or(0.0) as u64;
