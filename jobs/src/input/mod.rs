@@ -17,6 +17,7 @@
 //! opening the file to declaring the cycle, happens here once.
 
 mod blobs;
+mod direct;
 mod load;
 mod region;
 mod rows;

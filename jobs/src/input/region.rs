@@ -2,8 +2,7 @@
 //! lineage of file-backed executors (they are rebuilt from the file
 //! instead of being spilled).
 //!
-//! Reads are large and direct (`O_DIRECT`, 1 MiB pieces, four in flight,
-//! each copied out of its aligned buffer while the others are read), so they
+//! Reads are direct and several are in flight ([`super::direct`]), so they
 //! cost no page-cache copy and leave the page cache alone; where the
 //! filesystem refuses direct I/O (tmpfs), plain `pread` takes over.
 //!
@@ -12,14 +11,15 @@
 //! taken when it was opened, and a CRC-32 of the block's bytes against the
 //! one taken at its first read.
 
-use std::alloc::Layout;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
+
+use super::direct::DirectReader;
 
 /// How rows are stored in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,22 +62,16 @@ pub(crate) struct Region {
     dims: usize,
     encoding: Encoding,
     stamp: Stamp,
-    /// Aligned buffers of finished reads, reused by the next ones (fresh
-    /// memory would cost a page fault per page on every read).
-    spare: Mutex<Vec<AlignedBuf>>,
+    /// Readers not in use, kept with their buffers for the next reads
+    /// (fresh memory would cost a page fault per page on every read).
+    readers: Mutex<Vec<DirectReader>>,
     /// Bytes read from the file so far.
     read_bytes: AtomicU64,
 }
 
-/// A piece of a block still to read: its file position and destination
-/// (taken by the reader thread that reads it).
-type Piece<'a> = Mutex<Option<(u64, &'a mut [MaybeUninit<u8>])>>;
-
-/// Alignment and size of direct reads, and the reader threads per block
-/// (the reads in flight).
-const ALIGN: usize = 4096;
-const PIECE: usize = 1 << 20;
-const READERS: usize = 4;
+/// Readers kept for reuse: one per thread that reads at the same time
+/// (the prefetcher, and workers loading on demand).
+const KEPT_READERS: usize = 4;
 
 impl Region {
     /// Opens `path` for block reads; `None` when it is not a regular file
@@ -106,7 +100,7 @@ impl Region {
             dims,
             encoding,
             stamp: Stamp::of(&meta),
-            spare: Mutex::new(Vec::new()),
+            readers: Mutex::new(Vec::new()),
             read_bytes: AtomicU64::new(0),
         }))
     }
@@ -140,20 +134,19 @@ impl Region {
                 let count = n * self.dims;
                 let mut v: Vec<f32> = Vec::with_capacity(count);
                 huge_pages(v.spare_capacity_mut());
-                self.read_exact_at(pos, uninit_bytes(&mut v.spare_capacity_mut()[..count]))?;
+                let sum =
+                    self.read_exact_at(pos, uninit_bytes(&mut v.spare_capacity_mut()[..count]))?;
                 // SAFETY: `read_exact_at` initialised all `count * 4` bytes
                 // of the first `count` elements, and any bits are a valid f32.
                 unsafe { v.set_len(count) };
-                let sum = crc32fast::hash(as_bytes(&v));
                 (v, sum)
             }
             Encoding::Convert(_) | Encoding::Fvecs => {
                 let len = n * self.record();
                 let mut raw: Vec<u8> = Vec::with_capacity(len);
-                self.read_exact_at(pos, &mut raw.spare_capacity_mut()[..len])?;
+                let sum = self.read_exact_at(pos, &mut raw.spare_capacity_mut()[..len])?;
                 // SAFETY: `read_exact_at` initialised the first `len` bytes.
                 unsafe { raw.set_len(len) };
-                let sum = crc32fast::hash(&raw);
                 (self.convert(first, &raw)?, sum)
             }
         };
@@ -224,126 +217,50 @@ impl Region {
         Ok(out)
     }
 
-    /// Fills `dst` from the file at `pos`: direct reads when possible, two
-    /// pieces in flight; plain reads otherwise.
+    /// Fills `dst` from the file at `pos`, and returns the CRC-32 of its
+    /// bytes: direct reads when possible, several in flight; plain reads
+    /// otherwise.
     ///
     /// `dst` may be uninitialised (fresh memory is never zeroed first:
     /// zeroing would cost a pass, or page faults, over every block); it is
     /// fully initialised when this returns `Ok`.
-    fn read_exact_at(&self, pos: u64, dst: &mut [MaybeUninit<u8>]) -> io::Result<()> {
+    fn read_exact_at(&self, pos: u64, dst: &mut [MaybeUninit<u8>]) -> io::Result<u32> {
         let Some(direct) = &self.direct else {
             return self.plain_read(pos, dst);
         };
-        // Pieces handed out in order to a few reader threads, so that
-        // several reads are in flight and copies overlap them.
-        let pieces: Vec<Piece<'_>> = dst
-            .chunks_mut(PIECE)
-            .enumerate()
-            .map(|(i, c)| Mutex::new(Some((pos + (i * PIECE) as u64, c))))
-            .collect();
-        let next = AtomicUsize::new(0);
-        let lanes = pieces.len().min(READERS);
-        let lane = || self.read_pieces(direct, &pieces, &next);
-        let results = std::thread::scope(|s| {
-            let others: Vec<_> = (1..lanes).map(|_| s.spawn(lane)).collect();
-            let mut result = lane();
-            for h in others {
-                let r = h
-                    .join()
-                    .unwrap_or_else(|_| Err(io::Error::other("a reader thread panicked")));
-                result = result.and(r);
-            }
-            result
-        });
-        match results {
-            Ok(()) => Ok(()),
+        let kept = self.readers.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut reader = match kept {
+            Some(r) => r,
+            None => DirectReader::new()?,
+        };
+        let result = reader.read(direct, pos, dst);
+        let mut kept = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() < KEPT_READERS {
+            kept.push(reader);
+        }
+        drop(kept);
+        match result {
+            Ok(sum) => Ok(sum.finalize()),
             // The filesystem took the open but refuses the reads.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.plain_read(pos, dst),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{}: shorter than its header says", self.path.display()),
+            )),
             Err(e) => Err(e),
         }
-    }
-
-    /// One reader thread: takes pieces until none is left.
-    fn read_pieces(
-        &self,
-        direct: &File,
-        pieces: &[Piece<'_>],
-        next: &AtomicUsize,
-    ) -> io::Result<()> {
-        let need = PIECE + 2 * ALIGN;
-        let spare = {
-            let mut spares = self.spare.lock().unwrap_or_else(|e| e.into_inner());
-            spares.pop()
-        };
-        let mut buf = match spare {
-            Some(b) => b,
-            None => AlignedBuf::new(need)?,
-        };
-        let mut result = Ok(());
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(cell) = pieces.get(i) else { break };
-            let taken = cell.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some((pos, dst)) = taken {
-                result = self.fill_piece(direct, pos, dst, &mut buf);
-                if result.is_err() {
-                    // Let the other readers stop too.
-                    next.store(pieces.len(), Ordering::Relaxed);
-                    break;
-                }
-            }
-        }
-        let mut spares = self.spare.lock().unwrap_or_else(|e| e.into_inner());
-        if spares.len() < READERS {
-            spares.push(buf);
-        }
-        result
-    }
-
-    /// Reads `dst.len()` bytes at `pos` through the aligned `buf`.
-    fn fill_piece(
-        &self,
-        direct: &File,
-        pos: u64,
-        dst: &mut [MaybeUninit<u8>],
-        buf: &mut AlignedBuf,
-    ) -> io::Result<()> {
-        let start = pos - pos % ALIGN as u64;
-        let skip = (pos - start) as usize;
-        let want = (skip + dst.len()).next_multiple_of(ALIGN);
-        let b = &mut buf.as_mut()[..want];
-        let mut got = 0;
-        while got < skip + dst.len() {
-            // Direct reads need aligned offsets and lengths: `got` stays a
-            // multiple of the alignment until the end of the file.
-            let n = direct.read_at(&mut b[got..], start + got as u64)?;
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("{}: shorter than its header says", self.path.display()),
-                ));
-            }
-            got += n;
-        }
-        let src = &b[skip..skip + dst.len()];
-        // SAFETY: `src` and `dst` have the same length, and do not overlap
-        // (the aligned buffer is this reader's own); writing bytes into
-        // `MaybeUninit<u8>` is always valid.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), src.len())
-        };
-        Ok(())
     }
 
     /// Plain `pread`s into `dst` (zeroed first: the standard reader needs
     /// initialised memory; this path is for filesystems without direct
     /// I/O, where the page-cache copy costs more than the zeroing).
-    fn plain_read(&self, pos: u64, dst: &mut [MaybeUninit<u8>]) -> io::Result<()> {
+    fn plain_read(&self, pos: u64, dst: &mut [MaybeUninit<u8>]) -> io::Result<u32> {
         dst.fill(MaybeUninit::new(0));
         // SAFETY: every byte was just initialised; `MaybeUninit<u8>` and
         // `u8` have the same layout.
         let bytes = unsafe { &mut *(dst as *mut [MaybeUninit<u8>] as *mut [u8]) };
-        self.plain.read_exact_at(bytes, pos)
+        self.plain.read_exact_at(bytes, pos)?;
+        Ok(crc32fast::hash(bytes))
     }
 }
 
@@ -369,48 +286,6 @@ fn uninit_bytes(v: &mut [MaybeUninit<f32>]) -> &mut [MaybeUninit<u8>] {
     // (alignment 1), for as long as the borrow of `v`.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<MaybeUninit<u8>>(), len) }
 }
-
-/// The bytes of a float32 slice.
-fn as_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding, so its memory is `size_of_val` initialised
-    // bytes, borrowed for as long as `v`.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
-/// A zeroed buffer aligned for direct I/O.
-#[derive(Debug)]
-struct AlignedBuf {
-    ptr: std::ptr::NonNull<u8>,
-    layout: Layout,
-}
-
-impl AlignedBuf {
-    fn new(len: usize) -> io::Result<AlignedBuf> {
-        let layout = Layout::from_size_align(len.max(ALIGN), ALIGN)
-            .map_err(|_| io::Error::other("buffer too large"))?;
-        // SAFETY: the layout has a non-zero size.
-        let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr =
-            std::ptr::NonNull::new(p).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
-        Ok(AlignedBuf { ptr, layout })
-    }
-
-    fn as_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` holds `layout.size()` initialised (zeroed) bytes
-        // owned by this buffer, borrowed mutably through `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout, freed once.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
-    }
-}
-
-// SAFETY: the buffer owns its memory exclusively, like a `Vec<u8>`.
-unsafe impl Send for AlignedBuf {}
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,436 @@
+//! Direct reads of a byte range of a file, several requests in flight.
+//!
+//! A virtual disk, like many SSDs, delivers its bandwidth only to a deep
+//! queue: on the machine these jobs are measured on, one 1 MiB read at a
+//! time gets 0.7-0.8 GB/s, eight 256 KiB reads in flight several times that.
+//! A [`DirectReader`] keeps [`DEPTH`] reads in flight through an io_uring,
+//! each into its own aligned buffer (`O_DIRECT` needs aligned offsets,
+//! lengths and memory, and rows in a file rarely start on a page); as each
+//! piece lands it is copied to its place and checksummed while it is still
+//! in the cache. No thread is started: one thread waits for all the reads.
+//!
+//! Where io_uring is unavailable (an old kernel, or a sandbox that forbids
+//! it), the same reader reads one piece at a time with `pread`.
+
+use std::alloc::Layout;
+use std::fs::File;
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+
+use io_uring::{opcode, types, IoUring};
+
+/// Alignment of direct reads: offsets, lengths and memory.
+pub(crate) const ALIGN: usize = 4096;
+/// Bytes of a block read by one request: with the pages around an
+/// unaligned piece, each request's buffer is 256 KiB.
+const PIECE: usize = (256 << 10) - 2 * ALIGN;
+/// Requests in flight.
+const DEPTH: usize = 8;
+/// Size of each request's buffer: a piece, and the parts of the pages
+/// around it that an unaligned piece also reads.
+const BUF: usize = PIECE + 2 * ALIGN;
+/// Alignment of the buffers' arena: one transparent huge page.
+const HUGE: usize = 2 << 20;
+
+/// Reads byte ranges of files with direct I/O; one per reading thread at a
+/// time (its buffers are in use during a read).
+pub(crate) struct DirectReader {
+    /// `None` where io_uring is unavailable: one `pread` at a time.
+    ring: Option<IoUring>,
+    /// One buffer of [`BUF`] bytes per request in flight, in one arena.
+    ///
+    /// The arena lies in transparent huge pages where the system allows:
+    /// on a virtual disk, a direct read into a buffer made of 4 KiB pages
+    /// is split into one segment per page, and measured here ran at
+    /// 0.77 GB/s (256 KiB reads) against 3.0 GB/s into a huge page.
+    arena: AlignedBuf,
+}
+
+/// A piece of the range being read, in one of the reader's buffers.
+#[derive(Clone, Copy, Default)]
+struct Piece {
+    /// Index of the piece in the range.
+    index: usize,
+    /// Aligned file offset its buffer starts at.
+    start: u64,
+    /// Bytes before the piece's first byte in the buffer.
+    skip: usize,
+    /// The piece's length.
+    len: usize,
+    /// Bytes read into the buffer so far.
+    got: usize,
+}
+
+impl Piece {
+    fn of(index: usize, pos: u64, total: usize) -> Piece {
+        let first = pos + (index * PIECE) as u64;
+        let start = first - first % ALIGN as u64;
+        Piece {
+            index,
+            start,
+            skip: (first - start) as usize,
+            len: PIECE.min(total - index * PIECE),
+            got: 0,
+        }
+    }
+
+    /// Bytes still to read into the buffer (whole pages: direct reads need
+    /// them, and the file may end inside the last one).
+    fn want(&self) -> usize {
+        (self.skip + self.len).next_multiple_of(ALIGN) - self.got
+    }
+
+    fn done(&self) -> bool {
+        self.got >= self.skip + self.len
+    }
+}
+
+impl std::fmt::Debug for DirectReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectReader")
+            .field("ring", &self.ring.is_some())
+            .field("buffers", &(self.arena.len() / BUF))
+            .finish()
+    }
+}
+
+impl DirectReader {
+    /// A reader with its buffers; it uses io_uring when the system allows.
+    pub(crate) fn new() -> io::Result<DirectReader> {
+        let ring = IoUring::new(DEPTH as u32).ok();
+        let n = if ring.is_some() { DEPTH } else { 1 };
+        let arena = AlignedBuf::new(n * BUF, HUGE)?;
+        Ok(DirectReader { ring, arena })
+    }
+
+    /// Fills `dst` with the bytes of `file` (opened with `O_DIRECT`) at
+    /// `pos`, and returns their CRC-32 state. `dst` may be uninitialised;
+    /// it is fully initialised when this returns `Ok`. A file shorter than
+    /// `pos + dst.len()` is an `UnexpectedEof` error.
+    pub(crate) fn read(
+        &mut self,
+        file: &File,
+        pos: u64,
+        dst: &mut [MaybeUninit<u8>],
+    ) -> io::Result<crc32fast::Hasher> {
+        let count = dst.len().div_ceil(PIECE);
+        // Each piece's checksum, combined in order at the end (pieces land
+        // in any order).
+        let mut sums = Vec::with_capacity(count);
+        sums.resize_with(count, crc32fast::Hasher::new);
+        if self.ring.is_some() {
+            self.read_ring(file, pos, dst, &mut sums)?;
+        } else {
+            for (i, sum) in sums.iter_mut().enumerate() {
+                let mut p = Piece::of(i, pos, dst.len());
+                while !p.done() {
+                    let b = &mut self.arena.as_mut()[p.got..p.got + p.want()];
+                    let n = file.read_at(b, p.start + p.got as u64)?;
+                    if n == 0 {
+                        return Err(eof());
+                    }
+                    p.got += n;
+                }
+                *sum = land(&self.arena.as_ref()[..BUF], &p, dst);
+            }
+        }
+        let mut all = crc32fast::Hasher::new();
+        for s in &sums {
+            all.combine(s);
+        }
+        Ok(all)
+    }
+
+    /// [`read`](Self::read) through the ring: [`DEPTH`] pieces in flight.
+    fn read_ring(
+        &mut self,
+        file: &File,
+        pos: u64,
+        dst: &mut [MaybeUninit<u8>],
+        sums: &mut [crc32fast::Hasher],
+    ) -> io::Result<()> {
+        let Some(ring) = self.ring.as_mut() else {
+            return Err(io::Error::other("no ring"));
+        };
+        let count = sums.len();
+        let fd = types::Fd(file.as_raw_fd());
+        let mut slots = [Piece::default(); DEPTH];
+        let mut free: [usize; DEPTH] = std::array::from_fn(|i| i);
+        let mut nfree = DEPTH;
+        let mut next = 0;
+        let mut in_flight = 0;
+        let mut failed: Option<io::Error> = None;
+        loop {
+            // Keep the queue full (none is submitted once a read failed:
+            // the ones in flight are only waited for).
+            while failed.is_none() && nfree > 0 && next < count {
+                nfree -= 1;
+                let b = free[nfree];
+                slots[b] = Piece::of(next, pos, dst.len());
+                next += 1;
+                // SAFETY: the buffer is this reader's own and stays alive
+                // and untouched until the read's completion is reaped below
+                // (errors wait for every read in flight before returning).
+                if let Err(e) = unsafe { submit(ring, fd, self.arena.buf(b), &slots[b], b) } {
+                    failed = Some(e);
+                    nfree += 1;
+                    break;
+                }
+                in_flight += 1;
+            }
+            if in_flight == 0 {
+                break;
+            }
+            match ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Reads may still be in flight into the buffers, and
+                    // there is no way left to wait for them: keep the ring
+                    // and the buffers alive for good rather than free memory
+                    // the kernel may still write.
+                    if let Some(r) = self.ring.take() {
+                        std::mem::forget(r);
+                    }
+                    let arena = std::mem::replace(&mut self.arena, AlignedBuf::empty());
+                    std::mem::forget(arena);
+                    return Err(e);
+                }
+            }
+            // Reaped into a fixed array: the queue's borrow ends before the
+            // next submissions.
+            let mut done = [(0u64, 0i32); DEPTH];
+            let mut n = 0;
+            for cqe in ring.completion() {
+                if n < DEPTH {
+                    done[n] = (cqe.user_data(), cqe.result());
+                    n += 1;
+                }
+            }
+            for &(data, res) in &done[..n] {
+                in_flight -= 1;
+                let b = data as usize;
+                if res <= 0 || failed.is_some() {
+                    if failed.is_none() {
+                        failed = Some(if res == 0 {
+                            eof()
+                        } else {
+                            io::Error::from_raw_os_error(-res)
+                        });
+                    }
+                    free[nfree] = b;
+                    nfree += 1;
+                    continue;
+                }
+                slots[b].got += res as usize;
+                if slots[b].done() {
+                    let buf = &self.arena.as_ref()[b * BUF..(b + 1) * BUF];
+                    sums[slots[b].index] = land(buf, &slots[b], dst);
+                    free[nfree] = b;
+                    nfree += 1;
+                } else {
+                    // A short read: ask for the rest.
+                    // SAFETY: as for the first submission of this buffer.
+                    match unsafe { submit(ring, fd, self.arena.buf(b), &slots[b], b) } {
+                        Ok(()) => in_flight += 1,
+                        Err(e) => {
+                            failed = Some(e);
+                            free[nfree] = b;
+                            nfree += 1;
+                        }
+                    }
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Queues a read of the rest of `piece` into `buf`, tagged `tag`.
+///
+/// # Safety
+///
+/// `buf` must stay alive, and nothing may touch it, until the read's
+/// completion has been reaped.
+unsafe fn submit(
+    ring: &mut IoUring,
+    fd: types::Fd,
+    buf: &mut [u8],
+    piece: &Piece,
+    tag: usize,
+) -> io::Result<()> {
+    let want = piece.want();
+    let dst = &mut buf[piece.got..piece.got + want];
+    let entry = opcode::Read::new(fd, dst.as_mut_ptr(), want as u32)
+        .offset(piece.start + piece.got as u64)
+        .build()
+        .user_data(tag as u64);
+    // SAFETY: the entry's buffer is valid for `want` bytes until completion
+    // (the caller's promise); the queue has room, as at most `DEPTH` reads
+    // are in flight on a ring of `DEPTH` entries.
+    unsafe { ring.submission().push(&entry) }
+        .map_err(|_| io::Error::other("the io_uring submission queue is full"))
+}
+
+/// Copies a finished piece from its buffer to its place in `dst` and
+/// returns its checksum, taken from the copy while it is in the cache.
+fn land(buf: &[u8], piece: &Piece, dst: &mut [MaybeUninit<u8>]) -> crc32fast::Hasher {
+    let src = &buf[piece.skip..piece.skip + piece.len];
+    let out = &mut dst[piece.index * PIECE..piece.index * PIECE + piece.len];
+    // SAFETY: `src` and `out` have the same length and do not overlap (the
+    // buffer is the reader's own); writing bytes into `MaybeUninit<u8>` is
+    // always valid.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), out.as_mut_ptr().cast::<u8>(), src.len())
+    };
+    let mut h = crc32fast::Hasher::new();
+    h.update(src);
+    h
+}
+
+fn eof() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the file is shorter than its header says",
+    )
+}
+
+/// A zeroed buffer aligned for direct I/O, in huge pages where it spans
+/// them and the system allows.
+#[derive(Debug)]
+pub(crate) struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    layout: Layout,
+}
+
+impl AlignedBuf {
+    /// `len` bytes aligned to `align` (a power of two, at least [`ALIGN`]).
+    pub(crate) fn new(len: usize, align: usize) -> io::Result<AlignedBuf> {
+        let layout = Layout::from_size_align(len.max(ALIGN), align.max(ALIGN))
+            .map_err(|_| io::Error::other("buffer too large"))?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc(layout) };
+        let ptr =
+            std::ptr::NonNull::new(p).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        if layout.size() >= HUGE {
+            // SAFETY: advice on memory this buffer owns; it changes neither
+            // its contents nor its validity. Given before the first touch,
+            // so that the pages are faulted in huge where possible.
+            unsafe { libc::madvise(p.cast(), layout.size(), libc::MADV_HUGEPAGE) };
+        }
+        // SAFETY: `p` is valid for writes of `layout.size()` bytes.
+        unsafe { std::ptr::write_bytes(p, 0, layout.size()) };
+        Ok(AlignedBuf { ptr, layout })
+    }
+
+    /// A buffer of no bytes, owning nothing.
+    fn empty() -> AlignedBuf {
+        AlignedBuf {
+            ptr: std::ptr::NonNull::dangling(),
+            layout: Layout::new::<()>(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// The `i`-th buffer of [`BUF`] bytes.
+    fn buf(&mut self, i: usize) -> &mut [u8] {
+        &mut self.as_mut()[i * BUF..(i + 1) * BUF]
+    }
+
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `ptr` holds `layout.size()` initialised bytes owned by
+        // this buffer (none for an empty one), borrowed through `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+    }
+
+    pub(crate) fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` holds `layout.size()` initialised (zeroed) bytes
+        // owned by this buffer, borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.layout.size() > 0 {
+            // SAFETY: allocated in `new` with this layout, freed once.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        }
+    }
+}
+
+// SAFETY: the buffer owns its memory exclusively, like a `Vec<u8>`.
+unsafe impl Send for AlignedBuf {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::OpenOptions;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    /// Reads `len` bytes at `pos` with `reader`; `None` where the
+    /// filesystem refuses direct I/O.
+    fn read(
+        reader: &mut DirectReader,
+        path: &std::path::Path,
+        pos: u64,
+        len: usize,
+    ) -> Option<io::Result<(Vec<u8>, u32)>> {
+        let f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .ok()?;
+        let mut v: Vec<u8> = Vec::with_capacity(len);
+        Some(reader.read(&f, pos, v.spare_capacity_mut()).map(|sum| {
+            // SAFETY: `read` initialised all `len` bytes.
+            unsafe { v.set_len(len) };
+            (v, sum.finalize())
+        }))
+    }
+
+    #[test]
+    fn ranges_read_back_exactly_with_and_without_a_ring() {
+        let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+        let p = dir.path().join("bytes");
+        // 5 MiB and a bit: ranges span many pieces and end inside a page.
+        let bytes: Vec<u8> = (0..(5 << 20) + 1234u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&p, &bytes).unwrap();
+        let without = || DirectReader {
+            ring: None,
+            arena: AlignedBuf::new(BUF, HUGE).unwrap(),
+        };
+        for mut reader in [DirectReader::new().unwrap(), without()] {
+            for (pos, len) in [
+                (0, 1),
+                (128, 4 << 20),
+                (4095, PIECE + 1),
+                (1000, bytes.len() - 1000),
+            ] {
+                let Some(r) = read(&mut reader, &p, pos as u64, len) else {
+                    return;
+                };
+                let (got, sum) = r.unwrap();
+                assert!(got == bytes[pos..pos + len], "{reader:?}: {pos}+{len}");
+                assert_eq!(sum, crc32fast::hash(&bytes[pos..pos + len]));
+            }
+            let past = read(&mut reader, &p, 4096, bytes.len()).unwrap();
+            assert_eq!(
+                past.unwrap_err().kind(),
+                io::ErrorKind::UnexpectedEof,
+                "{reader:?}"
+            );
+            // The reader is still usable after a failed read.
+            let (got, _) = read(&mut reader, &p, 7, 300_000).unwrap().unwrap();
+            assert!(got == bytes[7..300_007]);
+        }
+    }
+}
