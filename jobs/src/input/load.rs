@@ -414,8 +414,8 @@ struct FromFile<T> {
     first: u64,
     rows: usize,
     dims: usize,
-    /// The block's CRC-32 at its first read.
-    crc: OnceLock<u32>,
+    /// The block's checksum at its first read.
+    sum: OnceLock<u64>,
     /// Its labels' and weights' CRC-32 at their first read.
     label_crc: OnceLock<u32>,
     weight_crc: OnceLock<u32>,
@@ -424,7 +424,7 @@ struct FromFile<T> {
 
 impl<T: Send + 'static> Lineage<T> for FromFile<T> {
     fn rebuild(&self) -> io::Result<T> {
-        let x = self.region.read(self.first, self.rows, &self.crc)?;
+        let x = self.region.read(self.first, self.rows, &self.sum)?;
         let y = match &self.labels {
             Some(l) => l.read(self.first, self.rows, &self.label_crc)?,
             None => Vec::new(),
@@ -574,7 +574,7 @@ impl Loader<'_> {
                         first,
                         rows: n,
                         dims,
-                        crc: OnceLock::new(),
+                        sum: OnceLock::new(),
                         label_crc: OnceLock::new(),
                         weight_crc: OnceLock::new(),
                         build: build.clone(),

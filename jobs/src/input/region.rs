@@ -8,8 +8,8 @@
 //!
 //! A file that changes under the run would silently change the data, so
 //! each read checks the file's size and modification time against those
-//! taken when it was opened, and a CRC-32 of the block's bytes against the
-//! one taken at its first read.
+//! taken when it was opened, and a checksum of the block's bytes against
+//! the one taken at its first read.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -119,11 +119,17 @@ impl Region {
         }
     }
 
-    /// Rows `first..first + n` as float32, row-major. `crc` holds the
-    /// CRC-32 of the block's bytes from its first read (set by that read);
+    /// Rows `first..first + n` as float32, row-major. `sum` holds the
+    /// [`checksum`](super::direct::checksum) of the block's bytes from its
+    /// first read (set by that read);
     /// a later read that differs, or a file whose size or modification
     /// time changed since it was opened, is an error.
-    pub(crate) fn read(&self, first: u64, n: usize, crc: &OnceLock<u32>) -> io::Result<Vec<f32>> {
+    pub(crate) fn read(
+        &self,
+        first: u64,
+        n: usize,
+        first_sum: &OnceLock<u64>,
+    ) -> io::Result<Vec<f32>> {
         let now = Stamp::of(&self.plain.metadata()?);
         if now != self.stamp {
             return Err(self.changed(first, n, "its size or modification time changed"));
@@ -155,7 +161,7 @@ impl Region {
         // The first read validates the values; later reads are checked
         // against its checksum instead.
         let mut first_read = false;
-        if *crc.get_or_init(|| {
+        if *first_sum.get_or_init(|| {
             first_read = true;
             sum
         }) != sum
@@ -217,14 +223,14 @@ impl Region {
         Ok(out)
     }
 
-    /// Fills `dst` from the file at `pos`, and returns the CRC-32 of its
+    /// Fills `dst` from the file at `pos`, and returns the checksum of its
     /// bytes: direct reads when possible, several in flight; plain reads
     /// otherwise.
     ///
     /// `dst` may be uninitialised (fresh memory is never zeroed first:
     /// zeroing would cost a pass, or page faults, over every block); it is
     /// fully initialised when this returns `Ok`.
-    fn read_exact_at(&self, pos: u64, dst: &mut [MaybeUninit<u8>]) -> io::Result<u32> {
+    fn read_exact_at(&self, pos: u64, dst: &mut [MaybeUninit<u8>]) -> io::Result<u64> {
         let Some(direct) = &self.direct else {
             return self.plain_read(pos, dst);
         };
@@ -240,7 +246,7 @@ impl Region {
         }
         drop(kept);
         match result {
-            Ok(sum) => Ok(sum.finalize()),
+            Ok(sum) => Ok(sum),
             // The filesystem took the open but refuses the reads.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.plain_read(pos, dst),
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(io::Error::new(
@@ -254,13 +260,13 @@ impl Region {
     /// Plain `pread`s into `dst` (zeroed first: the standard reader needs
     /// initialised memory; this path is for filesystems without direct
     /// I/O, where the page-cache copy costs more than the zeroing).
-    fn plain_read(&self, pos: u64, dst: &mut [MaybeUninit<u8>]) -> io::Result<u32> {
+    fn plain_read(&self, pos: u64, dst: &mut [MaybeUninit<u8>]) -> io::Result<u64> {
         dst.fill(MaybeUninit::new(0));
         // SAFETY: every byte was just initialised; `MaybeUninit<u8>` and
         // `u8` have the same layout.
         let bytes = unsafe { &mut *(dst as *mut [MaybeUninit<u8>] as *mut [u8]) };
         self.plain.read_exact_at(bytes, pos)?;
-        Ok(crc32fast::hash(bytes))
+        Ok(super::direct::checksum(bytes))
     }
 }
 
