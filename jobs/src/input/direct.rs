@@ -358,7 +358,7 @@ unsafe fn copy_sum_avx2(src: &[u8], mut dst: Option<&mut [MaybeUninit<u8>]>) -> 
     let out = dst
         .as_deref_mut()
         .map(|d| d[..src.len()].as_mut_ptr().cast::<u8>());
-    let stream = out.is_some_and(|p| p as usize % 32 == 0);
+    let stream = out.is_some_and(|p| (p as usize).is_multiple_of(32));
     for j in 0..whole / 64 {
         // SAFETY: `64 * j + 64 <= whole <= src.len()`; unaligned loads.
         let (x0, x1) = unsafe {
