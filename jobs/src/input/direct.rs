@@ -630,11 +630,12 @@ mod tests {
             copy_sum(&bytes, Some(&mut out)),
             copy_sum_lanes(&bytes, None)
         );
-        // SAFETY: every byte of `out` was initialised above.
-        assert!(out
+        let copied: Vec<u8> = out
             .iter()
-            .zip(&bytes)
-            .all(|(o, b)| unsafe { o.assume_init() } == *b));
+            // SAFETY: every byte of `out` was initialised above.
+            .map(|o| unsafe { o.assume_init() })
+            .collect();
+        assert!(copied == bytes);
         // Into an aligned destination (streamed stores) and misaligned ones.
         let mut page = AlignedBuf::new(bytes.len() + 64, ALIGN).unwrap();
         for at in [0, 1, 32] {
