@@ -4,7 +4,8 @@
 # with no cap in a cgroup limited to C, with a swap file), and scikit-learn
 # MiniBatchKMeans.partial_fit over np.memmap (in the cgroup and without).
 # Every run is set against the physical bound measured in the same run (the
-# device's direct-read bandwidth on the data file: dd iflag=direct bs=1M).
+# device's direct-read bandwidth on the data file: fio, O_DIRECT, 1 MiB, 8 in flight,
+# or dd iflag=direct bs=1M where fio is missing).
 # Then a sweep over overcommit (data / C = 1, 2, 4) for the outcore cap and
 # OS swap, and the in-memory comparison (benches/inmemory.py: an outcore
 # Lloyd iteration against faiss.Kmeans, the kernel against OpenBLAS sgemm).

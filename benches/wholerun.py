@@ -8,8 +8,11 @@ side in one run (issue 15, targets 0 and 1).
 
 For the data file (written once with `outcore gen` if missing) it measures:
 
-- the device's read bandwidth B: `dd iflag=direct bs=1M` of the same file,
-  page cache dropped, best of two;
+- the device's read bandwidth B: fio reading the same file with
+  `O_DIRECT`, 1 MiB requests, 8 in flight (the issue's definition; where fio
+  is missing, `dd iflag=direct bs=1M`, one request at a time, which
+  understates what the device gives a deep queue), page cache dropped,
+  best of two before and two after the runs;
 - an uncapped run and a capped run of `outcore kmeans` (mini-batch, k = 100,
   page cache dropped before each): wall time, load phase, initialisation,
   each epoch, bytes read per epoch.
@@ -24,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,6 +60,21 @@ def dd_bandwidth(path):
     return best
 
 
+def fio_bandwidth(path):
+    """Best of two fio reads (O_DIRECT, 1 MiB, queue depth 8), or 0 without fio."""
+    if not shutil.which("fio"):
+        return 0.0
+    best = 0.0
+    for _ in range(2):
+        drop_caches()
+        out = subprocess.run(["fio", "--name=bound", f"--filename={path}", "--rw=read", "--direct=1",
+                              "--bs=1M", "--iodepth=8", "--ioengine=io_uring", "--readonly",
+                              "--output-format=json"],
+                             check=True, capture_output=True, text=True).stdout
+        best = max(best, json.loads(out)["jobs"][0]["read"]["bw_bytes"])
+    return best
+
+
 def kmeans(binary, data, cap, epochs):
     with tempfile.TemporaryDirectory() as d:
         stats = os.path.join(d, "s.json")
@@ -85,11 +104,13 @@ def main():
         subprocess.run([binary, "gen", "--synthetic", f"{a.data >> 20}MiB", "--output", data],
                        check=True, stderr=subprocess.DEVNULL)
     nbytes = os.path.getsize(data)
-    bw = dd_bandwidth(data)
+    dd = dd_bandwidth(data)
+    fio = fio_bandwidth(data)
     unc = kmeans(binary, data, "none", a.epochs)
     cap = kmeans(binary, data, f"{a.cap >> 20}MiB", a.epochs)
-    bw2 = dd_bandwidth(data)
-    bw = max(bw, bw2)
+    dd = max(dd, dd_bandwidth(data))
+    fio = max(fio, fio_bandwidth(data))
+    bw = fio or dd
     gib = 1 << 30
     must = max(nbytes - a.cap, 0)
 
@@ -106,7 +127,9 @@ def main():
     steady_bound = sum(epoch_bounds[1:]) / max(len(epoch_bounds) - 1, 1)
 
     print(f"data {nbytes / gib:.2f} GiB, cap {a.cap / gib:.2f} GiB, {a.epochs} epochs, k = 100")
-    print(f"device: dd iflag=direct bs=1M {bw / 1e9:.2f} GB/s (best of 4, before and after)")
+    print(f"device: fio O_DIRECT 1 MiB x 8 in flight {fio / 1e9:.2f} GB/s, "
+          f"dd iflag=direct bs=1M {dd / 1e9:.2f} GB/s (best of 4 each, before and after); "
+          f"B = {bw / 1e9:.2f} GB/s")
     print("| run | wall s | load s | init s | epochs s | tail s | read/epoch GiB | wall / bound |")
     print("|---|---|---|---|---|---|---|---|")
     for name, s in [("uncapped", unc), (f"capped {a.cap / gib:.2f} GiB", cap)]:
