@@ -115,6 +115,10 @@ impl DirectReader {
         pos: u64,
         dst: &mut [MaybeUninit<u8>],
     ) -> io::Result<u64> {
+        if self.arena.len() < BUF {
+            // A read that failed beyond recovery gave its buffers up.
+            self.arena = AlignedBuf::new(BUF, HUGE)?;
+        }
         let count = dst.len().div_ceil(PIECE);
         // Each piece's checksum, combined in order at the end (pieces land
         // in any order).
