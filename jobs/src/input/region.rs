@@ -274,7 +274,7 @@ impl Region {
 /// block (the system's default here is "madvise"): a first read into fresh
 /// memory then takes one fault per 2 MiB instead of one per 4 KiB. Advice
 /// only: nothing changes where it is refused.
-fn huge_pages<T>(v: &mut [MaybeUninit<T>]) {
+pub(crate) fn huge_pages<T>(v: &mut [MaybeUninit<T>]) {
     const HUGE: usize = 2 << 20;
     let start = (v.as_ptr() as usize).next_multiple_of(HUGE);
     let end = (v.as_ptr() as usize + std::mem::size_of_val(v)) & !(HUGE - 1);
