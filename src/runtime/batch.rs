@@ -189,6 +189,10 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
     /// them at a time instead of all of them, and the fold's order (so its
     /// floating-point result) does not depend on the scheduling.
     ///
+    /// A panic in `f` reaches the caller at once. The tasks not finished by
+    /// then still run on the workers, which release their executors as
+    /// usual; their results are dropped.
+    ///
     /// ```
     /// # use outcore::Runtime;
     /// # #[global_allocator]
