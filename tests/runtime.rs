@@ -438,6 +438,50 @@ fn results_are_handed_over_in_order_while_later_tasks_run() {
     assert_eq!(seen, want);
 }
 
+/// A panic in `run_in_order`'s callback reaches the caller; the batch's
+/// other tasks still run and release their executors, so the runtime and
+/// every executor stay usable.
+#[test]
+fn a_panicking_fold_leaves_the_runtime_usable() {
+    let rt = rt();
+    let hs: Vec<_> = (0..8u64).map(|i| rt.insert(vec![i; 10]).unwrap()).collect();
+    let mut b = rt.batch();
+    for h in &hs {
+        b.write(h, |v: &mut Vec<u64>| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            v[0] += 100;
+        });
+    }
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        b.run_in_order(|i, _| {
+            if i == 0 {
+                panic!("fold failed");
+            }
+        })
+    }));
+    assert!(caught.is_err(), "the callback's panic reaches the caller");
+    // Every task ran (their writes land) and released its executor: a
+    // new batch over all of them completes (a watchdog fails the test
+    // rather than hang it if one stayed pinned).
+    let rt = std::sync::Arc::new(rt);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = {
+        let rt = rt.clone();
+        std::thread::spawn(move || {
+            let mut b = rt.batch();
+            for h in &hs {
+                b.read(h, |v: &Vec<u64>| v[0]);
+            }
+            let _ = tx.send(b.run().unwrap());
+        })
+    };
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("a batch over the executors completes");
+    worker.join().unwrap();
+    assert_eq!(got, (100..108).collect::<Vec<u64>>());
+}
+
 /// The prefetcher loads a batch's executors only a short way ahead of the
 /// workers (two per worker, in dispatch order), not every executor the
 /// batch names as soon as there is room: under a cap, loading far ahead
