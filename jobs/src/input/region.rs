@@ -17,7 +17,7 @@ use std::mem::MaybeUninit;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 use super::direct::DirectReader;
 
@@ -62,27 +62,15 @@ pub(crate) struct Region {
     dims: usize,
     encoding: Encoding,
     stamp: Stamp,
-    /// The readers, kept with their buffers between reads (fresh memory
-    /// would cost a page fault per page on every read).
-    readers: Mutex<Readers>,
-    /// Signalled when a reader is given back.
-    reader_back: Condvar,
+    /// The file's reader, made at the first direct read and kept with its
+    /// buffers (fresh memory would cost a page fault per page on every
+    /// read). Threads reading at once (the prefetcher, workers loading on
+    /// demand) take turns: it holds 2 MiB of buffers, counted against the
+    /// cap like any memory, and keeps eight requests in flight, which is
+    /// what the device needs.
+    reader: Mutex<Option<DirectReader>>,
     /// Bytes read from the file so far.
     read_bytes: AtomicU64,
-}
-
-/// Readers in all: a read that finds them in use waits for one. A reader
-/// holds 2 MiB of buffers, counted against the cap like any memory, and
-/// keeps eight requests in flight, which is what the device needs: threads
-/// reading at once (the prefetcher, workers loading on demand) take turns
-/// rather than each holding buffers of its own.
-const MAX_READERS: usize = 1;
-
-/// The readers not in use, and how many exist.
-#[derive(Debug, Default)]
-struct Readers {
-    free: Vec<DirectReader>,
-    made: usize,
 }
 
 impl Region {
@@ -112,8 +100,7 @@ impl Region {
             dims,
             encoding,
             stamp: Stamp::of(&meta),
-            readers: Mutex::new(Readers::default()),
-            reader_back: Condvar::new(),
+            reader: Mutex::new(None),
             read_bytes: AtomicU64::new(0),
         }))
     }
@@ -132,7 +119,7 @@ impl Region {
         }
     }
 
-    /// Rows `first..first + n` as float32, row-major. `sum` holds the
+    /// Rows `first..first + n` as float32, row-major. `first_sum` holds the
     /// [`checksum`](super::direct::checksum) of the block's bytes from its
     /// first read (set by that read);
     /// a later read that differs, or a file whose size or modification
@@ -247,14 +234,14 @@ impl Region {
         let Some(direct) = &self.direct else {
             return self.plain_read(pos, dst);
         };
-        let mut reader = self.take_reader()?;
-        let result = reader.read(direct, pos, dst);
-        self.readers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .free
-            .push(reader);
-        self.reader_back.notify_one();
+        let result = {
+            let mut kept = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+            let reader = match &mut *kept {
+                Some(r) => r,
+                empty => empty.insert(DirectReader::new()?),
+            };
+            reader.read(direct, pos, dst)
+        };
         match result {
             Ok(sum) => Ok(sum),
             // The filesystem took the open but refuses the reads.
@@ -264,26 +251,6 @@ impl Region {
                 format!("{}: shorter than its header says", self.path.display()),
             )),
             Err(e) => Err(e),
-        }
-    }
-
-    /// A reader not in use: a kept one, a new one while there are fewer
-    /// than [`MAX_READERS`], or else the next one given back.
-    fn take_reader(&self) -> io::Result<DirectReader> {
-        let mut g = self.readers.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(r) = g.free.pop() {
-                return Ok(r);
-            }
-            if g.made < MAX_READERS {
-                g.made += 1;
-                drop(g);
-                return DirectReader::new().inspect_err(|_| {
-                    self.readers.lock().unwrap_or_else(|e| e.into_inner()).made -= 1;
-                    self.reader_back.notify_one();
-                });
-            }
-            g = self.reader_back.wait(g).unwrap_or_else(|e| e.into_inner());
         }
     }
 
