@@ -1,8 +1,8 @@
 //! A memory timeline: a CSV of the process's memory and the runtime's
 //! traffic, sampled by a thread of its own while a job runs.
 //!
-//! One row per sample (every 50 ms by default, plus one at the start and
-//! one at the end):
+//! One row per sample (every 50 ms by default, plus one at the start, one
+//! when each phase begins, however short, and one at the end):
 //!
 //! ```text
 //! time_s,accounted_bytes,rss_bytes,cap_bytes,resident_executors,evictions,loads,bytes_read,bytes_written,phase
@@ -46,14 +46,25 @@ pub const PERIOD: Duration = Duration::from_millis(50);
 /// State shared with the sampler thread.
 #[derive(Debug, Default)]
 struct Inner {
-    /// The current phase, and whether the sampler must stop.
-    state: Mutex<(String, bool)>,
+    state: Mutex<State>,
     wake: Condvar,
     /// Input reads to add to `bytes_read` (executors rebuilt from their
     /// input file), once the data is loaded.
     inputs: Mutex<Vec<InputReads>>,
     /// Samples written.
     rows: AtomicU64,
+}
+
+/// The phase and the sampler's orders.
+#[derive(Debug, Default)]
+struct State {
+    /// The current phase.
+    phase: String,
+    /// Phases entered since the last row, each to get a row of its own
+    /// even when it ends before the next tick.
+    entered: Vec<String>,
+    /// Whether the sampler must stop.
+    stop: bool,
 }
 
 /// A running timeline; see the module documentation.
@@ -74,7 +85,10 @@ impl Timeline {
             Box::new(File::create(path).map_err(|e| Error::io(path, "cannot create", e))?)
         };
         let inner = Arc::new(Inner {
-            state: Mutex::new((phase.to_string(), false)),
+            state: Mutex::new(State {
+                phase: phase.to_string(),
+                ..State::default()
+            }),
             ..Inner::default()
         });
         let mut sampler = Sampler {
@@ -91,7 +105,7 @@ impl Timeline {
         // the file however late the thread starts.
         let io = |e| Error::io(path, "cannot write", e);
         writeln!(sampler.out, "{HEADER}").map_err(io)?;
-        sampler.sample().map_err(io)?;
+        sampler.sample(phase).map_err(io)?;
         let thread = std::thread::Builder::new()
             .name("outcore-timeline".into())
             .spawn(move || sampler.run(period))
@@ -103,12 +117,15 @@ impl Timeline {
         })
     }
 
-    /// Sets the phase recorded from the next sample on.
+    /// Sets the phase, and has a row written for it at once: every
+    /// phase is in the file, however short.
     pub fn phase(&self, name: &str) {
         if let Ok(mut s) = self.inner.state.lock() {
-            s.0.clear();
-            s.0.push_str(name);
+            s.phase.clear();
+            s.phase.push_str(name);
+            s.entered.push(name.to_string());
         }
+        self.inner.wake.notify_all();
     }
 
     /// Adds an input file's reads to the `bytes_read` column.
@@ -127,7 +144,7 @@ impl Timeline {
 
     fn stop(&mut self) -> Result<()> {
         if let Ok(mut s) = self.inner.state.lock() {
-            s.1 = true;
+            s.stop = true;
         }
         self.inner.wake.notify_all();
         match self.thread.take().map(JoinHandle::join) {
@@ -169,32 +186,42 @@ impl Sampler {
                 // Fell behind (a stalled machine): skip the missed ticks.
                 next = now;
             }
-            {
+            let (entered, phase, stop) = {
                 let inner = &self.inner;
                 let guard = inner
                     .state
                     .lock()
                     .map_err(|_| std::io::Error::other("poisoned"))?;
-                if !guard.1 {
-                    let _unused = inner
-                        .wake
-                        .wait_timeout_while(guard, next - now, |s| !s.1)
-                        .map_err(|_| std::io::Error::other("poisoned"))?;
-                }
+                let (mut s, _) = inner
+                    .wake
+                    .wait_timeout_while(guard, next - now, |s| !s.stop && s.entered.is_empty())
+                    .map_err(|_| std::io::Error::other("poisoned"))?;
+                (std::mem::take(&mut s.entered), s.phase.clone(), s.stop)
+            };
+            let mut alive = true;
+            for p in &entered {
+                alive = alive && self.sample(p)?;
             }
-            if self.sample()? {
+            if entered.is_empty() || stop {
+                alive = alive && self.sample(&phase)?;
+            }
+            if stop || !alive {
                 return self.out.flush();
+            }
+            if !entered.is_empty() {
+                // A row at a phase's start does not move the ticks.
+                next -= period;
             }
         }
     }
 
-    /// Writes one row; whether the sampler was asked to stop (the row is
-    /// then the last one).
-    fn sample(&mut self) -> std::io::Result<bool> {
+    /// Writes one row, in phase `phase`; false when the runtime is gone
+    /// (nothing is written then, nor from then on).
+    fn sample(&mut self, phase: &str) -> std::io::Result<bool> {
         use std::fmt::Write as _;
         let t = self.start.elapsed().as_secs_f64();
         let Some(s) = self.monitor.stats() else {
-            return Ok(true);
+            return Ok(false);
         };
         let resident = self.monitor.resident_count().unwrap_or(0);
         let rss = self.rss();
@@ -204,10 +231,6 @@ impl Sampler {
             .lock()
             .map(|v| v.iter().map(InputReads::bytes).sum())
             .unwrap_or(0);
-        let (phase, stop) = match self.inner.state.lock() {
-            Ok(g) => (g.0.clone(), g.1),
-            Err(_) => (String::new(), true),
-        };
         self.line.clear();
         let _ = write!(
             self.line,
@@ -219,12 +242,12 @@ impl Sampler {
             s.loads,
             s.bytes_read + input,
             s.bytes_written,
-            csv_field(&phase),
+            csv_field(phase),
         );
         writeln!(self.out, "{}", self.line)?;
         self.out.flush()?;
         self.inner.rows.fetch_add(1, Ordering::Relaxed);
-        Ok(stop)
+        Ok(true)
     }
 
     /// The resident set size in bytes (0 where `/proc` is missing).

@@ -291,3 +291,29 @@ fn a_timeline_can_go_to_standard_output() {
     assert!(lines.count() >= 2, "{text}");
     assert!(!Path::new("-").exists(), "a file named '-' was created");
 }
+
+/// Every phase gets a row of its own when it starts, even one that ends
+/// long before the next tick (a fast machine ran whole training runs
+/// between two ticks, and the timeline then showed no iteration at all).
+#[test]
+fn every_phase_has_a_row_however_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.csv");
+    let rt = outcore::Runtime::builder().workers(1).build().unwrap();
+    let tl = timeline::Timeline::start(&rt, &path, std::time::Duration::from_secs(3600), "load")
+        .unwrap();
+    for name in ["init", "iteration 1", "iteration 2", "output"] {
+        tl.phase(name);
+    }
+    let rows = tl.finish().unwrap();
+    let t = timeline::read(&path).unwrap();
+    assert_eq!(t.len() as u64, rows);
+    assert_eq!(
+        phases(&t),
+        ["load", "init", "iteration 1", "iteration 2", "output"],
+        "{t:?}"
+    );
+    for w in t.windows(2) {
+        assert!(w[0].time_s <= w[1].time_s, "{t:?}");
+    }
+}

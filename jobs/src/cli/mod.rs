@@ -99,7 +99,8 @@ struct MemoryArgs {
     /// Write run statistics as JSON to this file.
     #[arg(long, value_name = "FILE")]
     stats: Option<PathBuf>,
-    /// Write a memory timeline to this CSV file: every 50 ms the memory
+    /// Write a memory timeline to this CSV file: every 50 ms (and when each
+    /// phase begins) the memory
     /// accounted and resident, the cap, executors in memory, evictions,
     /// loads, bytes moved and the phase. `outcore plot` draws it.
     #[arg(long, value_name = "FILE")]
