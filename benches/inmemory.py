@@ -48,13 +48,15 @@ def main():
     p.add_argument("--k", type=int, default=100)
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--task-points", type=int, default=1100)
+    p.add_argument("--outcore", default=OUTCORE,
+                   help="the outcore binary (another build, for a before/after run)")
     a = p.parse_args()
     import faiss
 
     threads = os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as tmp:
         x_path = os.path.join(tmp, "x.npy")
-        run([OUTCORE, "gen", "--synthetic", a.data, "--dims", str(a.dims), "--output", x_path])
+        run([a.outcore, "gen", "--synthetic", a.data, "--dims", str(a.dims), "--output", x_path])
         x = np.load(x_path)
         n, d = x.shape
         rng = np.random.default_rng(0)
@@ -64,7 +66,7 @@ def main():
 
         # outcore: Lloyd, every iteration, no cap.
         stats = os.path.join(tmp, "s.json")
-        run([OUTCORE, "kmeans", "--input", x_path, "--init", init_path, "--algorithm", "lloyd",
+        run([a.outcore, "kmeans", "--input", x_path, "--init", init_path, "--algorithm", "lloyd",
              "--iterations", str(a.iterations), "--tol", "0", "--mem-cap", "none",
              "--task-points", str(a.task_points), "--stats", stats])
         s = json.load(open(stats))

@@ -7,8 +7,10 @@
 //! Partitions are only read, so after their first write they are evicted
 //! clean (dropped, not rewritten).
 //!
-//! Distances use the GEMM identity `|x - c|^2 = |x|^2 - 2 x.c + |c|^2`
-//! (matrixmultiply's `sgemm`). Each task returns per-cluster sums and counts
+//! Distances use the GEMM identity `|x - c|^2 = |x|^2 - 2 x.c + |c|^2`:
+//! on CPUs with AVX2 and FMA a kernel that keeps each block of dot
+//! products in registers and takes the argmin on the spot (`kernel`),
+//! elsewhere matrixmultiply's `sgemm`. Each task returns per-cluster sums and counts
 //! for its rows. The tasks (blocks of `task_points` global rows) are cut
 //! into [`Config::shards`] shards of consecutive tasks; a step adds its
 //! tasks' sums shard by shard, in task order, then the shards' sums in
@@ -24,6 +26,7 @@
 //! mini-batch or a Lloyd iteration) keeps its position.
 
 mod data;
+mod kernel;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -48,6 +51,8 @@ pub struct Centers {
     /// Row-major `k x dims`.
     pub values: Vec<f32>,
     norms: Vec<f32>,
+    /// The centres packed for the fused kernel, on CPUs that run it.
+    packed: Option<kernel::Packed>,
 }
 
 impl Centers {
@@ -56,12 +61,14 @@ impl Centers {
         let norms = values
             .chunks_exact(dims.max(1))
             .map(|c| c.iter().map(|x| x * x).sum())
-            .collect();
+            .collect::<Vec<f32>>();
+        let packed = kernel::Packed::new(k, dims, &values, &norms);
         Centers {
             k,
             dims,
             values,
             norms,
+            packed,
         }
     }
 
@@ -140,6 +147,90 @@ fn zeros<T: Copy + Default>(n: usize) -> Vec<T> {
     v
 }
 
+/// Asks the CPU to bring `x` into its caches (a hint: no effect on the
+/// results; nothing on CPUs without the instruction).
+fn prefetch(x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in x.chunks(16) {
+        // SAFETY: a prefetch reads nothing the program can observe and
+        // cannot fault; the address is inside `x` anyway.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
+/// `s += x`, in f64.
+fn add_row(s: &mut [f64], x: &[f32]) {
+    for (acc, &v) in s.iter_mut().zip(x) {
+        *acc += f64::from(v);
+    }
+}
+
+/// `s += w x`, in f64.
+fn add_weighted_row(s: &mut [f64], x: &[f32], w: f64) {
+    for (acc, &v) in s.iter_mut().zip(x) {
+        *acc += w * f64::from(v);
+    }
+}
+
+/// The nearest centre of each row of `x` (and the squared distance to it)
+/// through matrixmultiply's `sgemm` into `g` (at least `n * k` floats),
+/// for CPUs without the fused kernel.
+fn gemm_nearest(
+    x: &[f32],
+    xn: &[f32],
+    c: &Centers,
+    g: &mut [f32],
+    best: &mut [u32],
+    best_d: &mut [f32],
+) {
+    let (n, d, k) = (best.len(), c.dims, c.k);
+    assert!(x.len() >= n * d && g.len() >= n * k && xn.len() >= n && best_d.len() >= n);
+    // G = X (n x d) . C^T (d x k)
+    // SAFETY:
+    // - `x` holds n*d floats, row stride d, column stride 1;
+    // - C^T is read from `c.values` (k*d floats) with row stride 1 and
+    //   column stride d, so element (j, c) is values[c*d + j];
+    // - `g` holds at least n*k floats, row stride k, column stride 1;
+    // - beta = 0, so g's prior contents are not read; no aliasing.
+    unsafe {
+        matrixmultiply::sgemm(
+            n,
+            d,
+            k,
+            1.0,
+            x.as_ptr(),
+            d as isize,
+            1,
+            c.values.as_ptr(),
+            1,
+            d as isize,
+            0.0,
+            g.as_mut_ptr(),
+            k as isize,
+            1,
+        );
+    }
+    for i in 0..n {
+        let gi = &g[i * k..(i + 1) * k];
+        let (mut b, mut bd) = (0u32, f32::INFINITY);
+        for (cj, (&dot, &cn)) in gi.iter().zip(&c.norms).enumerate() {
+            let dist = xn[i] - 2.0 * dot + cn;
+            if dist < bd {
+                bd = dist;
+                b = cj as u32;
+            }
+        }
+        best[i] = b;
+        best_d[i] = bd;
+    }
+}
+
 /// Assigns rows `start..start + len` of `p` to their nearest centres.
 ///
 /// With sample weights (the partition holds them), sums, inertia and
@@ -188,79 +279,79 @@ fn assign(
         out.colsum = s1;
         out.colsq = s2;
     }
-    let mut g = zeros::<f32>(BLOCK.min(len.max(1)) * k);
-    let mut row = start;
-    while row < start + len {
-        let n = BLOCK.min(start + len - row);
-        let x = &p.data[row * d..(row + n) * d];
-        // G = X (n x d) . C^T (d x k)
-        // SAFETY:
-        // - `x` holds n*d floats, row stride d, column stride 1;
-        // - C^T is read from `c.values` (k*d floats) with row stride 1 and
-        //   column stride d, so element (j, c) is values[c*d + j];
-        // - `g` holds at least n*k floats, row stride k, column stride 1;
-        // - beta = 0, so g's prior contents are not read; no aliasing.
-        unsafe {
-            matrixmultiply::sgemm(
-                n,
-                d,
-                k,
-                1.0,
-                x.as_ptr(),
-                d as isize,
-                1,
-                c.values.as_ptr(),
-                1,
-                d as isize,
-                0.0,
-                g.as_mut_ptr(),
-                k as isize,
-                1,
-            );
-        }
-        for i in 0..n {
-            let xn = p.norms[row + i];
-            let gi = &g[i * k..(i + 1) * k];
-            let mut best = 0usize;
-            let mut best_d = f32::INFINITY;
-            for (cj, (&dot, &cn)) in gi.iter().zip(&c.norms).enumerate() {
-                let dist = xn - 2.0 * dot + cn;
-                if dist < best_d {
-                    best_d = dist;
-                    best = cj;
-                }
-            }
-            out.counts[best] += 1;
-            match weights {
-                None => {
-                    out.inertia += f64::from(best_d.max(0.0));
-                    if want_sums {
-                        let s = &mut out.sums[best * d..(best + 1) * d];
-                        for (acc, &v) in s.iter_mut().zip(&x[i * d..(i + 1) * d]) {
-                            *acc += f64::from(v);
-                        }
-                    }
-                }
-                Some(w) => {
-                    let w = f64::from(w[row + i]);
-                    wsum[best] += w;
-                    out.inertia += w * f64::from(best_d.max(0.0));
-                    if want_sums {
-                        let s = &mut out.sums[best * d..(best + 1) * d];
-                        for (acc, &v) in s.iter_mut().zip(&x[i * d..(i + 1) * d]) {
-                            *acc += w * f64::from(v);
-                        }
-                    }
-                }
-            }
-            if want_labels {
-                out.labels.push(best as u32);
-            }
-            if want.dists {
-                out.dists.push(best_d.max(0.0));
+    // The nearest centre of every row first. The fused kernel takes all
+    // the rows at once, so the centres stay in the level-2 cache until
+    // every distance is known; the GEMM path goes by blocks of rows, to
+    // keep its n x k matrix small.
+    let (mut nearest, mut nearest_d) = (vec![0u32; len], vec![0f32; len]);
+    let rows = &p.data[start * d..(start + len) * d];
+    let xn = &p.norms[start..start + len];
+    match &c.packed {
+        Some(packed) => packed.nearest(rows, xn, &mut nearest, &mut nearest_d),
+        None => {
+            let mut g = zeros::<f32>(BLOCK.min(len.max(1)) * k);
+            for r in (0..len).step_by(BLOCK) {
+                let n = BLOCK.min(len - r);
+                gemm_nearest(
+                    &rows[r * d..(r + n) * d],
+                    &xn[r..r + n],
+                    c,
+                    &mut g,
+                    &mut nearest[r..r + n],
+                    &mut nearest_d[r..r + n],
+                );
             }
         }
-        row += n;
+    }
+    let weight = |i: usize| weights.map(|w| f64::from(w[start + i]));
+    for (i, (&best, &best_d)) in nearest.iter().zip(&nearest_d).enumerate() {
+        let best = best as usize;
+        out.counts[best] += 1;
+        match weight(i) {
+            None => out.inertia += f64::from(best_d.max(0.0)),
+            Some(w) => {
+                wsum[best] += w;
+                out.inertia += w * f64::from(best_d.max(0.0));
+            }
+        }
+        if want_labels {
+            out.labels.push(best as u32);
+        }
+        if want.dists {
+            out.dists.push(best_d.max(0.0));
+        }
+    }
+    if want_sums {
+        // Centre by centre, each centre's rows in row order: the same
+        // additions in the same order as row by row, but each centre's
+        // k-th of the sums (d f64) stays in the level-1 cache while its
+        // rows are added, instead of all of them (k x d f64) going through
+        // the caches for every block of rows.
+        let mut first = vec![0usize; k + 1];
+        for &b in &nearest {
+            first[b as usize + 1] += 1;
+        }
+        for j in 0..k {
+            first[j + 1] += first[j];
+        }
+        let mut order = vec![0u32; len];
+        for (i, &b) in nearest.iter().enumerate() {
+            order[first[b as usize]] = i as u32;
+            first[b as usize] += 1;
+        }
+        for (o, &i) in order.iter().enumerate() {
+            let i = i as usize;
+            if let Some(&next) = order.get(o + 1) {
+                prefetch(&rows[next as usize * d..(next as usize + 1) * d]);
+            }
+            let best = nearest[i] as usize;
+            let s = &mut out.sums[best * d..(best + 1) * d];
+            let x = &rows[i * d..(i + 1) * d];
+            match weight(i) {
+                None => add_row(s, x),
+                Some(w) => add_weighted_row(s, x, w),
+            }
+        }
     }
     out.wsum = match weights {
         Some(_) => wsum,
@@ -1598,6 +1689,81 @@ fn kmeans_plus_plus(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fused kernel finds the centre the GEMM path finds, at the same
+    /// distance to float rounding, for every shape around its tile and
+    /// block sizes, ties going to the lowest index.
+    #[test]
+    fn the_fused_kernel_agrees_with_the_gemm_path() {
+        let mut z = 0x2545_f491_u32;
+        let mut next = move || {
+            z ^= z << 13;
+            z ^= z >> 17;
+            z ^= z << 5;
+            (z as f32 / u32::MAX as f32) * 2.0 - 1.0
+        };
+        let mut checked = 0;
+        for &(n, d, k) in &[
+            (1, 1, 1),
+            (7, 3, 2),
+            (13, 257, 8),
+            (49, 300, 9),
+            (50, 513, 17),
+            (97, 64, 24),
+            (100, 1000, 100),
+            (6, 5, 33),
+        ] {
+            let x: Vec<f32> = (0..n * d).map(|_| next()).collect();
+            let mut values: Vec<f32> = (0..k * d).map(|_| next()).collect();
+            if k > 3 {
+                // Centre 3 repeats centre 1: ties must go to 1.
+                let (a, b) = values.split_at_mut(3 * d);
+                b[..d].copy_from_slice(&a[d..2 * d]);
+            }
+            let c = Centers::new(k, d, values);
+            let Some(packed) = &c.packed else {
+                eprintln!("this CPU has no AVX2 and FMA: the fused kernel is not used");
+                return;
+            };
+            let xn: Vec<f32> = x
+                .chunks_exact(d)
+                .map(|r| r.iter().map(|v| v * v).sum())
+                .collect();
+            let (mut b1, mut d1) = (vec![0u32; n], vec![0f32; n]);
+            let (mut b2, mut d2) = (vec![0u32; n], vec![0f32; n]);
+            let mut g = vec![0f32; n * k];
+            gemm_nearest(&x, &xn, &c, &mut g, &mut b1, &mut d1);
+            packed.nearest(&x, &xn, &mut b2, &mut d2);
+            for i in 0..n {
+                let row = &x[i * d..(i + 1) * d];
+                let exact = |j: u32| -> f64 {
+                    row.iter()
+                        .zip(c.row(j as usize))
+                        .map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2))
+                        .sum()
+                };
+                let scale = 1e-5 * (f64::from(xn[i]) + 1.0);
+                assert!(
+                    (f64::from(d2[i]) - exact(b2[i])).abs() <= scale,
+                    "{n} {d} {k} row {i}"
+                );
+                assert!(
+                    (f64::from(d1[i]) - f64::from(d2[i])).abs() <= scale,
+                    "{n} {d} {k} row {i}"
+                );
+                if b1[i] != b2[i] {
+                    // Only a near tie may go either way.
+                    assert!(
+                        (exact(b1[i]) - exact(b2[i])).abs() <= scale,
+                        "{n} {d} {k} row {i}"
+                    );
+                }
+                assert_ne!(b2[i], 3, "the tie goes to the lower index");
+                checked += 1;
+            }
+        }
+        assert!(checked > 300);
+    }
 
     /// The AVX2 path gives the baseline's bits, for every length around
     /// the lane count.
