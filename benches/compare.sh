@@ -15,7 +15,8 @@
 #   sudo bash benches/compare.sh --data 8GiB --cap 4GiB --epochs 4
 #   sudo bash benches/compare.sh --no-sweep --out /tmp/results.md
 #
-# Needs root (swap file, cgroup v1 memory controller, dropping caches); it
+# Needs root (swap file, cgroup v1 memory controller, dropping caches,
+# installing fio with apt-get when it is missing); it
 # creates and removes its own swap file and cgroup. Installs numpy,
 # scikit-learn, matplotlib and faiss-cpu in a virtual environment (cached
 # under ~/.cache/outcore-bench-venv).
@@ -26,6 +27,13 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 2
 fi
 cargo build --release --bin outcore >&2
+# fio measures the bound (several reads in flight, as outcore reads);
+# without it the bound falls back to dd, one request at a time, which
+# this kind of disk serves at a third of the speed.
+if ! command -v fio >/dev/null && command -v apt-get >/dev/null; then
+  apt-get install -y -qq fio >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq fio) >/dev/null 2>&1 ||
+    echo "compare.sh: fio not installed; the bound falls back to dd" >&2
+fi
 venv="${OUTCORE_BENCH_VENV:-$HOME/.cache/outcore-bench-venv}"
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import sklearn, matplotlib, numpy, faiss" 2>/dev/null; then
   python3 -m venv "$venv"

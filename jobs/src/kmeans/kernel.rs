@@ -7,7 +7,7 @@
 //! products is accumulated in twelve registers over all `d` columns, then
 //! turned into distances and compared on the spot.
 //!
-//! The centres are packed once per set of centres ([`Packed::new`]) into
+//! The centres are packed once per set of centres ([`Panels::new`]) into
 //! panels of 16 (the last one 8 when at most 8 remain): within a panel,
 //! column `p` of the 16 centres is 16 consecutive floats, one cache line,
 //! so the kernel streams a panel with two vector loads per column and
@@ -37,7 +37,7 @@ const RB: usize = 8 * MR;
 
 /// The centres, packed for the kernel.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct Packed {
+pub(super) struct Panels {
     k: usize,
     d: usize,
     /// Panels one after the other; panel `q` starts at `q * W * d`.
@@ -46,10 +46,10 @@ pub(super) struct Packed {
     norms: Vec<f32>,
 }
 
-impl Packed {
+impl Panels {
     /// Packs `k` centres of `d` columns (row-major `values`, their squared
     /// norms `norms`), when this CPU runs the kernel; `None` otherwise.
-    pub(super) fn new(k: usize, d: usize, values: &[f32], norms: &[f32]) -> Option<Packed> {
+    pub(super) fn new(k: usize, d: usize, values: &[f32], norms: &[f32]) -> Option<Panels> {
         if !available() || k == 0 || d == 0 {
             return None;
         }
@@ -68,7 +68,7 @@ impl Packed {
         }
         let mut padded_norms = norms[..k].to_vec();
         padded_norms.resize(padded, f32::INFINITY);
-        Some(Packed {
+        Some(Panels {
             k,
             d,
             data,

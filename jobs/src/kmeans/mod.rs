@@ -52,7 +52,7 @@ pub struct Centers {
     pub values: Vec<f32>,
     norms: Vec<f32>,
     /// The centres packed for the fused kernel, on CPUs that run it.
-    packed: Option<kernel::Packed>,
+    packed: Option<kernel::Panels>,
 }
 
 impl Centers {
@@ -62,7 +62,7 @@ impl Centers {
             .chunks_exact(dims.max(1))
             .map(|c| c.iter().map(|x| x * x).sum())
             .collect::<Vec<f32>>();
-        let packed = kernel::Packed::new(k, dims, &values, &norms);
+        let packed = kernel::Panels::new(k, dims, &values, &norms);
         Centers {
             k,
             dims,
