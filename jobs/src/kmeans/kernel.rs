@@ -82,8 +82,6 @@ impl Panels {
     pub(super) fn nearest(&self, x: &[f32], xn: &[f32], best: &mut [u32], best_d: &mut [f32]) {
         let (n, d) = (best.len(), self.d);
         assert!(x.len() >= n * d && xn.len() >= n && best_d.len() >= n);
-        best_d[..n].fill(f32::INFINITY);
-        best.fill(0);
         let panels = self.k.div_ceil(W);
         let mut acc = vec![0f32; RB * panels * W];
         for r0 in (0..n).step_by(RB) {
@@ -101,8 +99,10 @@ impl Panels {
                         // SAFETY: `available()` held when `self` was built
                         // (`new` returns `None` otherwise); `xs` holds `m`
                         // rows of stride `d` with at least `kc` columns
-                        // each from its start, `panel` holds `kc * w`
-                        // floats, and `a` holds `m * panels * W` floats.
+                        // each from its start (`x` holds `n` rows), `panel`
+                        // holds `kc * w` floats, and `a`, from row `i0` of
+                        // `RB` rows of `panels * W`, at least
+                        // `(m - 1) * panels * W + w` floats.
                         unsafe { tile_dispatch(m, w, xs, d, panel, kc, a, panels * W, first) };
                     }
                 }
@@ -110,19 +110,25 @@ impl Panels {
             for i in 0..rows {
                 let row = r0 + i;
                 let a = &acc[i * panels * W..(i + 1) * panels * W];
-                let (mut b, mut bd) = (0u32, f32::INFINITY);
-                for (c, (&dot, &cn)) in a.iter().zip(&self.norms).enumerate() {
-                    let dist = xn[row] - 2.0 * dot + cn;
-                    if dist < bd {
-                        bd = dist;
-                        b = c as u32;
-                    }
-                }
-                best[row] = b;
-                best_d[row] = bd;
+                (best[row], best_d[row]) = argmin(xn[row], a, &self.norms);
             }
         }
     }
+}
+
+/// The nearest centre to a row of squared norm `xn`, from its dot products
+/// with the centres and their squared norms: the lowest index among
+/// equals, and the squared distance `xn - 2 x.c + |c|^2` to it.
+pub(super) fn argmin(xn: f32, dots: &[f32], norms: &[f32]) -> (u32, f32) {
+    let (mut b, mut bd) = (0u32, f32::INFINITY);
+    for (c, (&dot, &cn)) in dots.iter().zip(norms).enumerate() {
+        let dist = xn - 2.0 * dot + cn;
+        if dist < bd {
+            bd = dist;
+            b = c as u32;
+        }
+    }
+    (b, bd)
 }
 
 /// Width of panel `q` of `k` centres.

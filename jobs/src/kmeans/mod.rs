@@ -217,17 +217,7 @@ fn gemm_nearest(
         );
     }
     for i in 0..n {
-        let gi = &g[i * k..(i + 1) * k];
-        let (mut b, mut bd) = (0u32, f32::INFINITY);
-        for (cj, (&dot, &cn)) in gi.iter().zip(&c.norms).enumerate() {
-            let dist = xn[i] - 2.0 * dot + cn;
-            if dist < bd {
-                bd = dist;
-                b = cj as u32;
-            }
-        }
-        best[i] = b;
-        best_d[i] = bd;
+        (best[i], best_d[i]) = kernel::argmin(xn[i], &g[i * k..(i + 1) * k], &c.norms);
     }
 }
 
