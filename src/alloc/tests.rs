@@ -66,7 +66,7 @@ fn the_reserve_serves_evictions_only() {
 }
 
 #[test]
-fn large_blocks_start_on_a_page_through_every_path() {
+fn large_blocks_start_on_a_page_and_huge_ones_on_a_huge_page() {
     let aligned = |p: *const u8| p as usize % PAGE == 0;
     // Many allocations: jemalloc alone starts a large block at a random
     // cache line of its first page (63 of 64 not page-aligned).
@@ -91,6 +91,30 @@ fn large_blocks_start_on_a_page_through_every_path() {
         g.reserve_exact(PAGE_ALIGNED_FROM);
         assert!(aligned(g.as_ptr()), "realloc back to large");
         assert_eq!(&g[..], &[7u8; 10][..]);
+    }
+    // Blocks of 2 MiB and more start on a huge page, through every path
+    // (jemalloc alone puts a 2 MiB-aligned start at one page in 512).
+    let huge = |p: *const u8| p as usize % HUGE_PAGE == 0;
+    for i in 0..16 {
+        let n = HUGE_ALIGNED_FROM + i * 4096 + 64;
+        let v: Vec<u8> = Vec::with_capacity(n);
+        assert!(huge(v.as_ptr()), "alloc of {n} bytes");
+        let z: Vec<f32> = vec![0.0; n / 4];
+        assert!(huge(z.as_ptr().cast()), "alloc_zeroed of {n} bytes");
+        assert!(z.iter().all(|&x| x == 0.0));
+        let mut g: Vec<u8> = vec![7; PAGE_ALIGNED_FROM + i];
+        g.reserve_exact(n);
+        assert!(huge(g.as_ptr()), "realloc large -> huge");
+        g.reserve_exact(3 * n);
+        assert!(huge(g.as_ptr()), "realloc huge -> larger");
+        // Shrunk below the threshold and grown again: freed and reallocated
+        // with matching alignments.
+        g.truncate(PAGE_ALIGNED_FROM);
+        g.shrink_to_fit();
+        assert!(aligned(g.as_ptr()), "realloc huge -> large");
+        g.reserve_exact(n);
+        assert!(huge(g.as_ptr()), "realloc back to huge");
+        assert!(g.iter().all(|&b| b == 7));
     }
     // Over-aligned requests keep their own alignment.
     let l = Layout::from_size_align(PAGE_ALIGNED_FROM, 1 << 16).unwrap();
