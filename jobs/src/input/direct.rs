@@ -4,13 +4,20 @@
 //! queue: on the machine these jobs are measured on, one 1 MiB read at a
 //! time gets 0.7-0.8 GB/s, eight 256 KiB reads in flight several times that.
 //! A [`DirectReader`] puts a whole block's reads in flight at once (up to
-//! [`MAX_DEPTH`]) through an io_uring, each into its own aligned buffer (`O_DIRECT` needs aligned offsets,
-//! lengths and memory, and rows in a file rarely start on a page); as each
-//! piece lands it is copied to its place and checksummed in the same pass
-//! ([`copy_sum`]). No thread is started: one thread waits for all the reads.
+//! [`MAX_DEPTH`]) through an io_uring, in one of two ways (`O_DIRECT` needs
+//! aligned offsets, lengths and memory):
 //!
-//! Where io_uring is unavailable (an old kernel, or a sandbox that forbids
-//! it), the same reader reads one piece at a time with `pread`.
+//! - [`read_into`](DirectReader::read_into) reads whole pages straight
+//!   into the caller's page-aligned memory, which then holds the bytes
+//!   before the range too: no buffer and no copy (float32 blocks of
+//!   256 KiB and more, whose rows start anywhere in a page);
+//! - [`read`](DirectReader::read) reads each piece into its own aligned
+//!   buffer, and as each lands copies it to its place and checksums it in
+//!   the same pass ([`copy_sum`]).
+//!
+//! No thread is started: one thread waits for all the reads. Where io_uring
+//! is unavailable (an old kernel, or a sandbox that forbids it), the same
+//! reader reads one piece at a time with `pread`.
 
 use std::alloc::Layout;
 use std::fs::File;
@@ -259,6 +266,166 @@ impl DirectReader {
                         }
                     }
                 }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Bytes read by one request of a read in place.
+const SPAN: usize = 256 << 10;
+
+impl DirectReader {
+    /// Reads the file's bytes from `start` on straight into the spare
+    /// capacity of `v` (empty, its memory aligned to [`ALIGN`]), a whole
+    /// block in flight at once (up to [`MAX_DEPTH`] requests of [`SPAN`]
+    /// bytes): no buffers and no copy. `start` is a multiple of
+    /// [`ALIGN`]; the requests cover the first `need` bytes rounded up to
+    /// a page, which must fit in the capacity. Returns `Ok` when those
+    /// `need` bytes are in `v`'s spare capacity (`v` itself is left
+    /// empty); a file that ends before is an `UnexpectedEof` error.
+    ///
+    /// Where a wait for the reads fails, so that some may still be in
+    /// flight into `v`, `v`'s memory is given up for good (leaked) rather
+    /// than freed while the kernel may still write to it.
+    pub(crate) fn read_into(
+        &mut self,
+        file: &File,
+        start: u64,
+        need: usize,
+        v: &mut Vec<f32>,
+    ) -> io::Result<()> {
+        let span = need.next_multiple_of(ALIGN);
+        let base = v.as_mut_ptr().cast::<u8>() as usize;
+        if v.capacity() * 4 < span
+            || !base.is_multiple_of(ALIGN)
+            || !start.is_multiple_of(ALIGN as u64)
+        {
+            return Err(io::Error::other(
+                "a read in place needs aligned, large enough memory",
+            ));
+        }
+        let count = span.div_ceil(SPAN);
+        // Bytes of piece `i` still to read: `(offset in v, length)`.
+        let piece = |i: usize| (i * SPAN, SPAN.min(span - i * SPAN));
+        let Some(ring) = self.ring.as_mut() else {
+            for i in 0..count {
+                let (mut at, mut len) = piece(i);
+                while len > 0 {
+                    // SAFETY: `at..at + len` lies in `v`'s spare capacity
+                    // (`span` bytes fit in it), which nothing else touches
+                    // while this call holds `v`.
+                    let n = unsafe {
+                        libc::pread(
+                            file.as_raw_fd(),
+                            (base + at) as *mut libc::c_void,
+                            len,
+                            (start + at as u64) as libc::off_t,
+                        )
+                    };
+                    if n < 0 {
+                        let e = io::Error::last_os_error();
+                        if e.kind() == io::ErrorKind::Interrupted {
+                            continue;
+                        }
+                        return Err(e);
+                    }
+                    if n == 0 || (!(n as usize).is_multiple_of(ALIGN) && at + (n as usize) < need) {
+                        return Err(eof());
+                    }
+                    if at + n as usize >= need {
+                        break;
+                    }
+                    at += n as usize;
+                    len -= n as usize;
+                }
+            }
+            return Ok(());
+        };
+        let fd = types::Fd(file.as_raw_fd());
+        // In flight: the piece's next byte and the bytes it still wants.
+        let mut slots = [(0usize, 0usize); MAX_DEPTH];
+        let mut free: [usize; MAX_DEPTH] = std::array::from_fn(|i| i);
+        let mut nfree = MAX_DEPTH;
+        let mut next = 0;
+        let mut in_flight = 0;
+        let mut failed: Option<io::Error> = None;
+        let push = |ring: &mut IoUring, (at, len): (usize, usize), tag: usize| {
+            let entry = opcode::Read::new(fd, (base + at) as *mut u8, len as u32)
+                .offset(start + at as u64)
+                .build()
+                .user_data(tag as u64);
+            // SAFETY: `at..at + len` lies in `v`'s spare capacity, which
+            // stays alive and untouched until the read is reaped (on a
+            // failed wait `v` is leaked, below); the queue has room, as at
+            // most `MAX_DEPTH` reads are in flight on a ring of as many
+            // entries.
+            unsafe { ring.submission().push(&entry) }
+                .map_err(|_| io::Error::other("the io_uring submission queue is full"))
+        };
+        loop {
+            while failed.is_none() && nfree > 0 && next < count {
+                nfree -= 1;
+                let b = free[nfree];
+                slots[b] = piece(next);
+                next += 1;
+                if let Err(e) = push(ring, slots[b], b) {
+                    failed = Some(e);
+                    nfree += 1;
+                    break;
+                }
+                in_flight += 1;
+            }
+            if in_flight == 0 {
+                break;
+            }
+            match ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    if let Some(r) = self.ring.take() {
+                        std::mem::forget(r);
+                    }
+                    std::mem::forget(std::mem::take(v));
+                    return Err(e);
+                }
+            }
+            let mut done = [(0u64, 0i32); MAX_DEPTH];
+            let mut n = 0;
+            for cqe in ring.completion() {
+                if n < MAX_DEPTH {
+                    done[n] = (cqe.user_data(), cqe.result());
+                    n += 1;
+                }
+            }
+            for &(data, res) in &done[..n] {
+                in_flight -= 1;
+                let b = data as usize;
+                let (at, len) = slots[b];
+                let got = res.max(0) as usize;
+                let finished = res > 0 && (got == len || at + got >= need);
+                if failed.is_none() && !finished {
+                    failed = Some(if res < 0 {
+                        io::Error::from_raw_os_error(-res)
+                    } else if res == 0 || !got.is_multiple_of(ALIGN) {
+                        eof()
+                    } else {
+                        // A short read of whole pages: ask for the rest.
+                        slots[b] = (at + got, len - got);
+                        match push(ring, slots[b], b) {
+                            Ok(()) => {
+                                in_flight += 1;
+                                continue;
+                            }
+                            Err(e) => e,
+                        }
+                    });
+                }
+                free[nfree] = b;
+                nfree += 1;
             }
         }
         match failed {
@@ -633,6 +800,54 @@ mod tests {
             // The reader is still usable after a failed read.
             let (got, _) = read(&mut reader, &p, 7, 300_000).unwrap().unwrap();
             assert!(got == bytes[7..300_007]);
+        }
+    }
+
+    #[test]
+    fn reads_in_place_fill_exactly_what_is_asked_with_and_without_a_ring() {
+        let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+        let p = dir.path().join("bytes");
+        let bytes: Vec<u8> = (0..(3 << 20) + 1234u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&p, &bytes).unwrap();
+        let Ok(f) = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&p)
+        else {
+            return;
+        };
+        let without = || DirectReader {
+            ring: None,
+            arena: AlignedBuf::empty(),
+        };
+        for mut reader in [DirectReader::new().unwrap(), without()] {
+            // (start, need): within a piece, across many (more than are in
+            // flight at once), and up to the file's last byte.
+            for (start, need) in [
+                (0usize, 100_000usize),
+                (4096, (2 << 20) + 5),
+                (8192, bytes.len() - 8192),
+            ] {
+                let mut v: Vec<f32> = Vec::with_capacity(need.next_multiple_of(ALIGN) / 4);
+                match reader.read_into(&f, start as u64, need, &mut v) {
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return,
+                    r => r.unwrap(),
+                }
+                // SAFETY: `read_into` initialised the first `need` bytes.
+                let got = unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), need) };
+                assert!(
+                    got == &bytes[start..start + need],
+                    "{reader:?}: {start}+{need}"
+                );
+            }
+            // Past the end of the file.
+            let mut v: Vec<f32> = Vec::with_capacity(1 << 20);
+            let past = reader.read_into(&f, 4096, bytes.len(), &mut v);
+            assert_eq!(
+                past.unwrap_err().kind(),
+                io::ErrorKind::UnexpectedEof,
+                "{reader:?}"
+            );
         }
     }
 

@@ -70,8 +70,11 @@ pub(crate) struct Block {
     pub first: u64,
     /// Columns.
     pub dims: usize,
-    /// Row-major `rows x dims` values.
+    /// Row-major `rows x dims` values, from `x[skip]` on.
     pub x: Vec<f32>,
+    /// Elements of `x` before the first row's (a block read in place
+    /// starts where its first row's page of the file starts); 0 for most.
+    pub skip: usize,
     /// One label per row when the job has labels; empty otherwise.
     pub y: Vec<u32>,
     /// One sample weight per row when the job has them; empty otherwise.
@@ -246,6 +249,7 @@ impl Loader<'_> {
                         first,
                         dims,
                         x,
+                        skip: 0,
                         y,
                         w,
                     });
@@ -424,7 +428,9 @@ struct FromFile<T> {
 
 impl<T: Send + 'static> Lineage<T> for FromFile<T> {
     fn rebuild(&self) -> io::Result<T> {
-        let x = self.region.read(self.first, self.rows, &self.sum)?;
+        let (x, skip) = self
+            .region
+            .read_in_place(self.first, self.rows, &self.sum)?;
         let y = match &self.labels {
             Some(l) => l.read(self.first, self.rows, &self.label_crc)?,
             None => Vec::new(),
@@ -437,6 +443,7 @@ impl<T: Send + 'static> Lineage<T> for FromFile<T> {
             first: self.first,
             dims: self.dims,
             x,
+            skip,
             y,
             w,
         }))
@@ -480,6 +487,7 @@ impl<T: Send + 'static> Lineage<T> for Generated<T> {
             first: self.first,
             dims: self.blobs.dims(),
             x,
+            skip: 0,
             y,
             w,
         }))

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use super::direct::DirectReader;
+use super::direct::{checksum, DirectReader, ALIGN};
 
 /// How rows are stored in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,13 +133,43 @@ impl Region {
         n: usize,
         first_sum: &OnceLock<u64>,
     ) -> io::Result<Vec<f32>> {
+        self.read_block(first, n, first_sum, false).map(|(v, _)| v)
+    }
+
+    /// [`read`](Self::read), but the values may start `skip` elements into
+    /// the vector returned with `skip`: where the rows are float32 and the
+    /// file allows direct reads, the block's pages are read straight into
+    /// the vector's memory, with no buffer and no copy, so the vector
+    /// starts where the first row's page starts (the bytes before the
+    /// first row are the file's).
+    pub(crate) fn read_in_place(
+        &self,
+        first: u64,
+        n: usize,
+        first_sum: &OnceLock<u64>,
+    ) -> io::Result<(Vec<f32>, usize)> {
+        self.read_block(first, n, first_sum, true)
+    }
+
+    fn read_block(
+        &self,
+        first: u64,
+        n: usize,
+        first_sum: &OnceLock<u64>,
+        in_place: bool,
+    ) -> io::Result<(Vec<f32>, usize)> {
         let now = Stamp::of(&self.plain.metadata()?);
         if now != self.stamp {
             return Err(self.changed(first, n, "its size or modification time changed"));
         }
         let pos = self.offset + first * self.record() as u64;
-        let (values, sum) = match self.encoding {
-            Encoding::F32 => {
+        let placed = match self.encoding {
+            Encoding::F32 if in_place => self.in_place(pos, n * self.dims)?,
+            _ => None,
+        };
+        let (values, skip, sum) = match (placed, self.encoding) {
+            (Some(r), _) => r,
+            (None, Encoding::F32) => {
                 let count = n * self.dims;
                 let mut v: Vec<f32> = Vec::with_capacity(count);
                 huge_pages(v.spare_capacity_mut());
@@ -149,16 +179,16 @@ impl Region {
                 // SAFETY: `read_exact_at` initialised all `count * 4` bytes
                 // of the first `count` elements, and any bits are a valid f32.
                 unsafe { v.set_len(count) };
-                (v, sum)
+                (v, 0, sum)
             }
-            Encoding::Convert(_) | Encoding::Fvecs => {
+            (None, Encoding::Convert(_) | Encoding::Fvecs) => {
                 let len = n * self.record();
                 let mut raw: Vec<u8> = Vec::with_capacity(len);
                 populate(&mut raw.spare_capacity_mut()[..len]);
                 let sum = self.read_exact_at(pos, &mut raw.spare_capacity_mut()[..len])?;
                 // SAFETY: `read_exact_at` initialised the first `len` bytes.
                 unsafe { raw.set_len(len) };
-                (self.convert(first, &raw)?, sum)
+                (self.convert(first, &raw)?, 0, sum)
             }
         };
         self.read_bytes
@@ -174,14 +204,85 @@ impl Region {
             return Err(self.changed(first, n, "its bytes differ from the first read"));
         }
         if first_read {
-            if let Err(bad) = super::check_finite(&values, self.dims, first) {
+            if let Err(bad) = super::check_finite(&values[skip..], self.dims, first) {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!("{}: {bad}", self.path.display()),
                 ));
             }
         }
-        Ok(values)
+        Ok((values, skip))
+    }
+
+    /// Reads `count` float32 values at byte `pos` straight into a fresh
+    /// vector's memory, from the start of `pos`'s page, and returns the
+    /// vector, the elements before the first value, and the values'
+    /// checksum. `None` where that is not done: no direct I/O, values
+    /// that do not start on a 4-byte boundary of a page, blocks under
+    /// 256 KiB, memory the allocator did not align to a page, or a
+    /// filesystem that refuses the reads.
+    fn in_place(&self, pos: u64, count: usize) -> io::Result<Option<(Vec<f32>, usize, u64)>> {
+        let Some(direct) = &self.direct else {
+            return Ok(None);
+        };
+        let skip = (pos % ALIGN as u64) as usize;
+        // Reading whole pages costs up to two pages more memory: kept for
+        // blocks of 256 KiB and more, where that is under 3%.
+        if !skip.is_multiple_of(4) || count * 4 < 64 * ALIGN {
+            return Ok(None);
+        }
+        let need = skip + count * 4;
+        let mut v: Vec<f32> = Vec::with_capacity(need.next_multiple_of(ALIGN) / 4);
+        if !(v.as_ptr() as usize).is_multiple_of(ALIGN) {
+            return Ok(None);
+        }
+        huge_pages(v.spare_capacity_mut());
+        populate(v.spare_capacity_mut());
+        match self.with_reader(|r| r.read_into(direct, pos - skip as u64, need, &mut v)) {
+            Ok(()) => {}
+            // The filesystem took the open but refuses the reads.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+            Err(e) => return Err(self.explain(e)),
+        }
+        let len = skip / 4 + count;
+        // SAFETY: `read_into` initialised the first `need` bytes of the
+        // spare capacity: the first `len` elements, and any bits are a
+        // valid f32.
+        unsafe { v.set_len(len) };
+        let values = &v[skip / 4..];
+        // SAFETY: the values' memory, viewed as the bytes it holds (f32 has
+        // no padding; u8 has no alignment).
+        let bytes = unsafe {
+            std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+        };
+        let sum = checksum(bytes);
+        Ok(Some((v, skip / 4, sum)))
+    }
+
+    /// Runs `f` with one of the file's readers (made at its first use).
+    fn with_reader<R>(&self, f: impl FnOnce(&mut DirectReader) -> io::Result<R>) -> io::Result<R> {
+        let free = self.readers.iter().find_map(|r| r.try_lock().ok());
+        let mut kept = match free {
+            Some(g) => g,
+            None => self.readers[0].lock().unwrap_or_else(|e| e.into_inner()),
+        };
+        let reader = match &mut *kept {
+            Some(r) => r,
+            empty => empty.insert(DirectReader::new()?),
+        };
+        f(reader)
+    }
+
+    /// A read error, with the file named where it ended early.
+    fn explain(&self, e: io::Error) -> io::Error {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{}: shorter than its header says", self.path.display()),
+            )
+        } else {
+            e
+        }
     }
 
     fn changed(&self, first: u64, n: usize, why: &str) -> io::Error {
@@ -239,27 +340,11 @@ impl Region {
         let Some(direct) = &self.direct else {
             return self.plain_read(pos, dst);
         };
-        let result = {
-            let free = self.readers.iter().find_map(|r| r.try_lock().ok());
-            let mut kept = match free {
-                Some(g) => g,
-                None => self.readers[0].lock().unwrap_or_else(|e| e.into_inner()),
-            };
-            let reader = match &mut *kept {
-                Some(r) => r,
-                empty => empty.insert(DirectReader::new()?),
-            };
-            reader.read(direct, pos, dst)
-        };
-        match result {
+        match self.with_reader(|r| r.read(direct, pos, dst)) {
             Ok(sum) => Ok(sum),
             // The filesystem took the open but refuses the reads.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.plain_read(pos, dst),
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("{}: shorter than its header says", self.path.display()),
-            )),
-            Err(e) => Err(e),
+            Err(e) => Err(self.explain(e)),
         }
     }
 
@@ -371,6 +456,44 @@ mod tests {
     fn blocks_read_back_exactly_on_a_disk_filesystem() {
         let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
         check_blocks(dir.path());
+    }
+
+    #[test]
+    fn blocks_read_in_place_hold_their_rows_after_the_page_start() {
+        let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+        let (rows, dims) = (2304, 1000);
+        let p = file(dir.path(), 128, rows, dims);
+        let r = Region::open(&p, 128, dims, Encoding::F32).unwrap().unwrap();
+        let mut placed = 0;
+        for (first, n) in [
+            (0, 1),
+            (3, 1100),
+            (1, rows - 1),
+            (rows - 7, 7),
+            (1100, 1100),
+        ] {
+            let crc = OnceLock::new();
+            // The first read copies; the ones in place must agree with its
+            // checksum, and with each other.
+            let copied = r.read(first as u64, n, &crc).unwrap();
+            for _ in 0..2 {
+                let (v, skip) = r.read_in_place(first as u64, n, &crc).unwrap();
+                assert!(v[skip..] == copied[..], "block {first}+{n}");
+                let pos = 128 + first * dims * 4;
+                if skip > 0 || pos % ALIGN == 0 {
+                    assert_eq!(skip * 4, pos % ALIGN, "block {first}+{n}");
+                    placed += 1;
+                }
+            }
+        }
+        // The allocator aligns large blocks to a page, so the three blocks
+        // of 256 KiB and more are read in place (where the filesystem takes
+        // direct I/O).
+        if r.direct.is_some() {
+            assert!(placed >= 6, "{placed} reads in place");
+        }
+        let past = r.read_in_place(rows as u64 - 1, 2, &OnceLock::new());
+        assert!(past.is_err(), "a read past the end must fail");
     }
 
     #[test]

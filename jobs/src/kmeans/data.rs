@@ -22,8 +22,13 @@ pub struct Partition {
     pub rows: u32,
     /// Columns.
     pub dims: u32,
-    /// Row-major `rows x dims` values.
+    /// Row-major `rows x dims` values, from `data[skip]` on (see
+    /// [`values`](Self::values)).
     pub data: PodVec<f32>,
+    /// Elements of `data` before the first row's values: a partition read
+    /// from a file in place starts where its first row's page starts, so
+    /// the read needs no copy. 0 for partitions built from values.
+    pub skip: u32,
     /// `|x|^2` of each row.
     pub norms: PodVec<f32>,
     /// The sample weight of each row; empty when the data has none.
@@ -40,6 +45,7 @@ impl Partition {
             rows: rows as u32,
             dims: dims as u32,
             data: PodVec::from(data),
+            skip: 0,
             norms: PodVec::from(norms),
             weights: PodVec::new(),
         }
@@ -61,7 +67,12 @@ impl Partition {
     /// Row `i`.
     pub fn row(&self, i: usize) -> &[f32] {
         let d = self.dims as usize;
-        &self.data[i * d..(i + 1) * d]
+        &self.values()[i * d..(i + 1) * d]
+    }
+
+    /// The row-major `rows x dims` values.
+    pub fn values(&self) -> &[f32] {
+        &self.data[self.skip as usize..]
     }
 }
 
@@ -146,21 +157,34 @@ fn load_segments(
         move |b| {
             let lock = || norms.lock().unwrap_or_else(|e| e.into_inner());
             let kept = lock().get(&b.first).cloned();
-            match kept {
-                Some(n) if n.len() * b.dims == b.x.len() => Partition {
+            let values = b.x.len() - b.skip;
+            let mut p = match kept {
+                Some(n) if n.len() * b.dims == values => Partition {
                     first_row: b.first,
                     rows: n.len() as u32,
                     dims: b.dims as u32,
                     data: PodVec::from(b.x),
+                    skip: 0,
                     norms: PodVec::from(n),
                     weights: PodVec::from(b.w),
                 },
                 _ => {
-                    let p = Partition::with_weights(b.first, b.dims, b.x, b.w);
-                    lock().insert(b.first, p.norms.0.clone());
-                    p
+                    let d = b.dims.max(1);
+                    let norms: Vec<f32> = b.x[b.skip..].chunks_exact(d).map(norm2).collect();
+                    lock().insert(b.first, norms.clone());
+                    Partition {
+                        first_row: b.first,
+                        rows: norms.len() as u32,
+                        dims: b.dims as u32,
+                        data: PodVec::from(b.x),
+                        skip: 0,
+                        norms: PodVec::from(norms),
+                        weights: PodVec::from(b.w),
+                    }
                 }
-            }
+            };
+            p.skip = b.skip as u32;
+            p
         },
         progress,
     )

@@ -274,7 +274,7 @@ fn assign(
     // every distance is known; the GEMM path goes by blocks of rows, to
     // keep its n x k matrix small.
     let (mut nearest, mut nearest_d) = (vec![0u32; len], vec![0f32; len]);
-    let rows = &p.data[start * d..(start + len) * d];
+    let rows = &p.values()[start * d..(start + len) * d];
     let xn = &p.norms[start..start + len];
     match &c.packed {
         Some(packed) => packed.nearest(rows, xn, &mut nearest, &mut nearest_d),

@@ -141,7 +141,7 @@ impl Shard {
             if r > 0 && (b.first + r as u64).is_multiple_of(TASK_ROWS as u64) {
                 s.tasks.push(s.y.len() as u32);
             }
-            let row = &b.x[r * dims..(r + 1) * dims];
+            let row = &b.x[b.skip + r * dims..b.skip + (r + 1) * dims];
             if held_out(seed, threshold, b.first + r as u64) {
                 s.test_x.extend_from_slice(row);
                 s.test_y.push(label);
@@ -974,7 +974,7 @@ pub fn predict(
         for h in hs {
             let m = shared.clone();
             b.read(h, move |p: &crate::kmeans::Partition| {
-                model_labels(&m, &p.data, p.rows as usize)
+                model_labels(&m, p.values(), p.rows as usize)
             });
         }
         for labels in b.run()? {
