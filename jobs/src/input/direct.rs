@@ -250,7 +250,7 @@ impl DirectReader {
                 }
                 slots[b].got += res as usize;
                 if slots[b].done() {
-                    let buf = &self.arena.as_ref()[b * BUF..(b + 1) * BUF];
+                    let buf = self.arena.piece(b);
                     sums[slots[b].index] = land(buf, &slots[b], dst);
                     free[nfree] = b;
                     nfree += 1;
@@ -300,7 +300,8 @@ impl DirectReader {
     ) -> io::Result<()> {
         let span = need.next_multiple_of(ALIGN);
         let base = v.as_mut_ptr().cast::<u8>() as usize;
-        if v.capacity() * 4 < span
+        if !v.is_empty()
+            || v.capacity() * 4 < span
             || !base.is_multiple_of(ALIGN)
             || !start.is_multiple_of(ALIGN as u64)
         {
@@ -708,9 +709,27 @@ impl AlignedBuf {
         self.layout.size()
     }
 
-    /// The `i`-th buffer of [`BUF`] bytes.
+    /// The bytes of the `i`-th buffer of [`BUF`] (fewer past the end).
+    fn range(&self, i: usize) -> (usize, usize) {
+        let end = ((i + 1) * BUF).min(self.layout.size());
+        ((i * BUF).min(end), end)
+    }
+
+    /// The `i`-th buffer of [`BUF`] bytes. Only it is borrowed: the kernel
+    /// may be writing into the others.
     fn buf(&mut self, i: usize) -> &mut [u8] {
-        &mut self.as_mut()[i * BUF..(i + 1) * BUF]
+        let (start, end) = self.range(i);
+        // SAFETY: `start..end` lies within the `layout.size()` initialised
+        // bytes this buffer owns, borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(start), end - start) }
+    }
+
+    /// The `i`-th buffer of [`BUF`] bytes, to read (only it: the kernel may
+    /// be writing into the others).
+    fn piece(&self, i: usize) -> &[u8] {
+        let (start, end) = self.range(i);
+        // SAFETY: as for `buf`, borrowed shared through `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(start), end - start) }
     }
 
     fn as_ref(&self) -> &[u8] {

@@ -17,7 +17,7 @@ use std::mem::MaybeUninit;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 
 use super::direct::{checksum, DirectReader, ALIGN};
 
@@ -260,11 +260,28 @@ impl Region {
     }
 
     /// Runs `f` with one of the file's readers (made at its first use).
+    ///
+    /// A reader whose last user panicked may have reads in flight into
+    /// memory that is gone: it is given up for good (leaked, so the kernel
+    /// never writes into its buffers after they are reused) and replaced.
     fn with_reader<R>(&self, f: impl FnOnce(&mut DirectReader) -> io::Result<R>) -> io::Result<R> {
-        let free = self.readers.iter().find_map(|r| r.try_lock().ok());
+        fn recover<'a>(
+            p: std::sync::PoisonError<MutexGuard<'a, Option<DirectReader>>>,
+        ) -> MutexGuard<'a, Option<DirectReader>> {
+            let mut g = p.into_inner();
+            if let Some(old) = g.take() {
+                std::mem::forget(old);
+            }
+            g
+        }
+        let free = self.readers.iter().find_map(|r| match r.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(recover(p)),
+            Err(TryLockError::WouldBlock) => None,
+        });
         let mut kept = match free {
             Some(g) => g,
-            None => self.readers[0].lock().unwrap_or_else(|e| e.into_inner()),
+            None => self.readers[0].lock().unwrap_or_else(recover),
         };
         let reader = match &mut *kept {
             Some(r) => r,
