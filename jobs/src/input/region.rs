@@ -123,7 +123,7 @@ impl Region {
     }
 
     /// Rows `first..first + n` as float32, row-major. `first_sum` holds the
-    /// [`checksum`](super::direct::checksum) of the block's bytes from its
+    /// [`checksum`] of the block's bytes from its
     /// first read (set by that read);
     /// a later read that differs, or a file whose size or modification
     /// time changed since it was opened, is an error.
