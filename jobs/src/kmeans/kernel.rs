@@ -91,14 +91,35 @@ impl Panels {
         assert!(x.len() >= n * d && xn.len() >= n && best_d.len() >= n);
         let panels = self.k.div_ceil(W);
         let mut acc = vec![0f32; RB * panels * W];
+        let wide = avx512();
         for r0 in (0..n).step_by(RB) {
             let rows = RB.min(n - r0);
             for k0 in (0..d).step_by(KC) {
                 let kc = KC.min(d - k0);
                 let first = k0 == 0;
-                for q in 0..panels {
+                let mut q = 0;
+                while q < panels {
                     let w = width(self.k, q);
                     let panel = &self.data[q * W * d + k0 * w..q * W * d + (k0 + kc) * w];
+                    if wide && q + 1 < panels && width(self.k, q + 1) == W {
+                        // Two full panels at once: 32 centres per row.
+                        let next =
+                            &self.data[(q + 1) * W * d + k0 * W..(q + 1) * W * d + (k0 + kc) * W];
+                        for i0 in (0..rows).step_by(MR) {
+                            let m = MR.min(rows - i0);
+                            let xs = &x[(r0 + i0) * d + k0..];
+                            let a = &mut acc[(i0 * panels + q) * W..];
+                            // SAFETY: `wide` says the CPU has AVX-512F;
+                            // `xs` holds `m` rows of stride `d` with at
+                            // least `kc` columns each, each panel `kc * 16`
+                            // floats, and `a`, from panel `q` of row `i0`,
+                            // at least `(m - 1) * panels * W + 2 * W`
+                            // floats (panel `q + 1` exists).
+                            unsafe { tile_pair(m, xs, d, panel, next, kc, a, panels * W, first) };
+                        }
+                        q += 2;
+                        continue;
+                    }
                     for i0 in (0..rows).step_by(MR) {
                         let m = MR.min(rows - i0);
                         let xs = &x[(r0 + i0) * d + k0..];
@@ -112,6 +133,7 @@ impl Panels {
                         // `(m - 1) * panels * W + w` floats.
                         unsafe { tile_dispatch(m, w, xs, d, panel, kc, a, panels * W, first) };
                     }
+                    q += 1;
                 }
             }
             for i in 0..rows {
@@ -159,6 +181,62 @@ fn available() -> bool {
     }
 }
 
+/// Whether this CPU runs the AVX-512 tiles.
+fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Runs the AVX-512 tile for `m` rows (1..=MR) and two full panels, `p0`
+/// and `p1`, whose dot products go to 32 consecutive floats of each row
+/// of `acc`.
+///
+/// # Safety
+///
+/// The CPU must support AVX-512F. `x` must hold `m` rows of stride `d`
+/// with `kc` columns each from its start; `p0` and `p1` `kc * 16` floats
+/// each; `acc` `(m - 1) * stride + 32` floats.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_pair(
+    m: usize,
+    x: &[f32],
+    d: usize,
+    p0: &[f32],
+    p1: &[f32],
+    kc: usize,
+    acc: &mut [f32],
+    stride: usize,
+    first: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        debug_assert!(x.len() >= (m - 1) * d + kc && p0.len() >= kc * W && p1.len() >= kc * W);
+        debug_assert!(acc.len() >= (m - 1) * stride + 2 * W);
+        let (x, p0, p1, a) = (x.as_ptr(), p0.as_ptr(), p1.as_ptr(), acc.as_mut_ptr());
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            match m {
+                6 => avx512::pair::<6>(x, d, p0, p1, kc, a, stride, first),
+                5 => avx512::pair::<5>(x, d, p0, p1, kc, a, stride, first),
+                4 => avx512::pair::<4>(x, d, p0, p1, kc, a, stride, first),
+                3 => avx512::pair::<3>(x, d, p0, p1, kc, a, stride, first),
+                2 => avx512::pair::<2>(x, d, p0, p1, kc, a, stride, first),
+                _ => avx512::pair::<1>(x, d, p0, p1, kc, a, stride, first),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (m, x, d, p0, p1, kc, acc, stride, first);
+    }
+}
+
 /// Runs the tile for `m` rows (1..=MR) and a panel of width `w` (8 or 16).
 ///
 /// # Safety
@@ -183,7 +261,7 @@ unsafe fn tile_dispatch(
         debug_assert!(x.len() >= (m - 1) * d + kc && panel.len() >= kc * w);
         debug_assert!(acc.len() >= (m - 1) * stride + w);
         let (x, p, a) = (x.as_ptr(), panel.as_ptr(), acc.as_mut_ptr());
-        if w == W && std::arch::is_x86_feature_detected!("avx512f") {
+        if w == W && avx512() {
             // SAFETY: the CPU supports AVX-512F (just checked); the rest is
             // forwarded from this function's contract.
             unsafe {
@@ -319,6 +397,54 @@ mod avx512 {
             unsafe { _mm512_storeu_ps(acc.add(i * stride), *ci) };
         }
     }
+
+    /// [`tile`] for two full panels at once (`p0`, `p1`: 32 centres), two
+    /// registers per row: the same products added in the same order.
+    ///
+    /// # Safety
+    ///
+    /// The CPU must support AVX-512F; the pointers must cover what
+    /// [`super::tile_pair`] says.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pair<const M: usize>(
+        x: *const f32,
+        d: usize,
+        p0: *const f32,
+        p1: *const f32,
+        kc: usize,
+        acc: *mut f32,
+        stride: usize,
+        first: bool,
+    ) {
+        let mut c = [[_mm512_setzero_ps(); 2]; M];
+        if !first {
+            for (i, ci) in c.iter_mut().enumerate() {
+                // SAFETY: row i < M of acc, 32 floats.
+                ci[0] = unsafe { _mm512_loadu_ps(acc.add(i * stride)) };
+                // SAFETY: as above.
+                ci[1] = unsafe { _mm512_loadu_ps(acc.add(i * stride + 16)) };
+            }
+        }
+        for p in 0..kc {
+            // SAFETY: p < kc, so 16 floats at p * 16 lie in each panel.
+            let b0 = unsafe { _mm512_loadu_ps(p0.add(p * 16)) };
+            // SAFETY: as above.
+            let b1 = unsafe { _mm512_loadu_ps(p1.add(p * 16)) };
+            for (i, ci) in c.iter_mut().enumerate() {
+                // SAFETY: row i < M, column p < kc of x.
+                let a = _mm512_set1_ps(unsafe { *x.add(i * d + p) });
+                ci[0] = _mm512_fmadd_ps(a, b0, ci[0]);
+                ci[1] = _mm512_fmadd_ps(a, b1, ci[1]);
+            }
+        }
+        for (i, ci) in c.iter().enumerate() {
+            // SAFETY: as for the loads above.
+            unsafe { _mm512_storeu_ps(acc.add(i * stride), ci[0]) };
+            // SAFETY: as above.
+            unsafe { _mm512_storeu_ps(acc.add(i * stride + 16), ci[1]) };
+        }
+    }
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -376,6 +502,42 @@ mod tests {
                             avx512::tile::<1>(xp, d, pp, kc, b.as_mut_ptr(), stride, first);
                         }
                     }
+                }
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{m} rows, first {first}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_paired_avx512_tile_gives_two_single_tiles_bits() {
+        if !(available() && std::arch::is_x86_feature_detected!("avx512f")) {
+            return;
+        }
+        let (d, kc) = (300, 256);
+        let mut seed = 11u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1 << 24) as f32 * 2.0 - 1.0
+        };
+        let x: Vec<f32> = (0..6 * d).map(|_| next() * 1e3).collect();
+        let p0: Vec<f32> = (0..kc * W).map(|_| next() / 7.0).collect();
+        let p1: Vec<f32> = (0..kc * W).map(|_| next() / 3.0).collect();
+        let stride = 3 * W;
+        for m in 1..=MR {
+            for first in [true, false] {
+                let start: Vec<f32> = (0..MR * stride).map(|_| next()).collect();
+                let (mut a, mut b) = (start.clone(), start);
+                // SAFETY: the CPU has AVX2, FMA and AVX-512F (checked
+                // above); x holds 6 rows of stride d >= kc, each panel
+                // kc * 16 floats, a and b 6 rows of stride 48 (32 used).
+                unsafe {
+                    // One panel at a time (the single-panel tile, whose
+                    // bits are the AVX2 tile's: tested above).
+                    for (panel, at) in [(&p0, 0), (&p1, W)] {
+                        tile_dispatch(m, W, &x, d, panel, kc, &mut a[at..], stride, first);
+                    }
+                    tile_pair(m, &x, d, &p0, &p1, kc, &mut b, stride, first);
                 }
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a), bits(&b), "{m} rows, first {first}");
