@@ -207,9 +207,9 @@ impl DirectReader {
             if in_flight == 0 {
                 break;
             }
-            match ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            let (done, n) = match wait(ring) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
                 Err(e) => {
                     // Reads may still be in flight into the buffers, and
                     // there is no way left to wait for them: keep the ring
@@ -222,17 +222,7 @@ impl DirectReader {
                     std::mem::forget(arena);
                     return Err(e);
                 }
-            }
-            // Reaped into a fixed array: the queue's borrow ends before the
-            // next submissions.
-            let mut done = [(0u64, 0i32); MAX_DEPTH];
-            let mut n = 0;
-            for cqe in ring.completion() {
-                if n < MAX_DEPTH {
-                    done[n] = (cqe.user_data(), cqe.result());
-                    n += 1;
-                }
-            }
+            };
             for &(data, res) in &done[..n] {
                 in_flight -= 1;
                 let b = data as usize;
@@ -383,25 +373,18 @@ impl DirectReader {
             if in_flight == 0 {
                 break;
             }
-            match ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            let (done, n) = match wait(ring) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
                 Err(e) => {
+                    // As in `read_ring`, with `v` given up instead.
                     if let Some(r) = self.ring.take() {
                         std::mem::forget(r);
                     }
                     std::mem::forget(std::mem::take(v));
                     return Err(e);
                 }
-            }
-            let mut done = [(0u64, 0i32); MAX_DEPTH];
-            let mut n = 0;
-            for cqe in ring.completion() {
-                if n < MAX_DEPTH {
-                    done[n] = (cqe.user_data(), cqe.result());
-                    n += 1;
-                }
-            }
+            };
             for &(data, res) in &done[..n] {
                 in_flight -= 1;
                 let b = data as usize;
@@ -434,6 +417,29 @@ impl DirectReader {
             None => Ok(()),
         }
     }
+}
+
+/// Waits for at least one of the reads in flight and reaps every finished
+/// one: `(tag, result)` pairs, in a fixed array so that the queue's borrow
+/// ends before the next submissions. `None` when the wait was interrupted
+/// (wait again); an error when the wait failed, with reads possibly still
+/// in flight.
+#[allow(clippy::type_complexity)]
+fn wait(ring: &mut IoUring) -> io::Result<Option<([(u64, i32); MAX_DEPTH], usize)>> {
+    match ring.submit_and_wait(1) {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let mut done = [(0u64, 0i32); MAX_DEPTH];
+    let mut n = 0;
+    for cqe in ring.completion() {
+        if n < MAX_DEPTH {
+            done[n] = (cqe.user_data(), cqe.result());
+            n += 1;
+        }
+    }
+    Ok(Some((done, n)))
 }
 
 /// Queues a read of the rest of `piece` into `buf`, tagged `tag`.

@@ -157,34 +157,24 @@ fn load_segments(
         move |b| {
             let lock = || norms.lock().unwrap_or_else(|e| e.into_inner());
             let kept = lock().get(&b.first).cloned();
-            let values = b.x.len() - b.skip;
-            let mut p = match kept {
-                Some(n) if n.len() * b.dims == values => Partition {
-                    first_row: b.first,
-                    rows: n.len() as u32,
-                    dims: b.dims as u32,
-                    data: PodVec::from(b.x),
-                    skip: 0,
-                    norms: PodVec::from(n),
-                    weights: PodVec::from(b.w),
-                },
+            let values = &b.x[b.skip..];
+            let norms = match kept {
+                Some(n) if n.len() * b.dims == values.len() => n,
                 _ => {
-                    let d = b.dims.max(1);
-                    let norms: Vec<f32> = b.x[b.skip..].chunks_exact(d).map(norm2).collect();
-                    lock().insert(b.first, norms.clone());
-                    Partition {
-                        first_row: b.first,
-                        rows: norms.len() as u32,
-                        dims: b.dims as u32,
-                        data: PodVec::from(b.x),
-                        skip: 0,
-                        norms: PodVec::from(norms),
-                        weights: PodVec::from(b.w),
-                    }
+                    let n: Vec<f32> = values.chunks_exact(b.dims.max(1)).map(norm2).collect();
+                    lock().insert(b.first, n.clone());
+                    n
                 }
             };
-            p.skip = b.skip as u32;
-            p
+            Partition {
+                first_row: b.first,
+                rows: norms.len() as u32,
+                dims: b.dims as u32,
+                skip: b.skip as u32,
+                data: PodVec::from(b.x),
+                norms: PodVec::from(norms),
+                weights: PodVec::from(b.w),
+            }
         },
         progress,
     )
