@@ -16,7 +16,7 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 
 use super::direct::{checksum, DirectReader, ALIGN};
@@ -72,6 +72,9 @@ pub(crate) struct Region {
     /// block out (4 GiB `.npy` under 1 GiB: initialisation 2.0-3.3 s
     /// against 2.6-4.1 s with one reader, three alternations).
     readers: [Mutex<Option<DirectReader>>; 2],
+    /// Set when the filesystem refused a read in place (`EINVAL`): later
+    /// blocks go straight to the buffered path instead of trying again.
+    in_place_refused: AtomicBool,
     /// Bytes read from the file so far.
     read_bytes: AtomicU64,
 }
@@ -104,6 +107,7 @@ impl Region {
             encoding,
             stamp: Stamp::of(&meta),
             readers: [Mutex::new(None), Mutex::new(None)],
+            in_place_refused: AtomicBool::new(false),
             read_bytes: AtomicU64::new(0),
         }))
     }
@@ -225,6 +229,9 @@ impl Region {
         let Some(direct) = &self.direct else {
             return Ok(None);
         };
+        if self.in_place_refused.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
         let skip = (pos % ALIGN as u64) as usize;
         // Reading whole pages costs up to two pages more memory: kept for
         // blocks of 256 KiB and more, where that is under 3%.
@@ -241,7 +248,10 @@ impl Region {
         match self.with_reader(|r| r.read_into(direct, pos - skip as u64, need, &mut v)) {
             Ok(()) => {}
             // The filesystem took the open but refuses the reads.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                self.in_place_refused.store(true, Ordering::Relaxed);
+                return Ok(None);
+            }
             Err(e) => return Err(self.explain(e)),
         }
         let len = skip / 4 + count;
