@@ -7,7 +7,7 @@ use std::path::Path;
 mod bin_common;
 
 use outcore::Runtime;
-use outcore_jobs::kmeans::{self, Algorithm, Config, Init};
+use outcore_jobs::kmeans::{self, Algorithm, Config, Event, Init};
 use outcore_jobs::{npy, Source};
 
 #[global_allocator]
@@ -358,4 +358,84 @@ fn file_input_under_a_cap_is_read_again_not_spilled() {
         outputs.push(std::fs::read(&out).unwrap());
     }
     assert!(outputs[0] == outputs[1], "capped centroids differ");
+}
+
+/// A sparse initialisation sample of data not read yet is read row by row
+/// (`.npy` rows in place, `.fvecs` rows converted, sample weights picked),
+/// not by reading the whole file first; it is the sample the built
+/// partitions give, so a run from each gives the same result.
+#[test]
+fn the_initial_sample_of_an_unread_file_reads_only_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (n, d) = (200_000, 16);
+    let c: Vec<Vec<f64>> = (0..6)
+        .map(|i| (0..d).map(|j| ((i * d + j) % 13) as f64).collect())
+        .collect();
+    let x = blobs(n, &c, 1.0, 11);
+    let npy = write_data(dir.path(), &x, d);
+    let fvecs = dir.path().join("data.fvecs");
+    let mut bytes = Vec::with_capacity(n * (d + 1) * 4);
+    for row in x.chunks_exact(d) {
+        bytes.extend_from_slice(&(d as i32).to_le_bytes());
+        for v in row {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    std::fs::write(&fvecs, bytes).unwrap();
+    let weights = dir.path().join("weights.npy");
+    let w: Vec<f32> = (0..n).map(|i| 0.5 + (i % 7) as f32).collect();
+    npy::write_array(&weights, &[n as u64], &w).unwrap();
+    for (name, src, w) in [
+        ("npy", Source::Npy(npy.clone()), None),
+        (
+            "npy, weighted",
+            Source::Npy(npy.clone()),
+            Some(weights.as_path()),
+        ),
+        ("fvecs", Source::Fvecs(fvecs.clone()), None),
+    ] {
+        // No prefetcher: nothing builds partitions behind the first run's
+        // back, and after it every partition is built and resident.
+        let rt = Runtime::builder()
+            .workers(2)
+            .prefetch(false)
+            .build()
+            .unwrap();
+        let ds = kmeans::load_weighted(&rt, &src, w, 256 << 10, |_, _| {}).unwrap();
+        assert!(ds.lazy, "{name}");
+        let file = match &src {
+            Source::Npy(p) | Source::Fvecs(p) => std::fs::metadata(p).unwrap().len(),
+            _ => unreachable!(),
+        };
+        let reads = ds.input_reads();
+        let cfg = Config {
+            k: 6,
+            epochs: 1,
+            ..Config::default()
+        };
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let before = reads.bytes();
+            let mut at_init = None;
+            let out = kmeans::run(&rt, &ds, &cfg, |e| {
+                if let Event::Initialized { .. } = e {
+                    at_init = Some(reads.bytes() - before);
+                }
+            })
+            .unwrap();
+            runs.push((at_init.unwrap(), out));
+        }
+        let (sparse, first) = &runs[0];
+        assert!(
+            *sparse > 0 && sparse * 8 < file,
+            "{name}: the first sample read {sparse} of {file} bytes"
+        );
+        let (resident, second) = &runs[1];
+        assert_eq!(
+            *resident, 0,
+            "{name}: the second sample was read from the file"
+        );
+        assert_eq!(first.centers.values, second.centers.values, "{name}");
+        assert_eq!(first.inertia.to_bits(), second.inertia.to_bits(), "{name}");
+    }
 }

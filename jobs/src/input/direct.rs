@@ -33,6 +33,8 @@ pub(crate) const ALIGN: usize = 4096;
 /// Bytes of a block read by one request: with the pages around an
 /// unaligned piece, each request's buffer is 256 KiB.
 const PIECE: usize = (256 << 10) - 2 * ALIGN;
+/// Bytes of the largest record [`DirectReader::read_records`] reads.
+pub(crate) const MAX_RECORD: usize = PIECE;
 /// Requests in flight at most: 8 MiB of buffers.
 ///
 /// A reader keeps as many buffers as its largest block has pieces, up to
@@ -133,28 +135,100 @@ impl DirectReader {
         dst: &mut [MaybeUninit<u8>],
     ) -> io::Result<u64> {
         let count = dst.len().div_ceil(PIECE);
-        // Buffers for every piece in flight at once (one without a ring).
-        // The arena is empty before the first read, and after a read that
-        // failed beyond recovery gave its buffers up.
+        self.grow_buffers(count)?;
+        // Each piece's checksum, combined in order at the end (pieces land
+        // in any order).
+        let mut sums = vec![0u64; count];
+        let total = dst.len();
+        self.read_pieces(
+            file,
+            count,
+            |i| Piece::of(i, pos, total),
+            |p, buf| sums[p.index] = land(buf, p, dst),
+        )?;
+        Ok(combine(&sums))
+    }
+
+    /// Reads `starts.len()` records of `record` bytes (at most a piece's
+    /// worth), the `i`-th at byte `starts[i]` of `file` (opened with
+    /// `O_DIRECT`), into `dst[i * record..]`: scattered rows, many in
+    /// flight at once (a queue of single-page reads gets several times the
+    /// throughput of one at a time). `dst` (`starts.len() * record` bytes,
+    /// maybe uninitialised) is fully initialised when this returns `Ok`.
+    /// Buffers grown for the call are given back after it.
+    pub(crate) fn read_records(
+        &mut self,
+        file: &File,
+        starts: &[u64],
+        record: usize,
+        dst: &mut [MaybeUninit<u8>],
+    ) -> io::Result<()> {
+        if record == 0 || record > PIECE || dst.len() != starts.len() * record {
+            return Err(io::Error::other(
+                "scattered reads take records of at most a piece, and room for each",
+            ));
+        }
+        let count = starts.len();
+        let grown = self.grow_buffers(count)?;
+        let piece_of = |i: usize| {
+            let first = starts[i];
+            let start = first - first % ALIGN as u64;
+            Piece {
+                index: i,
+                start,
+                skip: (first - start) as usize,
+                len: record,
+                got: 0,
+            }
+        };
+        let result = self.read_pieces(file, count, piece_of, |p, buf| {
+            let src = &buf[p.skip..p.skip + p.len];
+            let out = &mut dst[p.index * record..(p.index + 1) * record];
+            for (o, &b) in out.iter_mut().zip(src) {
+                o.write(b);
+            }
+        });
+        if result.is_ok() && grown {
+            self.arena = AlignedBuf::empty();
+        }
+        result
+    }
+
+    /// Grows the arena to a buffer for each of `count` pieces in flight at
+    /// once (up to [`MAX_DEPTH`]; one without a ring), and says whether it
+    /// grew. The arena is empty before the first read, and after a read
+    /// that failed beyond recovery gave its buffers up.
+    fn grow_buffers(&mut self, count: usize) -> io::Result<bool> {
         let depth = if self.ring.is_some() {
             count.clamp(1, MAX_DEPTH)
         } else {
             1
         };
-        if self.arena.len() < depth * BUF {
-            // The old buffers go first, so old and new never count against
-            // the cap together.
-            self.arena = AlignedBuf::empty();
-            self.arena = AlignedBuf::new(depth * BUF, HUGE)?;
+        if self.arena.len() >= depth * BUF {
+            return Ok(false);
         }
-        // Each piece's checksum, combined in order at the end (pieces land
-        // in any order).
-        let mut sums = vec![0u64; count];
-        if self.ring.is_some() {
-            self.read_ring(file, pos, dst, &mut sums)?;
-        } else {
-            for (i, sum) in sums.iter_mut().enumerate() {
-                let mut p = Piece::of(i, pos, dst.len());
+        // The old buffers go first, so old and new never count against
+        // the cap together.
+        self.arena = AlignedBuf::empty();
+        self.arena = AlignedBuf::new(depth * BUF, HUGE)?;
+        Ok(true)
+    }
+
+    /// Reads pieces `0..count` (each made by `piece_of`) into the arena's
+    /// buffers, and hands each finished one to `land` with its buffer:
+    /// through the ring, a piece in flight per buffer; without one, one
+    /// `pread` at a time into the first buffer. The arena must hold at
+    /// least one buffer.
+    fn read_pieces(
+        &mut self,
+        file: &File,
+        count: usize,
+        piece_of: impl Fn(usize) -> Piece,
+        mut land: impl FnMut(&Piece, &[u8]),
+    ) -> io::Result<()> {
+        let Some(ring) = self.ring.as_mut() else {
+            for i in 0..count {
+                let mut p = piece_of(i);
                 while !p.done() {
                     let b = &mut self.arena.as_mut()[p.got..p.got + p.want()];
                     let n = file.read_at(b, p.start + p.got as u64)?;
@@ -163,24 +237,10 @@ impl DirectReader {
                     }
                     p.got += n;
                 }
-                *sum = land(&self.arena.as_ref()[..BUF], &p, dst);
+                land(&p, &self.arena.as_ref()[..BUF]);
             }
-        }
-        Ok(combine(&sums))
-    }
-
-    /// [`read`](Self::read) through the ring: a piece in flight per buffer.
-    fn read_ring(
-        &mut self,
-        file: &File,
-        pos: u64,
-        dst: &mut [MaybeUninit<u8>],
-        sums: &mut [u64],
-    ) -> io::Result<()> {
-        let Some(ring) = self.ring.as_mut() else {
-            return Err(io::Error::other("no ring"));
+            return Ok(());
         };
-        let count = sums.len();
         let fd = types::Fd(file.as_raw_fd());
         let mut slots = [Piece::default(); MAX_DEPTH];
         let mut free: [usize; MAX_DEPTH] = std::array::from_fn(|i| i);
@@ -194,7 +254,7 @@ impl DirectReader {
             while failed.is_none() && nfree > 0 && next < count {
                 nfree -= 1;
                 let b = free[nfree];
-                slots[b] = Piece::of(next, pos, dst.len());
+                slots[b] = piece_of(next);
                 next += 1;
                 // SAFETY: the buffer is this reader's own and stays alive
                 // and untouched until the read's completion is reaped below
@@ -242,8 +302,7 @@ impl DirectReader {
                 }
                 slots[b].got += res as usize;
                 if slots[b].done() {
-                    let buf = self.arena.piece(b);
-                    sums[slots[b].index] = land(buf, &slots[b], dst);
+                    land(&slots[b], self.arena.piece(b));
                     free[nfree] = b;
                     nfree += 1;
                 } else {

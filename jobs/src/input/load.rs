@@ -1,6 +1,7 @@
 //! Partitioning the rows into executors and declaring the sweep order.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use outcore::{Handle, Lineage, Runtime};
@@ -35,6 +36,27 @@ pub struct Partitioned<T> {
     pub lazy: bool,
     /// The input file the executors are read from again, when they are.
     input: Option<Arc<Region>>,
+    /// Where single rows are read without building their executors (for
+    /// a lazily built dataset).
+    rows_at: Option<RowsAt>,
+}
+
+/// Where a lazily built dataset's single rows come from, and how many of
+/// its executors were built so far.
+struct RowsAt {
+    lazy: Lazy,
+    weights: Option<Arc<Checked<NpyVector>>>,
+    built: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for RowsAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RowsAt")
+            .field("file", &matches!(self.lazy, Lazy::File(..)))
+            .field("weights", &self.weights.is_some())
+            .field("built", &self.built.load(Ordering::Relaxed))
+            .finish()
+    }
 }
 
 impl<T> Partitioned<T> {
@@ -48,6 +70,43 @@ impl<T> Partitioned<T> {
     /// this value.
     pub fn input_reads(&self) -> InputReads {
         InputReads(self.input.clone())
+    }
+
+    /// Rows `rows` (global indices, ascending, within this dataset's
+    /// share) and their sample weights (empty when there are none), read
+    /// straight from the input file (scattered reads, many in flight) or
+    /// from the generator, without building any executor. `None` when the
+    /// executors were loaded up front or half of them are built already:
+    /// reading the rows from them then costs less. (With no cap, the
+    /// prefetcher may be building them meanwhile.)
+    ///
+    /// A sample of the rows then costs its own rows' reads, not a read of
+    /// the whole input, and the first full read overlaps the first sweep's
+    /// work.
+    pub(crate) fn rows_unbuilt(&self, rows: &[u64]) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+        let Some(at) = self.rows_at.as_ref() else {
+            return Ok(None);
+        };
+        if at.built.load(Ordering::Relaxed) * 2 >= self.parts.len() {
+            return Ok(None);
+        }
+        let x = match &at.lazy {
+            Lazy::File(region, _) => region
+                .read_rows(rows)
+                .map_err(|e| Error::Input(e.to_string()))?,
+            Lazy::Generated(blobs, _) => {
+                let mut x = Vec::with_capacity(rows.len() * blobs.dims());
+                for &r in rows {
+                    blobs.points(r, 1, &mut x);
+                }
+                x
+            }
+        };
+        let w = match &at.weights {
+            Some(c) => c.pick(rows)?,
+            None => Vec::new(),
+        };
+        Ok(Some((x, w)))
     }
 }
 
@@ -270,6 +329,7 @@ impl Loader<'_> {
                 dims,
                 lazy: false,
                 input: None,
+                rows_at: None,
             },
             summaries,
         ))
@@ -277,6 +337,7 @@ impl Loader<'_> {
 }
 
 /// Where lazily built executors get their rows (and labels).
+#[derive(Clone)]
 enum Lazy {
     File(Arc<Region>, Option<Arc<Checked<NpyInts>>>),
     Generated(Arc<Blobs>, bool),
@@ -342,6 +403,34 @@ impl<C: Column> Checked<C> {
         }
         let stamp = stamp(&path).map_err(|e| Error::io(&path, "cannot read its size", e))?;
         Ok(Checked { col, stamp })
+    }
+
+    /// The values of rows `rows` (ascending), read a million at a time
+    /// (a column is small beside the rows), with the file checked against
+    /// its first size and modification time.
+    fn pick(&self, rows: &[u64]) -> Result<Vec<C::Item>>
+    where
+        C::Item: Copy,
+    {
+        if stamp(self.col.path()).ok() != Some(self.stamp) {
+            return Err(Error::Input(format!(
+                "{}: the file changed during the run",
+                self.col.path().display()
+            )));
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        let mut i = 0;
+        while i < rows.len() {
+            let first = rows[i];
+            let last = rows[rows.len() - 1];
+            let n = (last - first + 1).min(1 << 20) as usize;
+            let (values, _) = self.col.read_at(first, n)?;
+            while i < rows.len() && rows[i] < first + n as u64 {
+                out.push(values[(rows[i] - first) as usize]);
+                i += 1;
+            }
+        }
+        Ok(out)
     }
 
     fn read(&self, first: u64, n: usize, crc: &OnceLock<u32>) -> io::Result<Vec<C::Item>> {
@@ -424,10 +513,17 @@ struct FromFile<T> {
     label_crc: OnceLock<u32>,
     weight_crc: OnceLock<u32>,
     build: BuildFn<T>,
+    /// Counts the dataset's executors built at least once.
+    built: Arc<AtomicUsize>,
+    /// Whether this one was.
+    counted: AtomicBool,
 }
 
 impl<T: Send + 'static> Lineage<T> for FromFile<T> {
     fn rebuild(&self) -> io::Result<T> {
+        if !self.counted.swap(true, Ordering::Relaxed) {
+            self.built.fetch_add(1, Ordering::Relaxed);
+        }
         let (x, skip) = self
             .region
             .read_in_place(self.first, self.rows, &self.sum)?;
@@ -463,10 +559,17 @@ struct Generated<T> {
     first: u64,
     rows: usize,
     build: BuildFn<T>,
+    /// Counts the dataset's executors built at least once.
+    built: Arc<AtomicUsize>,
+    /// Whether this one was.
+    counted: AtomicBool,
 }
 
 impl<T: Send + 'static> Lineage<T> for Generated<T> {
     fn rebuild(&self) -> io::Result<T> {
+        if !self.counted.swap(true, Ordering::Relaxed) {
+            self.built.fetch_add(1, Ordering::Relaxed);
+        }
         let mut x = Vec::with_capacity(self.rows * self.blobs.dims());
         // Huge pages for the block, as for blocks read from a file: the
         // memory is reused by the spill loads that follow, and direct reads
@@ -545,6 +648,7 @@ impl Loader<'_> {
             None => None,
         };
         let build: BuildFn<T> = Arc::new(build);
+        let built = Arc::new(AtomicUsize::new(0));
         // The same blocks as `load`'s: 4 bytes per value and per label;
         // for one rank's share, blocks from the share's first row.
         let row_bytes = 4 * dims as u64 + if self.labels.is_some() { 4 } else { 0 };
@@ -590,6 +694,8 @@ impl Loader<'_> {
                         label_crc: OnceLock::new(),
                         weight_crc: OnceLock::new(),
                         build: build.clone(),
+                        built: built.clone(),
+                        counted: AtomicBool::new(false),
                     },
                 )?,
                 Lazy::Generated(blobs, labels) => rt.insert_lazy(
@@ -603,6 +709,8 @@ impl Loader<'_> {
                         first,
                         rows: n,
                         build: build.clone(),
+                        built: built.clone(),
+                        counted: AtomicBool::new(false),
                     },
                 )?,
             };
@@ -623,6 +731,11 @@ impl Loader<'_> {
                 Lazy::File(r, _) => Some(r.clone()),
                 Lazy::Generated(..) => None,
             },
+            rows_at: Some(RowsAt {
+                lazy,
+                weights,
+                built,
+            }),
         })
     }
 }

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 
-use super::direct::{checksum, DirectReader, ALIGN};
+use super::direct::{checksum, DirectReader, ALIGN, MAX_RECORD};
 
 /// How rows are stored in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,6 +218,68 @@ impl Region {
         Ok((values, skip))
     }
 
+    /// Rows `rows` (each below the file's last) as float32, row-major, in
+    /// the order given: scattered reads, many in flight, and no checksum
+    /// kept (the rows are not a block a lineage reads again). Their values
+    /// are checked to be finite, as a block's are at its first read.
+    pub(crate) fn read_rows(&self, rows: &[u64]) -> io::Result<Vec<f32>> {
+        let now = Stamp::of(&self.plain.metadata()?);
+        if now != self.stamp {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} changed during the run (its size or modification time)",
+                    self.path.display()
+                ),
+            ));
+        }
+        let record = self.record();
+        let len = rows.len() * record;
+        let starts: Vec<u64> = rows
+            .iter()
+            .map(|&r| self.offset + r * record as u64)
+            .collect();
+        let mut raw: Vec<u8> = Vec::with_capacity(len);
+        let dst = &mut raw.spare_capacity_mut()[..len];
+        let direct = self.direct.as_ref().filter(|_| record <= MAX_RECORD);
+        let read = match direct {
+            Some(f) => match self.with_reader(|r| r.read_records(f, &starts, record, dst)) {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => None,
+                other => Some(other),
+            },
+            None => None,
+        };
+        match read {
+            Some(r) => r.map_err(|e| self.explain(e))?,
+            None => {
+                dst.fill(MaybeUninit::new(0));
+                // SAFETY: every byte was just initialised; `MaybeUninit<u8>`
+                // and `u8` have the same layout.
+                let bytes = unsafe { &mut *(dst as *mut [MaybeUninit<u8>] as *mut [u8]) };
+                for (b, &at) in bytes.chunks_exact_mut(record).zip(&starts) {
+                    self.plain
+                        .read_exact_at(b, at)
+                        .map_err(|e| self.explain(e))?;
+                }
+            }
+        }
+        // SAFETY: the first `len` bytes were initialised just above.
+        unsafe { raw.set_len(len) };
+        self.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        let mut out = Vec::with_capacity(rows.len() * self.dims);
+        for (chunk, &r) in raw.chunks_exact(record.max(1)).zip(rows) {
+            let at = out.len();
+            self.convert_into(r, chunk, &mut out)?;
+            if let Err(bad) = super::check_finite(&out[at..], self.dims, r) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: {bad}", self.path.display()),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
     /// Reads `count` float32 values at byte `pos` straight into a fresh
     /// vector's memory, from the start of `pos`'s page, and returns the
     /// vector, the elements before the first value, and the values'
@@ -324,10 +386,17 @@ impl Region {
     }
 
     fn convert(&self, first: u64, raw: &[u8]) -> io::Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(raw.len() / self.record() * self.dims);
+        self.convert_into(first, raw, &mut out)?;
+        Ok(out)
+    }
+
+    /// Appends the rows whose stored bytes are `raw` (the first is row
+    /// `first`) to `out` as float32.
+    fn convert_into(&self, first: u64, raw: &[u8], out: &mut Vec<f32>) -> io::Result<()> {
         let d = self.dims;
-        let mut out = Vec::with_capacity(raw.len() / self.record() * d);
         match self.encoding {
-            Encoding::Convert(s) => s.floats(raw, &mut out),
+            Encoding::Convert(s) => s.floats(raw, out),
             Encoding::Fvecs => {
                 for (k, r) in raw.chunks_exact(self.record()).enumerate() {
                     let rd = i32::from_le_bytes([r[0], r[1], r[2], r[3]]);
@@ -353,7 +422,7 @@ impl Region {
                     .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
             ),
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Fills `dst` from the file at `pos`, and returns the checksum of its
@@ -550,6 +619,50 @@ mod tests {
                 });
             }
         });
+    }
+
+    /// Scattered rows, more than the reads one queue holds, some crossing
+    /// a page boundary, come back exactly and in the order asked.
+    fn check_rows(dir: &Path) {
+        let (rows, dims) = (3000, 1000);
+        let p = file(dir, 128, rows, dims);
+        let r = Region::open(&p, 128, dims, Encoding::F32).unwrap().unwrap();
+        let want: Vec<u64> = (0..rows as u64)
+            .filter(|i| i % 37 == 5 || *i == 1)
+            .collect();
+        let before = r.bytes_read();
+        let v = r.read_rows(&want).unwrap();
+        assert_eq!(v.len(), want.len() * dims);
+        for (row, got) in want.iter().zip(v.chunks_exact(dims)) {
+            for (c, &x) in got.iter().enumerate() {
+                assert_eq!(
+                    x,
+                    (*row as usize * dims + c) as f32,
+                    "row {row}, column {c}"
+                );
+            }
+        }
+        assert_eq!(r.bytes_read() - before, (want.len() * dims * 4) as u64);
+        assert!(
+            r.read_rows(&[rows as u64]).is_err(),
+            "a row past the end must fail"
+        );
+        assert!(r.read_rows(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn scattered_rows_read_back_exactly_on_a_disk_filesystem() {
+        let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+        check_rows(dir.path());
+    }
+
+    #[test]
+    fn scattered_rows_read_back_exactly_where_direct_io_is_refused() {
+        let shm = Path::new("/dev/shm");
+        if shm.is_dir() {
+            let dir = tempfile::tempdir_in(shm).unwrap();
+            check_rows(dir.path());
+        }
     }
 
     #[test]

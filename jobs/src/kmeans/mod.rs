@@ -1330,6 +1330,10 @@ fn sample_size(rows: u64, k: usize) -> u64 {
     rows.min((20 * k as u64).max(10_000))
 }
 
+/// A sample is read row by row from the input (rather than from the built
+/// partitions) when it holds at most one row in this many.
+const SPARSE: u64 = 16;
+
 /// A uniform sample of rows, chosen by hashing the row index with the seed
 /// (so it does not depend on the partitioning), in row order: the values,
 /// and the rows' sample weights (empty when the data has none). Every
@@ -1346,15 +1350,33 @@ fn sample(
     } else {
         ((want as u128 * (1u128 << 64)) / ds.rows as u128) as u64
     };
+    let picked = move |r: u64| threshold == u64::MAX || mix(seed ^ 0x5a3b_1e00, r) < threshold;
+    // A sparse sample of partitions not built yet is read row by row from
+    // the input: the whole input is then read once, by the first sweep,
+    // while the workers compute, instead of once more for the sample.
+    let local = ds.part_rows.iter().map(|&n| u64::from(n)).sum::<u64>();
+    let direct = if want.saturating_mul(SPARSE) <= ds.rows {
+        let rows: Vec<u64> = (ds.first_row..ds.first_row + local)
+            .filter(|&r| picked(r))
+            .collect();
+        ds.rows_unbuilt(&rows)?
+    } else {
+        None
+    };
+    if let Some((mut x, mut w)) = direct {
+        if ranks.size() > 1 {
+            x = ranks.all_gather(&x)?;
+            w = ranks.all_gather(&w)?;
+        }
+        return Ok((x, w));
+    }
     let mut b = rt.batch();
     for h in &ds.parts {
         b.read(h, move |p: &Partition| {
             let mut out = Vec::new();
             let mut w = Vec::new();
             for i in 0..p.rows as usize {
-                if threshold == u64::MAX
-                    || mix(seed ^ 0x5a3b_1e00, p.first_row + i as u64) < threshold
-                {
+                if picked(p.first_row + i as u64) {
                     out.extend_from_slice(p.row(i));
                     if !p.weights.is_empty() {
                         w.push(p.weights[i]);
