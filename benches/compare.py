@@ -138,14 +138,20 @@ def outcore_run(args, data, work, cap, policy="priority", cgroup=None, epochs=No
 
 
 def whole_bound(unc, capped, data_bytes, cap, bw):
-    """The physical bound of a whole capped run: reading the input once
-    (the initialisation), then each epoch and the final pass at the larger
-    of the uncapped run's time and the bytes that must be read
-    (data - cap) at the device's bandwidth."""
+    """The physical bound of a whole capped run: reading the input once,
+    then each epoch and the final pass at the larger of the uncapped run's
+    compute and the bytes read beyond that first read (at least data - cap
+    for the final pass) at the device's bandwidth. The first read is the
+    initialisation's or, when it reads only its sampled rows, epoch 1's
+    (whose compute is then the uncapped steady epoch: the uncapped epoch 1
+    makes the first read too)."""
     must = max(data_bytes - cap, 0)
     s, u = capped["stats"], unc["stats"]
     rest = lambda t: t["wall_seconds"] - t["load_seconds"] - t["init_seconds"] - sum(t["epoch_seconds"])
-    epochs = [max(ue, r / bw) for ue, r in zip(u["epoch_seconds"], s["epoch_bytes_read"])]
+    reads = list(s["epoch_bytes_read"])
+    reads[0] = max(s.get("init_bytes_read", data_bytes) + reads[0] - data_bytes, 0)
+    compute = [steady(u["epoch_seconds"])] + u["epoch_seconds"][1:]
+    epochs = [max(c, r / bw) for c, r in zip(compute, reads)]
     return data_bytes / bw + sum(epochs) + max(rest(u), must / bw)
 
 

@@ -168,6 +168,8 @@ struct KmeansStats<'a> {
     load_seconds: f64,
     /// The initialisation (k-means++, random or given centres).
     init_seconds: f64,
+    /// Rank 0's bytes read while choosing the initial centres (every run).
+    init_bytes_read: u64,
     /// Per process (the largest, under MPI).
     mem_cap_bytes: Option<u64>,
     policy: &'a str,
@@ -390,6 +392,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     // the input file, the input.
     let mut last_read = last.bytes_read + ds.input_bytes_read();
     let mut init_seconds = 0.0;
+    let mut init_read = 0;
     let mut epoch_read = Vec::new();
     let mut epoch_written = Vec::new();
     let mut run_prefix = String::new();
@@ -432,6 +435,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 s.loads - last.loads,
                 format_bytes(read - last_read)
             ));
+            init_read += read - last_read;
             last = s;
             last_read = read;
         }
@@ -523,6 +527,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 wall_seconds: tot.wall_seconds,
                 load_seconds,
                 init_seconds,
+                init_bytes_read: init_read,
                 mem_cap_bytes: per.iter().filter_map(|r| r.mem_cap_bytes).max(),
                 policy: &rt.policy().to_string(),
                 workers: rt.workers(),
