@@ -164,18 +164,63 @@ fn prefetch(x: &[f32]) {
     let _ = x;
 }
 
-/// `s += x`, in f64.
-fn add_row(s: &mut [f64], x: &[f32]) {
-    for (acc, &v) in s.iter_mut().zip(x) {
-        *acc += f64::from(v);
+/// `s += x`, in f64, or `s += w x` with a weight: each element its own
+/// sum (a rounded product, then a rounded addition: never fused), so the
+/// bits are the same whatever the vector width. With the widest vectors
+/// the CPU has (the portable build's are two lanes wide).
+fn add_row(s: &mut [f64], x: &[f32], w: Option<f64>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F, checked just above.
+            return unsafe { add_row_avx512(s, x, w) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { add_row_avx2(s, x, w) };
+        }
+    }
+    add_row_lanes(s, x, w);
+}
+
+/// [`add_row`]'s arithmetic, compiled for whichever instructions its
+/// caller enables.
+#[inline(always)]
+fn add_row_lanes(s: &mut [f64], x: &[f32], w: Option<f64>) {
+    match w {
+        None => {
+            for (acc, &v) in s.iter_mut().zip(x) {
+                *acc += f64::from(v);
+            }
+        }
+        Some(w) => {
+            for (acc, &v) in s.iter_mut().zip(x) {
+                *acc += w * f64::from(v);
+            }
+        }
     }
 }
 
-/// `s += w x`, in f64.
-fn add_weighted_row(s: &mut [f64], x: &[f32], w: f64) {
-    for (acc, &v) in s.iter_mut().zip(x) {
-        *acc += w * f64::from(v);
-    }
+/// [`add_row`] over 512-bit vectors.
+///
+/// # Safety
+///
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn add_row_avx512(s: &mut [f64], x: &[f32], w: Option<f64>) {
+    add_row_lanes(s, x, w);
+}
+
+/// [`add_row`] over 256-bit vectors.
+///
+/// # Safety
+///
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn add_row_avx2(s: &mut [f64], x: &[f32], w: Option<f64>) {
+    add_row_lanes(s, x, w);
 }
 
 /// The nearest centre of each row of `x` (and the squared distance to it)
@@ -337,10 +382,7 @@ fn assign(
             let best = nearest[i] as usize;
             let s = &mut out.sums[best * d..(best + 1) * d];
             let x = &rows[i * d..(i + 1) * d];
-            match weight(i) {
-                None => add_row(s, x),
-                Some(w) => add_weighted_row(s, x, w),
-            }
+            add_row(s, x, weight(i));
         }
     }
     out.wsum = match weights {
@@ -1779,6 +1821,31 @@ mod tests {
 
     /// The AVX2 path gives the baseline's bits, for every length around
     /// the lane count.
+    #[test]
+    fn row_sums_bits_do_not_depend_on_the_vector_width() {
+        let mut z = 0x9e37_79b9_u32;
+        let mut next = move || {
+            z ^= z << 13;
+            z ^= z >> 17;
+            z ^= z << 5;
+            (z as f32 / u32::MAX as f32) * 2e3 - 1e3
+        };
+        for d in [1, 7, 8, 9, 31, 1000] {
+            let rows: Vec<f32> = (0..20 * d).map(|_| next()).collect();
+            for w in [None, Some(0.3), Some(1.0 / 3.0)] {
+                let (mut a, mut b) = (vec![0.1f64; d], vec![0.1f64; d]);
+                for x in rows.chunks_exact(d) {
+                    add_row(&mut a, x, w);
+                    for (acc, &v) in b.iter_mut().zip(x) {
+                        *acc += w.map_or(f64::from(v), |w| w * f64::from(v));
+                    }
+                }
+                let bits = |v: &[f64]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "d = {d}, weight {w:?}");
+            }
+        }
+    }
+
     #[test]
     fn sq_dist_bits_do_not_depend_on_the_instruction_set() {
         let mut z = 0x9e37_79b9_u32;
