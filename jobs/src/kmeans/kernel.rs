@@ -162,8 +162,19 @@ impl Panels {
 /// with the centres and their squared norms: the lowest index among
 /// equals, and the squared distance `xn - 2 x.c + |c|^2` to it.
 pub(super) fn argmin(xn: f32, dots: &[f32], norms: &[f32]) -> (u32, f32) {
-    let (mut b, mut bd) = (0u32, f32::INFINITY);
-    for (c, (&dot, &cn)) in dots.iter().zip(norms).enumerate() {
+    #[cfg(target_arch = "x86_64")]
+    if dots.len().min(norms.len()) >= 16 && avx512() {
+        // SAFETY: the CPU supports AVX-512F, checked just above.
+        return unsafe { avx512::argmin(xn, dots, norms) };
+    }
+    argmin_from(xn, dots, norms, 0, (0, f32::INFINITY))
+}
+
+/// [`argmin`] over the centres from `from` on, starting from the best so
+/// far, `best` (`(0, inf)` for none).
+fn argmin_from(xn: f32, dots: &[f32], norms: &[f32], from: usize, best: (u32, f32)) -> (u32, f32) {
+    let (mut b, mut bd) = best;
+    for (c, (&dot, &cn)) in dots.iter().zip(norms).enumerate().skip(from) {
         let dist = xn - 2.0 * dot + cn;
         if dist < bd {
             bd = dist;
@@ -390,6 +401,52 @@ mod avx2 {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
+
+    /// [`super::argmin`] sixteen centres at a time: each lane keeps its
+    /// first strictly smaller distance (the same operations as the scalar
+    /// loop, so the same bits), then the lanes' best go in index order
+    /// (the lowest index among equals), then the last centres one by one.
+    ///
+    /// # Safety
+    ///
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn argmin(xn: f32, dots: &[f32], norms: &[f32]) -> (u32, f32) {
+        let n = dots.len().min(norms.len());
+        let full = n / 16 * 16;
+        let (vxn, two) = (_mm512_set1_ps(xn), _mm512_set1_ps(2.0));
+        let mut best = _mm512_set1_ps(f32::INFINITY);
+        let mut at = _mm512_setzero_si512();
+        let mut index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let sixteen = _mm512_set1_epi32(16);
+        for c in (0..full).step_by(16) {
+            // SAFETY: c + 16 <= full <= n, within both slices.
+            let (dot, cn) = unsafe {
+                (
+                    _mm512_loadu_ps(dots.as_ptr().add(c)),
+                    _mm512_loadu_ps(norms.as_ptr().add(c)),
+                )
+            };
+            let dist = _mm512_add_ps(_mm512_sub_ps(vxn, _mm512_mul_ps(two, dot)), cn);
+            let less = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(dist, best);
+            best = _mm512_mask_mov_ps(best, less, dist);
+            at = _mm512_mask_mov_epi32(at, less, index);
+            index = _mm512_add_epi32(index, sixteen);
+        }
+        let (mut lanes, mut lane_at) = ([0f32; 16], [0u32; 16]);
+        // SAFETY: 16 floats and 16 integers of local arrays.
+        unsafe {
+            _mm512_storeu_ps(lanes.as_mut_ptr(), best);
+            _mm512_storeu_si512(lane_at.as_mut_ptr().cast(), at);
+        }
+        let (mut b, mut bd) = (0u32, f32::INFINITY);
+        for (&v, &i) in lanes.iter().zip(&lane_at) {
+            if v < bd || (v == bd && i < b) {
+                (b, bd) = (i, v);
+            }
+        }
+        super::argmin_from(xn, dots, norms, full, (b, bd))
+    }
 
     /// [`super::avx2::tile`] for a full panel (16 centres), one 512-bit
     /// register per row: each lane adds the same products in the same
@@ -631,6 +688,46 @@ mod tests {
                     best_d[i].to_bits(),
                     bd.to_bits(),
                     "n {n}, d {d}, k {k}, row {i}"
+                );
+            }
+        }
+    }
+
+    /// The AVX-512 argmin gives the scalar loop's centre and bits: ties go
+    /// to the lowest index, NaN and infinite distances never win over a
+    /// finite one, and with none finite the answer is centre 0 at +inf.
+    #[test]
+    fn the_vector_argmin_gives_the_scalar_loops_answer() {
+        if !(available() && avx512()) {
+            return;
+        }
+        let mut seed = 5u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            seed >> 8
+        };
+        for k in [16, 17, 31, 32, 100, 112, 257] {
+            for round in 0..200 {
+                // Few distinct values, so ties are common.
+                let mut dots: Vec<f32> = (0..k).map(|_| (next() % 7) as f32).collect();
+                let mut norms: Vec<f32> = (0..k).map(|_| (next() % 5) as f32).collect();
+                match round % 4 {
+                    1 => dots[next() as usize % k] = f32::NAN,
+                    2 => norms.iter_mut().for_each(|n| *n = f32::INFINITY),
+                    3 => {
+                        dots.iter_mut().for_each(|d| *d = f32::NAN);
+                        norms[k - 1] = 0.0;
+                    }
+                    _ => {}
+                }
+                let xn = (next() % 9) as f32;
+                // SAFETY: the CPU supports AVX-512F (checked above).
+                let (b, bd) = unsafe { avx512::argmin(xn, &dots, &norms) };
+                let (sb, sbd) = argmin_from(xn, &dots, &norms, 0, (0, f32::INFINITY));
+                assert_eq!(
+                    (b, bd.to_bits()),
+                    (sb, sbd.to_bits()),
+                    "k {k}, round {round}"
                 );
             }
         }
