@@ -222,7 +222,7 @@ pub(crate) fn hard_limits() -> (usize, usize) {
     (limit, machine)
 }
 
-fn rlimit_as() -> Option<u64> {
+pub(crate) fn rlimit_as() -> Option<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

@@ -531,3 +531,68 @@ fn the_prefetcher_loads_a_batch_only_a_short_way_ahead() {
     // showed 22 here.
     assert!(ahead_max <= 8, "{ahead_max} executors loaded ahead");
 }
+
+/// Two executors are loaded ahead at once: while the only worker is busy
+/// on the first executor, the next two in the batch are rebuilt by the
+/// prefetch threads at the same time (each rebuild waits, with a
+/// deadline, for the other to be under way).
+#[test]
+fn two_executors_are_loaded_ahead_at_once() {
+    use std::sync::{Arc, Condvar, Mutex};
+    use std::time::{Duration, Instant};
+    #[derive(Default)]
+    struct Rebuilds {
+        running: usize,
+        most_at_once: usize,
+        done: usize,
+    }
+    let rt = Runtime::builder().workers(1).build().expect("runtime");
+    let state = Arc::new((Mutex::new(Rebuilds::default()), Condvar::new()));
+    let first = rt
+        .insert_lazy(Some("first"), 64, || Ok(vec![0u64; 8]))
+        .unwrap();
+    let ahead: Vec<_> = (1..=2u64)
+        .map(|i| {
+            let state = state.clone();
+            rt.insert_lazy(Some(&format!("ahead {i}")), 64, move || {
+                let (m, cv) = &*state;
+                let mut g = m.lock().unwrap();
+                g.running += 1;
+                g.most_at_once = g.most_at_once.max(g.running);
+                cv.notify_all();
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while g.most_at_once < 2 && Instant::now() < deadline {
+                    g = cv.wait_timeout(g, Duration::from_millis(20)).unwrap().0;
+                }
+                g.running -= 1;
+                g.done += 1;
+                cv.notify_all();
+                Ok(vec![i; 8])
+            })
+            .unwrap()
+        })
+        .collect();
+    rt.hint_cycle([first.id(), ahead[0].id(), ahead[1].id()]);
+    let mut b = rt.batch();
+    let seen = state.clone();
+    b.read(&first, move |v: &Vec<u64>| {
+        // Keep the only worker here until both rebuilds are done (or
+        // 30 s), so that it loads neither itself.
+        let (m, cv) = &*seen;
+        let mut g = m.lock().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while g.done < 2 && Instant::now() < deadline {
+            g = cv.wait_timeout(g, Duration::from_millis(20)).unwrap().0;
+        }
+        v[0]
+    });
+    for h in &ahead {
+        b.read(h, |v: &Vec<u64>| v[0]);
+    }
+    assert_eq!(b.run().unwrap(), vec![0, 1, 2]);
+    let most = state.0.lock().unwrap().most_at_once;
+    assert_eq!(
+        most, 2,
+        "the two executors ahead were loaded one after the other"
+    );
+}

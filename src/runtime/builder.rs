@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::prefetch::prefetch_loop;
+use super::prefetch::{prefetch_loop, prefetchers};
 use super::shared::Shared;
 use super::Runtime;
 use crate::alloc::{self, Evictor, Registration};
@@ -55,7 +55,7 @@ struct StartGuard {
     shared: Arc<Shared>,
     registration: Option<Registration>,
     threads: Vec<JoinHandle<()>>,
-    prefetcher: Option<JoinHandle<()>>,
+    prefetchers: Vec<JoinHandle<()>>,
     /// Set once the runtime owns the threads.
     done: bool,
 }
@@ -69,7 +69,7 @@ impl Drop for StartGuard {
             &self.shared,
             &mut self.registration,
             &mut self.threads,
-            &mut self.prefetcher,
+            &mut self.prefetchers,
         );
     }
 }
@@ -80,15 +80,12 @@ pub(super) fn stop(
     shared: &Shared,
     registration: &mut Option<Registration>,
     threads: &mut Vec<JoinHandle<()>>,
-    prefetcher: &mut Option<JoinHandle<()>>,
+    prefetchers: &mut Vec<JoinHandle<()>>,
 ) {
     registration.take();
     shared.pool.shut_down();
     shared.prefetch_signal.notify();
-    for t in threads.drain(..) {
-        let _ = t.join();
-    }
-    if let Some(t) = prefetcher.take() {
+    for t in threads.drain(..).chain(prefetchers.drain(..)) {
         let _ = t.join();
     }
 }
@@ -120,14 +117,15 @@ impl Builder {
         self
     }
 
-    /// Load upcoming executors in the background (default: on).
+    /// Load upcoming executors in the background, two at a time (one under
+    /// an address-space limit, `RLIMIT_AS`) (default: on).
     pub fn prefetch(mut self, on: bool) -> Self {
         self.prefetch = on;
         self
     }
 
     /// Starts the runtime: creates the spill directory, registers with the
-    /// allocator and starts the workers and the prefetcher. If anything
+    /// allocator and starts the workers and the prefetchers. If anything
     /// fails part-way, the threads already started are stopped and the
     /// spill directory is removed.
     ///
@@ -164,7 +162,7 @@ impl Builder {
             shared: shared.clone(),
             registration: Some(registration),
             threads: Vec::with_capacity(workers),
-            prefetcher: None,
+            prefetchers: Vec::new(),
             done: false,
         };
         for i in 0..workers {
@@ -177,21 +175,20 @@ impl Builder {
                 })?;
             guard.threads.push(t);
         }
-        if self.prefetch {
+        for i in 0..if self.prefetch { prefetchers() } else { 0 } {
             let sh = shared.clone();
-            guard.prefetcher = Some(
-                std::thread::Builder::new()
-                    .name("outcore-prefetch".into())
-                    .spawn(move || prefetch_loop(sh))
-                    .map_err(|e| Error::Runtime(format!("cannot start prefetch thread: {e}")))?,
-            );
+            let t = std::thread::Builder::new()
+                .name(format!("outcore-prefetch-{i}"))
+                .spawn(move || prefetch_loop(sh))
+                .map_err(|e| Error::Runtime(format!("cannot start prefetch thread {i}: {e}")))?;
+            guard.prefetchers.push(t);
         }
         guard.done = true;
         Ok(Runtime {
             shared,
             registration: guard.registration.take(),
             threads: std::mem::take(&mut guard.threads),
-            prefetcher: guard.prefetcher.take(),
+            prefetchers: std::mem::take(&mut guard.prefetchers),
             workers,
         })
     }

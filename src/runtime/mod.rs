@@ -5,8 +5,8 @@
 //!                          │                        │ acquire: load if evicted,
 //!                          ▼                        │ pin, run, unpin
 //!                  eviction ranks ◄─────────────────┘
-//!                 (policy + plan)      prefetcher: loads upcoming executors,
-//!                          │           evicting only ones needed later
+//!                 (policy + plan)      prefetchers (2 threads): load upcoming
+//!                          │           executors, evicting only ones needed later
 //!                          ▼
 //!      TrapAlloc ──► Evictor::evict_for_trap (try-locks only)
 //! ```
@@ -24,7 +24,7 @@
 //! - `evict.rs`: victim choice, eviction, making room, the trap's entry;
 //! - `writes.rs`: spill-write failures and backoff;
 //! - `load.rs`: loading and pinning;
-//! - `prefetch.rs`: the prefetcher.
+//! - `prefetch.rs`: the prefetchers.
 
 mod batch;
 mod builder;
@@ -79,7 +79,7 @@ pub struct Runtime {
     shared: Arc<Shared>,
     registration: Option<Registration>,
     threads: Vec<JoinHandle<()>>,
-    prefetcher: Option<JoinHandle<()>>,
+    prefetchers: Vec<JoinHandle<()>>,
     workers: usize,
 }
 
@@ -396,7 +396,7 @@ impl Drop for Runtime {
             &self.shared,
             &mut self.registration,
             &mut self.threads,
-            &mut self.prefetcher,
+            &mut self.prefetchers,
         );
     }
 }

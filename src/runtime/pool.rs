@@ -102,7 +102,8 @@ pub(crate) fn worker_loop(pool: &Pool) {
     }
 }
 
-/// A wake-up signal with a timeout (for the prefetcher).
+/// A wake-up signal with a timeout (for the prefetchers: it wakes them
+/// all).
 #[derive(Default)]
 pub(crate) struct Signal {
     flag: Mutex<bool>,
@@ -113,7 +114,7 @@ impl Signal {
     pub(crate) fn notify(&self) {
         let mut f = self.flag.lock();
         *f = true;
-        self.cv.notify_one();
+        self.cv.notify_all();
     }
 
     pub(crate) fn wait(&self, timeout: Duration) {
