@@ -79,8 +79,9 @@ impl Shared {
                 }
                 slot.last_use.store(self.tick(), Ordering::Relaxed);
                 slot.prefetched.store(prefetch, Ordering::Relaxed);
-                slot.set_state(&mut g, State::Resident);
-                drop(g);
+                // Counted before the value is published: a task that uses
+                // it (and whatever its caller reads next) sees the load in
+                // the counters.
                 Counters::add(&self.counters.loads, 1);
                 Counters::add(&self.counters.bytes_read, read.bytes);
                 Counters::add(&self.counters.direct_bytes_read, read.direct_bytes);
@@ -90,6 +91,8 @@ impl Shared {
                 if prefetch {
                     Counters::add(&self.counters.prefetches, 1);
                 }
+                slot.set_state(&mut g, State::Resident);
+                drop(g);
                 self.generation.fetch_add(1, Ordering::Relaxed);
                 self.trim_after_load();
                 Ok(())

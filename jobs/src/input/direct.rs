@@ -188,7 +188,9 @@ impl DirectReader {
                 o.write(b);
             }
         });
-        if result.is_ok() && grown {
+        // Nothing is in flight any more (a failed wait already gave the
+        // buffers up for good).
+        if grown {
             self.arena = AlignedBuf::empty();
         }
         result
@@ -226,6 +228,9 @@ impl DirectReader {
         piece_of: impl Fn(usize) -> Piece,
         mut land: impl FnMut(&Piece, &[u8]),
     ) -> io::Result<()> {
+        if count > 0 && self.arena.len() < BUF {
+            return Err(io::Error::other("no buffer to read into"));
+        }
         let Some(ring) = self.ring.as_mut() else {
             for i in 0..count {
                 let mut p = piece_of(i);

@@ -72,23 +72,36 @@ impl<T> Partitioned<T> {
         InputReads(self.input.clone())
     }
 
+    /// Whether [`rows_unbuilt`](Self::rows_unbuilt) may read rows: the
+    /// executors are built when first needed, and fewer than half of them
+    /// are built yet (reading rows from built executors costs less; with
+    /// no cap, the prefetchers may be building them meanwhile).
+    pub(crate) fn rows_readable(&self) -> bool {
+        self.rows_at
+            .as_ref()
+            .is_some_and(|at| at.built.load(Ordering::Relaxed) * 2 < self.parts.len())
+    }
+
     /// Rows `rows` (global indices, ascending, within this dataset's
     /// share) and their sample weights (empty when there are none), read
     /// straight from the input file (scattered reads, many in flight) or
-    /// from the generator, without building any executor. `None` when the
-    /// executors were loaded up front or half of them are built already:
-    /// reading the rows from them then costs less. (With no cap, the
-    /// prefetcher may be building them meanwhile.)
+    /// from the generator, without building any executor. `None` when not
+    /// [`rows_readable`](Self::rows_readable), or when the pages under the
+    /// rows come to more than a quarter of this share's bytes in the file
+    /// (narrow rows cost a page each: reading the share whole costs less).
     ///
     /// A sample of the rows then costs its own rows' reads, not a read of
     /// the whole input, and the first full read overlaps the first sweep's
     /// work.
     pub(crate) fn rows_unbuilt(&self, rows: &[u64]) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
-        let Some(at) = self.rows_at.as_ref() else {
+        let Some(at) = self.rows_at.as_ref().filter(|_| self.rows_readable()) else {
             return Ok(None);
         };
-        if at.built.load(Ordering::Relaxed) * 2 >= self.parts.len() {
-            return Ok(None);
+        if let Lazy::File(region, _) = &at.lazy {
+            let share: u64 = self.part_rows.iter().map(|&n| u64::from(n)).sum();
+            if region.scattered_bytes(rows).saturating_mul(4) > region.bytes_of(share) {
+                return Ok(None);
+            }
         }
         let x = match &at.lazy {
             Lazy::File(region, _) => region

@@ -218,10 +218,28 @@ impl Region {
         Ok((values, skip))
     }
 
+    /// Bytes `n` rows take in the file.
+    pub(crate) fn bytes_of(&self, n: u64) -> u64 {
+        n.saturating_mul(self.record() as u64)
+    }
+
+    /// Bytes [`read_rows`](Self::read_rows) asks of the device for `rows`:
+    /// the whole pages under each row (a row of a few bytes costs a page).
+    pub(crate) fn scattered_bytes(&self, rows: &[u64]) -> u64 {
+        let (record, page) = (self.record() as u64, ALIGN as u64);
+        rows.iter()
+            .map(|&r| {
+                let pos = self.offset + r * record;
+                (pos + record).next_multiple_of(page) - pos / page * page
+            })
+            .sum()
+    }
+
     /// Rows `rows` (each below the file's last) as float32, row-major, in
     /// the order given: scattered reads, many in flight, and no checksum
     /// kept (the rows are not a block a lineage reads again). Their values
-    /// are checked to be finite, as a block's are at its first read.
+    /// are checked to be finite, as a block's are at its first read. The
+    /// bytes read count whole pages ([`scattered_bytes`](Self::scattered_bytes)).
     pub(crate) fn read_rows(&self, rows: &[u64]) -> io::Result<Vec<f32>> {
         let now = Stamp::of(&self.plain.metadata()?);
         if now != self.stamp {
@@ -265,7 +283,8 @@ impl Region {
         }
         // SAFETY: the first `len` bytes were initialised just above.
         unsafe { raw.set_len(len) };
-        self.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        self.read_bytes
+            .fetch_add(self.scattered_bytes(rows), Ordering::Relaxed);
         let mut out = Vec::with_capacity(rows.len() * self.dims);
         for (chunk, &r) in raw.chunks_exact(record.max(1)).zip(rows) {
             let at = out.len();
@@ -628,7 +647,7 @@ mod tests {
         let p = file(dir, 128, rows, dims);
         let r = Region::open(&p, 128, dims, Encoding::F32).unwrap().unwrap();
         let want: Vec<u64> = (0..rows as u64)
-            .filter(|i| i % 37 == 5 || *i == 1)
+            .filter(|i| i % 37 == 5 || *i == 1 || *i == rows as u64 - 1)
             .collect();
         let before = r.bytes_read();
         let v = r.read_rows(&want).unwrap();
@@ -642,7 +661,14 @@ mod tests {
                 );
             }
         }
-        assert_eq!(r.bytes_read() - before, (want.len() * dims * 4) as u64);
+        // Whole pages: each row's 4000 bytes span one or two of them.
+        let read = r.bytes_read() - before;
+        assert_eq!(read, r.scattered_bytes(&want));
+        let (least, most) = (want.len() * ALIGN, want.len() * 2 * ALIGN);
+        assert!(
+            read >= least as u64 && read <= most as u64,
+            "{read} bytes read"
+        );
         assert!(
             r.read_rows(&[rows as u64]).is_err(),
             "a row past the end must fail"

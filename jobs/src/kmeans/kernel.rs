@@ -662,6 +662,13 @@ mod tests {
             (97, 257, 40),
             (30, 64, 48),
             (12, 9, 16),
+            // Last tiles of 7 to 11 rows.
+            (7, 33, 8),
+            (9, 40, 16),
+            (20, 50, 100),
+            (58, 70, 24),
+            (59, 21, 48),
+            (11, 300, 40),
         ] {
             let x: Vec<f32> = (0..n * d).map(|_| next() * 10.0).collect();
             let mut values: Vec<f32> = (0..k * d).map(|_| next() * 10.0).collect();
@@ -711,16 +718,29 @@ mod tests {
                 // Few distinct values, so ties are common.
                 let mut dots: Vec<f32> = (0..k).map(|_| (next() % 7) as f32).collect();
                 let mut norms: Vec<f32> = (0..k).map(|_| (next() % 5) as f32).collect();
-                match round % 4 {
+                match round % 6 {
                     1 => dots[next() as usize % k] = f32::NAN,
                     2 => norms.iter_mut().for_each(|n| *n = f32::INFINITY),
                     3 => {
                         dots.iter_mut().for_each(|d| *d = f32::NAN);
                         norms[k - 1] = 0.0;
                     }
+                    4 => {
+                        // -inf and signed zeros.
+                        norms[next() as usize % k] = f32::NEG_INFINITY;
+                        dots[next() as usize % k] = -0.0;
+                    }
+                    5 => {
+                        // The lengths differ: the shorter one counts.
+                        norms.truncate(k - k / 3);
+                    }
                     _ => {}
                 }
-                let xn = (next() % 9) as f32;
+                let xn = if round % 7 == 0 {
+                    -0.0
+                } else {
+                    (next() % 9) as f32
+                };
                 // SAFETY: the CPU supports AVX-512F (checked above).
                 let (b, bd) = unsafe { avx512::argmin(xn, &dots, &norms) };
                 let (sb, sbd) = argmin_from(xn, &dots, &norms, 0, (0, f32::INFINITY));

@@ -1373,8 +1373,10 @@ fn sample_size(rows: u64, k: usize) -> u64 {
 }
 
 /// A sample is read row by row from the input (rather than from the built
-/// partitions) when it holds at most one row in this many.
-const SPARSE: u64 = 16;
+/// partitions) when it holds at most one row in this many (and the pages
+/// under its rows are at most a quarter of the file's: see
+/// `Partitioned::rows_unbuilt`).
+const SPARSE: u64 = 4;
 
 /// A uniform sample of rows, chosen by hashing the row index with the seed
 /// (so it does not depend on the partitioning), in row order: the values,
@@ -1397,7 +1399,7 @@ fn sample(
     // the input: the whole input is then read once, by the first sweep,
     // while the workers compute, instead of once more for the sample.
     let local = ds.part_rows.iter().map(|&n| u64::from(n)).sum::<u64>();
-    let direct = if want.saturating_mul(SPARSE) <= ds.rows {
+    let direct = if want.saturating_mul(SPARSE) <= ds.rows && ds.rows_readable() {
         let rows: Vec<u64> = (ds.first_row..ds.first_row + local)
             .filter(|&r| picked(r))
             .collect();
@@ -1743,6 +1745,7 @@ fn kmeans_plus_plus(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::input::Source;
 
     /// The fused kernel finds the centre the GEMM path finds, at the same
     /// distance to float rounding, for every shape around its tile and
@@ -1819,8 +1822,79 @@ mod tests {
         assert!(checked > 300);
     }
 
-    /// The AVX2 path gives the baseline's bits, for every length around
-    /// the lane count.
+    /// A sparse sample of a file not read yet is read row by row (only
+    /// the pages under its rows: well under the file), and it is the
+    /// sample the built partitions give, bit for bit: `.npy` rows (in
+    /// place), sample weights, `.fvecs` rows (converted).
+    #[test]
+    fn a_sparse_sample_read_row_by_row_is_the_partitions_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let (n, d) = (20_000usize, 256usize);
+        let x: Vec<f32> = (0..n * d)
+            .map(|i| ((i * 7919) % 1000) as f32 / 10.0 - 50.0)
+            .collect();
+        let npy = dir.path().join("x.npy");
+        crate::npy::write_array(&npy, &[n as u64, d as u64], &x).unwrap();
+        let fvecs = dir.path().join("x.fvecs");
+        let mut bytes = Vec::with_capacity(n * (d + 1) * 4);
+        for row in x.chunks_exact(d) {
+            bytes.extend_from_slice(&(d as i32).to_le_bytes());
+            for v in row {
+                bytes.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        std::fs::write(&fvecs, bytes).unwrap();
+        let weights = dir.path().join("w.npy");
+        let w: Vec<f32> = (0..n).map(|i| 0.25 + (i % 5) as f32).collect();
+        crate::npy::write_array(&weights, &[n as u64], &w).unwrap();
+        let ranks = Ranks::single();
+        for (name, src, wpath) in [
+            ("npy", Source::Npy(npy.clone()), None),
+            (
+                "npy, weighted",
+                Source::Npy(npy.clone()),
+                Some(weights.as_path()),
+            ),
+            ("fvecs", Source::Fvecs(fvecs.clone()), None),
+        ] {
+            let rt = Runtime::builder()
+                .workers(2)
+                .prefetch(false)
+                .build()
+                .unwrap();
+            let ds = load_weighted(&rt, &src, wpath, 256 << 10, |_, _| {}).unwrap();
+            let file = match &src {
+                Source::Npy(p) | Source::Fvecs(p) => std::fs::metadata(p).unwrap().len(),
+                _ => unreachable!(),
+            };
+            let (x1, w1) = sample(&rt, &ds, &ranks, 500, 7).unwrap();
+            let read = ds.input_bytes_read();
+            assert!(
+                read > 0 && read * 8 < file,
+                "{name}: the sparse sample read {read} of {file} bytes"
+            );
+            assert!(
+                x1.len() > 100 * d && x1.len() % d == 0,
+                "{name}: {}",
+                x1.len()
+            );
+            assert_eq!(w1.len(), if wpath.is_some() { x1.len() / d } else { 0 });
+            // Every partition built (and resident: no cap): the same
+            // sample comes from them, with no read of the file.
+            let mut b = rt.batch();
+            for h in &ds.parts {
+                b.read(h, |p: &Partition| p.rows);
+            }
+            b.run().unwrap();
+            let before = ds.input_bytes_read();
+            let (x2, w2) = sample(&rt, &ds, &ranks, 500, 7).unwrap();
+            assert_eq!(ds.input_bytes_read(), before, "{name}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&x1) == bits(&x2), "{name}: the samples differ");
+            assert!(bits(&w1) == bits(&w2), "{name}: the weights differ");
+        }
+    }
+
     #[test]
     fn row_sums_bits_do_not_depend_on_the_vector_width() {
         let mut z = 0x9e37_79b9_u32;
@@ -1846,6 +1920,8 @@ mod tests {
         }
     }
 
+    /// The AVX2 path gives the baseline's bits, for every length around
+    /// the lane count.
     #[test]
     fn sq_dist_bits_do_not_depend_on_the_instruction_set() {
         let mut z = 0x9e37_79b9_u32;
