@@ -138,12 +138,12 @@ impl Panels {
                         // SAFETY: `available()` held when `self` was built
                         // (`new` returns `None` otherwise); `m` is at most
                         // `MR`, or `MR2` for a half panel or with AVX-512
-                        // (`wide`); `xs` holds `m`
-                        // rows of stride `d` with at least `kc` columns
-                        // each from its start (`x` holds `n` rows), `panel`
-                        // holds `kc * w` floats, and `a`, from row `i0` of
-                        // `RB` rows of `panels * W`, at least
-                        // `(m - 1) * panels * W + w` floats.
+                        // (`wide`); `xs` holds `m` rows of stride `d` with
+                        // at least `kc` columns each from its start (`x`
+                        // holds `n` rows), `panel` holds `kc * w` floats,
+                        // and `a`, from row `i0` of `RB` rows of
+                        // `panels * W`, at least `(m - 1) * panels * W + w`
+                        // floats.
                         unsafe { tile_dispatch(m, w, xs, d, panel, kc, a, panels * W, first) };
                     }
                     q += 1;
