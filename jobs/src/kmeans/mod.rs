@@ -1407,35 +1407,34 @@ fn sample(
     } else {
         None
     };
-    if let Some((mut x, mut w)) = direct {
-        if ranks.size() > 1 {
-            x = ranks.all_gather(&x)?;
-            w = ranks.all_gather(&w)?;
-        }
-        return Ok((x, w));
-    }
-    let mut b = rt.batch();
-    for h in &ds.parts {
-        b.read(h, move |p: &Partition| {
-            let mut out = Vec::new();
-            let mut w = Vec::new();
-            for i in 0..p.rows as usize {
-                if picked(p.first_row + i as u64) {
-                    out.extend_from_slice(p.row(i));
-                    if !p.weights.is_empty() {
-                        w.push(p.weights[i]);
+    let (mut x, mut w) = match direct {
+        Some(xw) => xw,
+        None => {
+            let mut b = rt.batch();
+            for h in &ds.parts {
+                b.read(h, move |p: &Partition| {
+                    let mut out = Vec::new();
+                    let mut w = Vec::new();
+                    for i in 0..p.rows as usize {
+                        if picked(p.first_row + i as u64) {
+                            out.extend_from_slice(p.row(i));
+                            if !p.weights.is_empty() {
+                                w.push(p.weights[i]);
+                            }
+                        }
                     }
-                }
+                    (out, w)
+                });
             }
-            (out, w)
-        });
-    }
-    let (mut x, mut w) = (Vec::new(), Vec::new());
-    crate::fold_in_order(b, |_, (a, b)| {
-        x.extend_from_slice(&a);
-        w.extend_from_slice(&b);
-        Ok(())
-    })?;
+            let (mut x, mut w) = (Vec::new(), Vec::new());
+            crate::fold_in_order(b, |_, (a, b)| {
+                x.extend_from_slice(&a);
+                w.extend_from_slice(&b);
+                Ok(())
+            })?;
+            (x, w)
+        }
+    };
     if ranks.size() > 1 {
         x = ranks.all_gather(&x)?;
         w = ranks.all_gather(&w)?;
