@@ -236,3 +236,102 @@ fn a_one_time_lineage_builds_once_then_spills() {
     assert!(s.bytes_written > 0 && s.bytes_read > 0, "{s:?}");
     assert_eq!((s.rebuilds, s.loads), (1, 3));
 }
+
+/// An executor whose spill write is slow once [`WRITES_ARE_SLOW`] is set
+/// (its `Serialize` sleeps), so that making room for a load takes a while.
+#[derive(serde::Deserialize)]
+#[serde(transparent)]
+struct SlowToWrite(PodVec<u32>);
+
+static WRITES_ARE_SLOW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl serde::Serialize for SlowToWrite {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if WRITES_ARE_SLOW.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(400));
+        }
+        self.0.serialize(s)
+    }
+}
+
+/// The two prefetchers both want the one executor that is due next. The
+/// one that takes it makes room for it (one slow spill write); the other
+/// must not evict a second executor for the same load. (When the
+/// prefetchers claimed an executor only after making room for it, both
+/// evicted one.)
+#[test]
+fn two_prefetchers_make_room_once_for_one_load() {
+    if is_child("two_prefetchers_make_room_once_for_one_load") {
+        const MIB: usize = 1 << 20;
+        let cap = 96 * MIB;
+        // What `make_room` brings usage down to: the cap less 4 MiB.
+        let low = cap - 4 * MIB;
+        let rt = Runtime::builder()
+            .workers(1)
+            .mem_cap(MemoryCap::Bytes(cap as u64))
+            .build()
+            .expect("runtime");
+        let elems = 2 * MIB; // 8 MiB of u32
+        let first = rt.insert_named(Some("first"), 0u64).expect("insert");
+        let want = sum(&block(0, 2 * elems));
+        let usage = || {
+            outcore::flush_thread();
+            outcore::current_usage()
+        };
+        // Fill memory to 10-11 MiB under the low watermark: 8 MiB executors
+        // needed last (the victims), then 1 MiB ones needed before them.
+        // The one due next (16 MiB, inserted after, so that it is not
+        // loaded into free memory before) then takes one eviction to fit.
+        let mut later = Vec::new();
+        while usage() + 8 * MIB <= low - 12 * MIB {
+            let i = later.len() as u32;
+            let v = SlowToWrite(block(i, elems));
+            later.push(
+                rt.insert_named(Some(&format!("later {i}")), v)
+                    .expect("insert"),
+            );
+        }
+        let mut fill = Vec::new();
+        while usage() + MIB <= low - 10 * MIB {
+            let i = fill.len() as u32;
+            fill.push(
+                rt.insert_named(Some(&format!("fill {i}")), block(i, MIB / 4))
+                    .expect("insert"),
+            );
+        }
+        let calls = Arc::new(AtomicUsize::new(0));
+        let next = lazy(&rt, 1, 2 * elems, &calls).remove(0);
+        assert_eq!(rt.stats().evictions, 0, "evicted while filling memory");
+        WRITES_ARE_SLOW.store(true, Ordering::Relaxed);
+        let mut order = vec![first.id(), next.id()];
+        order.extend(fill.iter().map(|h| h.id()));
+        order.extend(later.iter().map(|h| h.id()));
+        rt.hint_cycle(order);
+        let mut b = rt.batch();
+        // The only worker stays here while the prefetchers load `next`.
+        b.read(&first, |_: &u64| {
+            std::thread::sleep(Duration::from_millis(1500));
+            0
+        });
+        b.read(&next, sum);
+        let got = b.run().expect("sweep");
+        assert_eq!(got[1], want);
+        let s = rt.stats();
+        println!("EVICTIONS={}", s.evictions);
+        println!("PREFETCHES={}", s.prefetches);
+        return;
+    }
+    let out = child_ok(
+        "two_prefetchers_make_room_once_for_one_load",
+        None,
+        TIMEOUT,
+        &[],
+    );
+    assert_eq!(out.num("PREFETCHES"), 1, "{}", out.stdout);
+    assert_eq!(
+        out.num("EVICTIONS"),
+        1,
+        "more than one executor evicted to load one: {}",
+        out.stdout
+    );
+}

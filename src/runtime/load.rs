@@ -19,19 +19,33 @@ use crate::spill;
 use crate::stats::Counters;
 
 impl Shared {
-    /// Loads an executor the caller has put in the `Loading` state.
-    pub(crate) fn load_slot(&self, slot: &Slot, file_gen: u64, prefetch: bool) -> Result<()> {
-        let size = slot.size.load(Ordering::Relaxed);
-        if !prefetch {
-            // Making room runs other executors' `Serialize`; whatever
-            // happens there, this load goes on (and the slot never stays
-            // `Loading`).
-            let _ = catch_unwind(AssertUnwindSafe(|| self.make_room(size, None)));
-        }
+    /// Loads an executor the caller has put in the `Loading` state. A
+    /// prefetcher has already counted the load in `loading_bytes` and made
+    /// room for it (`reserved`: its size); a demand load (`None`) does both
+    /// here.
+    pub(crate) fn load_slot(
+        &self,
+        slot: &Slot,
+        file_gen: u64,
+        reserved: Option<usize>,
+    ) -> Result<()> {
+        let prefetch = reserved.is_some();
+        let size = match reserved {
+            Some(size) => size,
+            None => {
+                let size = slot.size.load(Ordering::Relaxed);
+                // Loads in flight count against the cap in `make_room`, so
+                // that concurrent loads do not each assume the same
+                // headroom: this one counts before it makes room.
+                self.loading_bytes.fetch_add(size, Ordering::Relaxed);
+                // Making room runs other executors' `Serialize`; whatever
+                // happens there, this load goes on (and the slot never
+                // stays `Loading`).
+                let _ = catch_unwind(AssertUnwindSafe(|| self.make_room(0, None)));
+                size
+            }
+        };
         let path = self.store.path_for(slot.id);
-        // Loads in flight count against the cap in `make_room`, so that
-        // concurrent loads do not each assume the same headroom.
-        self.loading_bytes.fetch_add(size, Ordering::Relaxed);
         let before = alloc::thread_own_net();
         // The value's `Deserialize` and the lineage are user code: a panic
         // is a damaged load.
@@ -159,7 +173,7 @@ impl Shared {
                     drop(g);
                     waited = true;
                     Counters::add(&self.counters.demand_loads, 1);
-                    self.load_slot(slot, file_gen, false)?;
+                    self.load_slot(slot, file_gen, None)?;
                     g = slot.lock();
                 }
                 PinStep::Wait => {

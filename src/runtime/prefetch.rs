@@ -98,12 +98,15 @@ impl Shared {
         let Some((rank, cycle, slot)) = target else {
             return false;
         };
-        if !self.prefetch_may_load(&slot, rank, cycle) {
-            // Not now: it stays the most urgent candidate.
-            let mut cache = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
-            cache.push(rank, slot);
+        let Some(room) = self.prefetch_room(&slot, rank, cycle) else {
+            self.keep_wanted(rank, slot);
             return false;
-        }
+        };
+        // Claimed before room is made, and counted in `loading_bytes`: a
+        // second prefetcher that picked the same executor finds it taken
+        // instead of evicting for it too, and every `make_room` meanwhile
+        // counts this load. (Claimed after, both prefetchers made room for
+        // one executor, and each counted none of the other's load.)
         let mut g = slot.lock();
         if g.state != State::Evicted {
             return true;
@@ -111,16 +114,44 @@ impl Shared {
         let file_gen = g.file_gen;
         slot.set_state(&mut g, State::Loading);
         drop(g);
+        let size = slot.size.load(Ordering::Relaxed);
+        self.loading_bytes.fetch_add(size, Ordering::Relaxed);
+        let fits = match room {
+            Room::Above(floor) => self.make_room(0, Some(floor)),
+            Room::IfIdle(cap) => {
+                let in_flight = self.loading_bytes.load(Ordering::Relaxed);
+                self.pool.is_idle()
+                    && alloc::current_usage().saturating_add(in_flight) as u64
+                        <= low_watermark(cap) / 10 * 9
+            }
+        };
+        if !fits {
+            // Given back: a task waiting for it loads it itself.
+            self.loading_bytes.fetch_sub(size, Ordering::Relaxed);
+            let mut g = slot.lock();
+            slot.set_state(&mut g, State::Evicted);
+            drop(g);
+            self.keep_wanted(rank, slot);
+            return false;
+        }
         // A damaged file is reported to the task that needs the executor.
-        let _ = self.load_slot(&slot, file_gen, true);
+        let _ = self.load_slot(&slot, file_gen, Some(size));
         alloc::flush_thread();
         true
     }
 
+    /// Puts a candidate the prefetcher may not load now back in its list:
+    /// it stays the most urgent one.
+    fn keep_wanted(&self, rank: u64, slot: Arc<Slot>) {
+        let mut cache = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
+        cache.push(rank, slot);
+    }
+
     /// Whether the prefetcher may load `slot` (of rank `rank` in `cycle`)
-    /// now, making room for it first when it is part of the plan.
-    fn prefetch_may_load(&self, slot: &Slot, rank: u64, cycle: Cycle) -> bool {
-        let size = slot.size.load(Ordering::Relaxed);
+    /// now, and how room is made for it: by evicting executors ranked
+    /// above a floor when it is part of the plan, or only into free memory
+    /// while the workers are idle.
+    fn prefetch_room(&self, slot: &Slot, rank: u64, cycle: Cycle) -> Option<Room> {
         let next = slot.next_task.load(Ordering::Relaxed);
         let pending = next != NONE;
         let planned = pending || slot.cycle_pos.load(Ordering::Relaxed) != NONE;
@@ -131,18 +162,23 @@ impl Shared {
                 self.policy.prefetch_target(rank, cycle)
             };
             if !target {
-                return false;
+                return None;
             }
-            let Some(floor) = self.policy.prefetch_floor(cycle, rank) else {
-                return false;
-            };
-            self.make_room(size, Some(floor.max(rank)))
+            let floor = self.policy.prefetch_floor(cycle, rank)?;
+            Some(Room::Above(floor.max(rank)))
         } else {
-            let Some(cap) = self.cap else { return false };
-            self.pool.is_idle()
-                && (alloc::current_usage() + size) as u64 <= low_watermark(cap) / 10 * 9
+            self.cap.map(Room::IfIdle)
         }
     }
+}
+
+/// How a prefetcher makes room for a load.
+enum Room {
+    /// Evict executors ranked above this.
+    Above(u64),
+    /// Evict nothing: load into free memory under the cap's low watermark
+    /// (less a tenth), and only while the workers are idle.
+    IfIdle(u64),
 }
 
 /// Prefetch threads a runtime starts: two, or one under an address-space
