@@ -4,6 +4,13 @@ outcore Lloyd iteration against faiss.Kmeans (pip faiss-cpu), and the
 distance step's arithmetic rate against OpenBLAS sgemm (numpy's matmul) on
 the K-means shape (task rows x D times D x k).
 
+The distance step's rate is given two ways: over the whole iteration
+(which also adds every row to its centre's sums and folds the tasks'
+partial sums), and over the time the tasks spent in the distance kernel
+itself (`epoch_kernel_seconds` in the run's stats, summed over the worker
+threads, so divided by their number: the kernel's share of the
+iteration's wall time when the workers run side by side).
+
     python3 benches/inmemory.py                  # 512 MiB, k = 100, 1000-D, 5 iterations
     python3 benches/inmemory.py --data 1GiB --k 256 --iterations 8
 
@@ -72,6 +79,8 @@ def main():
         s = json.load(open(stats))
         oc = sorted(s["epoch_seconds"][1:] or s["epoch_seconds"])
         oc_iter = oc[len(oc) // 2]
+        kern = sorted(s["epoch_kernel_seconds"][1:] or s["epoch_kernel_seconds"])
+        oc_kernel = kern[len(kern) // 2] / s["workers"]
 
         # faiss: the same init, no subsampling, the same number of iterations.
         km = faiss.Kmeans(d, a.k, niter=a.iterations, verbose=False,
@@ -95,15 +104,18 @@ def main():
         x @ c.T
         sg_all = 2.0 * n * d * a.k / (time.perf_counter() - t) / 1e9
         oc_rate = 2.0 * n * d * a.k / oc_iter / 1e9
+        kernel_rate = 2.0 * n * d * a.k / oc_kernel / 1e9
 
     print(f"| {a.data} ({n} x {d}), k = {a.k}, {threads} threads | seconds per Lloyd iteration | GFLOP/s (2 n d k / time) |")
     print("|---|---|---|")
     print(f"| outcore (median of iterations 2..{a.iterations}) | {oc_iter:.3f} | {oc_rate:.1f} |")
+    print(f"| outcore's distance kernel alone (its seconds per iteration / {s['workers']} workers) | {oc_kernel:.3f} | {kernel_rate:.1f} |")
     print(f"| faiss.Kmeans {faiss.__version__} | {fa_iter:.3f} | {2.0 * n * d * a.k / fa_iter / 1e9:.1f} |")
     print(f"| OpenBLAS sgemm, {a.task_points}-row blocks | | {sg_blk:.1f} |")
     print(f"| OpenBLAS sgemm, all rows at once | | {sg_all:.1f} |")
     print()
-    print(f"faiss / outcore per iteration: {fa_iter / oc_iter:.2f}; outcore / sgemm (blocks): {oc_rate / sg_blk:.2f}")
+    print(f"faiss / outcore per iteration: {fa_iter / oc_iter:.2f}; outcore / sgemm (blocks): "
+          f"{oc_rate / sg_blk:.2f} per iteration, {kernel_rate / sg_blk:.2f} for the kernel alone")
     # The same work: the objective of each assignment (before the update),
     # iteration by iteration. They part when a cluster empties: faiss
     # splits a large cluster to refill it, outcore (as scikit-learn) keeps

@@ -342,6 +342,21 @@ fn control_kmeans_on_a_valid_npy_writes_all_outputs() {
     ] {
         assert!(json.get(key).is_some(), "stats lack {key}: {json}");
     }
+    // The distance kernel's seconds: one figure per epoch, within what the
+    // workers could spend in that epoch.
+    let epochs = json["epoch_seconds"].as_array().expect("epoch_seconds");
+    let kernel = json["epoch_kernel_seconds"]
+        .as_array()
+        .expect("epoch_kernel_seconds");
+    let workers = json["workers"].as_f64().expect("workers");
+    assert_eq!(kernel.len(), epochs.len(), "{json}");
+    for (k, e) in kernel.iter().zip(epochs) {
+        let (k, e) = (k.as_f64().unwrap(), e.as_f64().unwrap());
+        assert!(
+            k > 0.0 && k <= e * workers,
+            "kernel {k} s in an epoch of {e} s: {json}"
+        );
+    }
 
     // Nothing else is left in the directory (no temporary files).
     let want: BTreeSet<String> = ["ok.npy", "c.npy", "l.npy", "s.json"]

@@ -131,6 +131,9 @@ struct KmeansStats<'a> {
     shards: usize,
     epoch_seconds: &'a [f64],
     epoch_inertia: &'a [f64],
+    /// Rank 0's seconds in the distance kernel per epoch, summed over its
+    /// worker threads.
+    epoch_kernel_seconds: &'a [f64],
     /// Rank 0's bytes read and written per epoch.
     epoch_bytes_read: &'a [u64],
     epoch_bytes_written: &'a [u64],
@@ -500,6 +503,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 shards: kmeans::shards(rows, &cfg).count(),
                 epoch_seconds: &out.epoch_seconds,
                 epoch_inertia: &out.epoch_inertia,
+                epoch_kernel_seconds: &out.epoch_kernel_seconds,
                 epoch_bytes_read: &epoch_read,
                 epoch_bytes_written: &epoch_written,
                 inertia: out.inertia,

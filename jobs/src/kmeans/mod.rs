@@ -98,6 +98,9 @@ struct Partial {
     /// for the data's per-feature variance.
     colsum: Vec<f64>,
     colsq: Vec<f64>,
+    /// Seconds the task spent finding the nearest centres (the distance
+    /// kernel), on its thread.
+    kernel_seconds: f64,
 }
 
 /// What a task computes besides counts and inertia.
@@ -301,6 +304,7 @@ fn assign(
         wsum: Vec::new(),
         colsum: Vec::new(),
         colsq: Vec::new(),
+        kernel_seconds: 0.0,
     };
     if let Some(r) = reference {
         let (mut s1, mut s2) = (zeros::<f64>(d), zeros::<f64>(d));
@@ -321,6 +325,7 @@ fn assign(
     let (mut nearest, mut nearest_d) = (vec![0u32; len], vec![0f32; len]);
     let rows = &p.values()[start * d..(start + len) * d];
     let xn = &p.norms[start..start + len];
+    let kernel = Instant::now();
     match &c.packed {
         Some(packed) => packed.nearest(rows, xn, &mut nearest, &mut nearest_d),
         None => {
@@ -338,6 +343,7 @@ fn assign(
             }
         }
     }
+    out.kernel_seconds = kernel.elapsed().as_secs_f64();
     let weight = |i: usize| weights.map(|w| f64::from(w[start + i]));
     for (i, (&best, &best_d)) in nearest.iter().zip(&nearest_d).enumerate() {
         let best = best as usize;
@@ -559,6 +565,12 @@ pub struct Outcome {
     pub epoch_seconds: Vec<f64>,
     /// Inertia per epoch or iteration (see [`Event::Epoch`]).
     pub epoch_inertia: Vec<f64>,
+    /// Per epoch or iteration: seconds the tasks of this process spent in
+    /// the distance kernel (finding each row's nearest centre), summed over
+    /// the worker threads. Divided by the workers, it is the kernel's share
+    /// of the epoch; the rest is the centre sums, the updates and the
+    /// loads.
+    pub epoch_kernel_seconds: Vec<f64>,
     /// Labels, when asked.
     pub labels: Option<Vec<u32>>,
     /// Epochs (mini-batch) or iterations (Lloyd) run.
@@ -1010,6 +1022,7 @@ fn run_once(
     let (k, d) = (cfg.k, ds.dims);
     let mut epoch_seconds = Vec::new();
     let mut epoch_inertia = Vec::new();
+    let mut epoch_kernel = Vec::new();
     let mut converged = None;
     let mut steps = 0;
     let mut combine = (0.0f64, 0usize);
@@ -1040,6 +1053,7 @@ fn run_once(
             for epoch in 0..cfg.epochs {
                 let t = Instant::now();
                 let mut inertia = 0.0;
+                let mut kernel = 0.0;
                 let mut done = 0u64;
                 for b in 0..batches {
                     let tasks: Vec<(u64, usize)> = plan
@@ -1062,6 +1076,7 @@ fn run_once(
                     let mut accs = vec![zeros::<f64>(packed.len()); plan.mine.len()];
                     sweep(rt, ds, &list, &shared, sums_only, None, |i, p| {
                         packed.fold(&mut accs[owner[i]], &p);
+                        kernel += p.kernel_seconds;
                         Ok(())
                     })?;
                     let r =
@@ -1109,6 +1124,7 @@ fn run_once(
                 let secs = t.elapsed().as_secs_f64();
                 epoch_seconds.push(secs);
                 epoch_inertia.push(inertia);
+                epoch_kernel.push(kernel);
                 on(Event::Epoch {
                     index: epoch,
                     seconds: secs,
@@ -1137,6 +1153,7 @@ fn run_once(
                 rt.make_room((plan.mine.len() + IN_FLIGHT) * packed.len() * 8);
                 let mut accs = vec![zeros::<f64>(packed.len()); plan.mine.len()];
                 let mut done = 0u64;
+                let mut kernel = 0.0;
                 // One batch per pass: the partial sums are folded as they
                 // come, so only a few are held at once.
                 let (list, owner) = plan.chunks_of(&tasks);
@@ -1147,6 +1164,7 @@ fn run_once(
                 let reference = stats.then_some(&reference);
                 sweep(rt, ds, &list, &shared, want, reference, |i, p| {
                     packed.fold(&mut accs[owner[i]], &p);
+                    kernel += p.kernel_seconds;
                     done += list[i].len as u64;
                     if i % PROGRESS_EVERY == PROGRESS_EVERY - 1 || i + 1 == list.len() {
                         on(Event::Progress {
@@ -1182,6 +1200,7 @@ fn run_once(
                 let secs = t.elapsed().as_secs_f64();
                 epoch_seconds.push(secs);
                 epoch_inertia.push(r.inertia);
+                epoch_kernel.push(kernel);
                 on(Event::Epoch {
                     index: it,
                     seconds: secs,
@@ -1207,6 +1226,7 @@ fn run_once(
         iterations: epoch_seconds.len(),
         epoch_seconds,
         epoch_inertia,
+        epoch_kernel_seconds: epoch_kernel,
         labels,
         steps,
         converged,
