@@ -105,7 +105,7 @@ def main():
     ap.add_argument("--data", type=size, default=size("4GiB"))
     ap.add_argument("--cap", type=size, default=size("1GiB"))
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--file", help="the .npy file (default: benches/data-<size>.npy, generated)")
+    ap.add_argument("--file", help="the .npy file (default: target/bench-data-<size>MiB.npy, generated)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("wholerun.py: run as root (it drops the page cache)")

@@ -143,6 +143,7 @@ impl DirectReader {
         self.read_pieces(
             file,
             count,
+            Submit::Each,
             |i| Piece::of(i, pos, total),
             |p, buf| sums[p.index] = land(buf, p, dst),
         )?;
@@ -181,7 +182,7 @@ impl DirectReader {
                 got: 0,
             }
         };
-        let result = self.read_pieces(file, count, piece_of, |p, buf| {
+        let result = self.read_pieces(file, count, Submit::Together, piece_of, |p, buf| {
             let src = &buf[p.skip..p.skip + p.len];
             let out = &mut dst[p.index * record..(p.index + 1) * record];
             for (o, &b) in out.iter_mut().zip(src) {
@@ -225,6 +226,7 @@ impl DirectReader {
         &mut self,
         file: &File,
         count: usize,
+        how: Submit,
         piece_of: impl Fn(usize) -> Piece,
         mut land: impl FnMut(&Piece, &[u8]),
     ) -> io::Result<()> {
@@ -268,6 +270,9 @@ impl DirectReader {
                     failed = Some(e);
                     nfree += 1;
                     break;
+                }
+                if how == Submit::Each {
+                    enter(ring);
                 }
                 in_flight += 1;
             }
@@ -434,6 +439,7 @@ impl DirectReader {
                     nfree += 1;
                     break;
                 }
+                enter(ring);
                 in_flight += 1;
             }
             if in_flight == 0 {
@@ -506,6 +512,34 @@ fn wait(ring: &mut IoUring) -> io::Result<Option<([(u64, i32); MAX_DEPTH], usize
         }
     }
     Ok(Some((done, n)))
+}
+
+/// How the reads of one call reach the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Submit {
+    /// Each on its own, as soon as it is queued: the pieces of one range.
+    Each,
+    /// Together, at the next wait: scattered records, a syscall for each
+    /// of which would cost more than their reads.
+    Together,
+}
+
+/// Hands the reads queued on `ring` to the kernel now.
+///
+/// Called after each read of a range, so that each enters the block layer
+/// on its own. Reads submitted together are plugged as one batch, and the
+/// block layer merges adjacent ones into requests as large as the device
+/// takes (4 MiB on the virtual disk these jobs are measured on). That disk
+/// reads 1.9 GiB/s in requests of 2-4 MiB against 2.9-3.5 GiB/s in requests
+/// of 256 KiB to 1 MiB (fio, `O_DIRECT`, 8-32 in flight). 8 GiB of `.npy`
+/// under 2 GiB, k = 100, alternating runs: the first epoch (the whole
+/// input read) took 4.51-4.58 s against 5.19-7.71 s with the reads merged,
+/// and the steady epochs 2.93-3.03 s against 3.26-3.33 s.
+///
+/// A failed submission leaves the reads queued: the wait that follows
+/// submits them again, and reports the error.
+fn enter(ring: &mut IoUring) {
+    let _ = ring.submit();
 }
 
 /// Queues a read of the rest of `piece` into `buf`, tagged `tag`.
