@@ -15,6 +15,7 @@
 //! thread-local destructors), which such a limit counts as it counts
 //! memory.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -116,7 +117,10 @@ impl Shared {
         drop(g);
         let size = slot.size.load(Ordering::Relaxed);
         self.loading_bytes.fetch_add(size, Ordering::Relaxed);
-        let fits = match room {
+        // Whatever happens while room is made (user code runs there, each
+        // piece of it caught where it runs), the claim is undone below
+        // unless the load goes ahead: the executor never stays `Loading`.
+        let fits = catch_unwind(AssertUnwindSafe(|| match room {
             Room::Above(floor) => self.make_room(0, Some(floor)),
             Room::IfIdle(cap) => {
                 let in_flight = self.loading_bytes.load(Ordering::Relaxed);
@@ -124,7 +128,8 @@ impl Shared {
                     && alloc::current_usage().saturating_add(in_flight) as u64
                         <= low_watermark(cap) / 10 * 9
             }
-        };
+        }))
+        .unwrap_or(false);
         if !fits {
             // Given back: a task waiting for it loads it itself.
             self.loading_bytes.fetch_sub(size, Ordering::Relaxed);

@@ -151,6 +151,10 @@ thread_local! {
 /// `None` when none could be made.
 fn exit_key() -> Option<libc::pthread_key_t> {
     extern "C" fn on_exit(id: *mut libc::c_void) {
+        // Forgotten first: a load made later in this thread's exit (from
+        // another key's destructor) must make a new context, not submit to
+        // this id, which the kernel may give to another thread's next one.
+        let _ = CONTEXT.try_with(|c| c.set(0));
         destroy(id as libc::c_ulong);
     }
     static KEY: OnceLock<Option<libc::pthread_key_t>> = OnceLock::new();
@@ -198,9 +202,12 @@ fn discard(ctx: Context) {
 
 /// Reads `len` bytes (a multiple of the page size) of `file` (opened with
 /// `O_DIRECT`) at `pos` into `dst`, several pieces in flight, and returns
-/// the CRC state of those bytes. `None` when native AIO is unavailable
-/// here (no context could be made, or the first read could not be
-/// submitted): nothing was read, and the caller reads another way.
+/// the CRC state of those bytes. `None` when that did not work: no context
+/// could be made, a read was refused or failed, or the file ended early.
+/// No read is in flight then, and the caller reads the whole range again
+/// another way (which reports what is wrong, if anything is: a transient
+/// failure here, such as an interrupted read, costs a second read, not a
+/// failed load).
 ///
 /// # Safety
 ///
@@ -211,37 +218,42 @@ pub(super) unsafe fn read(
     pos: u64,
     dst: *mut u8,
     len: usize,
-) -> Option<io::Result<crc32fast::Hasher>> {
+) -> Option<crc32fast::Hasher> {
     let ctx = take_context()?;
     // SAFETY: the caller's promise, passed on.
     match unsafe { read_with(&ctx, file, pos, dst, len) } {
-        Outcome::Unavailable => {
+        Outcome::Read(crc) => {
+            give_back(ctx);
+            Some(crc)
+        }
+        Outcome::Failed => {
             give_back(ctx);
             None
         }
-        Outcome::Done(r) => {
-            give_back(ctx);
-            Some(r)
-        }
-        Outcome::WaitFailed(e) => {
-            // Its teardown waits for every read still in flight into
-            // `dst`, before the caller may reuse it.
+        Outcome::Stale | Outcome::WaitFailed => {
+            // A context the kernel does not know (inherited across a fork)
+            // or one whose reads could not be waited for: it goes. Its
+            // teardown waits for every read still in flight into `dst`,
+            // before the caller reads the range again.
             discard(ctx);
-            Some(Err(e))
+            None
         }
     }
 }
 
 /// How [`read_with`] ended.
 enum Outcome {
-    /// The first read could not be submitted: nothing happened.
-    Unavailable,
-    /// Every read submitted has completed; the bytes' CRC, or the first
-    /// error.
-    Done(io::Result<crc32fast::Hasher>),
+    /// Every byte is in; their CRC.
+    Read(crc32fast::Hasher),
+    /// A read was refused or failed, or the file ended early; every read
+    /// submitted has completed.
+    Failed,
+    /// The first submission was refused as invalid: nothing was submitted,
+    /// and the context is not one the kernel knows.
+    Stale,
     /// Waiting for the reads failed, with some possibly still in flight:
     /// the context must be destroyed before the memory is reused.
-    WaitFailed(io::Error),
+    WaitFailed,
 }
 
 /// [`read`] with a context.
@@ -251,7 +263,7 @@ enum Outcome {
 /// As for [`read`].
 unsafe fn read_with(ctx: &Context, file: &File, pos: u64, dst: *mut u8, len: usize) -> Outcome {
     let Ok(fd) = u32::try_from(file.as_raw_fd()) else {
-        return Outcome::Unavailable;
+        return Outcome::Failed;
     };
     let count = len.div_ceil(PIECE);
     let piece = |i: usize| (i * PIECE, PIECE.min(len - i * PIECE));
@@ -263,7 +275,7 @@ unsafe fn read_with(ctx: &Context, file: &File, pos: u64, dst: *mut u8, len: usi
     let mut next = 0; // the next piece to submit
     let mut summed = 0; // pieces checksummed, in order
     let mut in_flight = 0;
-    let mut failed: Option<io::Error> = None;
+    let mut failed = false;
     let mut events = [IoEvent::default(); DEPTH];
     let request = |i: usize, from: usize| {
         let (at, n) = piece(i);
@@ -278,12 +290,12 @@ unsafe fn read_with(ctx: &Context, file: &File, pos: u64, dst: *mut u8, len: usi
         }
     };
     while summed < count {
-        while failed.is_none() && next < count && next < summed + DEPTH {
+        while !failed && next < count && next < summed + DEPTH {
             if let Err(e) = ctx.submit(&mut request(next, 0)) {
-                if next == 0 {
-                    return Outcome::Unavailable;
+                if in_flight == 0 && next == 0 && e.raw_os_error() == Some(libc::EINVAL) {
+                    return Outcome::Stale;
                 }
-                failed = Some(e);
+                failed = true;
                 break;
             }
             got[next % DEPTH] = 0;
@@ -296,36 +308,30 @@ unsafe fn read_with(ctx: &Context, file: &File, pos: u64, dst: *mut u8, len: usi
         }
         let n = match ctx.wait(&mut events) {
             Ok(n) => n,
-            Err(e) => return Outcome::WaitFailed(e),
+            Err(_) => return Outcome::WaitFailed,
         };
         for ev in &events[..n] {
             in_flight -= 1;
             let i = ev.data as usize;
-            let w = i % DEPTH;
-            if ev.res < 0 {
-                failed.get_or_insert(io::Error::from_raw_os_error((-ev.res) as i32));
+            if ev.res < 0 || failed || i >= next {
+                failed = true;
                 continue;
             }
+            let w = i % DEPTH;
             let total = got[w] + ev.res as usize;
             got[w] = total;
             if total == piece(i).1 {
                 landed[w] = true;
-            } else if ev.res == 0 || total % crate::alloc::PAGE != 0 || failed.is_some() {
-                failed.get_or_insert(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "file ends inside a directly read region (truncated)",
-                ));
+            } else if ev.res == 0 || total > piece(i).1 || total % crate::alloc::PAGE != 0 {
+                failed = true;
+            } else if ctx.submit(&mut request(i, total)).is_ok() {
+                // A short read of whole pages: the rest is asked for.
+                in_flight += 1;
             } else {
-                // A short read of whole pages: ask for the rest.
-                match ctx.submit(&mut request(i, total)) {
-                    Ok(()) => in_flight += 1,
-                    Err(e) => {
-                        failed.get_or_insert(e);
-                    }
-                }
+                failed = true;
             }
         }
-        if failed.is_none() {
+        if !failed {
             while summed < next && landed[summed % DEPTH] {
                 let (at, n) = piece(summed);
                 // SAFETY: the kernel wrote all `n` bytes of this piece,
@@ -335,8 +341,9 @@ unsafe fn read_with(ctx: &Context, file: &File, pos: u64, dst: *mut u8, len: usi
             }
         }
     }
-    Outcome::Done(match failed {
-        Some(e) => Err(e),
-        None => Ok(crc),
-    })
+    if failed {
+        Outcome::Failed
+    } else {
+        Outcome::Read(crc)
+    }
 }

@@ -251,8 +251,9 @@ impl<R: Read + Seek> RawRead for TeeRead<R> {
 /// all of them are in).
 ///
 /// Through native AIO ([`aio`]), several 512 KiB reads in flight; where
-/// that is unavailable, one [`DIRECT_PIECE`] `pread` at a time (which the
-/// kernel splits into device requests). No helper thread: under a hard
+/// that is unavailable or did not work (then the whole range again, which
+/// reports the error if there is one), one [`DIRECT_PIECE`] `pread` at a
+/// time (which the kernel splits into device requests). No helper thread: under a hard
 /// memory limit starting a thread can fail fatally (its thread-local
 /// destructors are registered with the C library's allocator).
 ///
@@ -268,8 +269,8 @@ unsafe fn read_pieces(
 ) -> io::Result<crc32fast::Hasher> {
     #[cfg(all(target_pointer_width = "64", target_endian = "little"))]
     // SAFETY: the caller's promise, passed on.
-    if let Some(r) = unsafe { aio::read(file, pos, dst, len) } {
-        return r;
+    if let Some(crc) = unsafe { aio::read(file, pos, dst, len) } {
+        return Ok(crc);
     }
     let mut crc = crc32fast::Hasher::new();
     let mut off = 0;

@@ -1264,7 +1264,8 @@ impl Drop for PageBuf {
 /// Native AIO reads ranges of every shape back exactly, checksummed in
 /// file order: a page, less than a piece, more pieces than fit in flight
 /// at once, from offsets other than 0; and a range past the end of the
-/// file is an error, not zeros.
+/// file is not taken for read (the caller then reads it with `pread`,
+/// which reports the truncation).
 #[cfg(all(target_pointer_width = "64", target_endian = "little"))]
 #[test]
 fn native_aio_reads_ranges_back_exactly() {
@@ -1296,8 +1297,7 @@ fn native_aio_reads_ranges_back_exactly() {
         let buf = PageBuf::new(len);
         // SAFETY: `buf` holds `len` writable bytes that nothing else uses.
         let got = unsafe { aio::read(&file, pos as u64, buf.ptr, len) }
-            .expect("native AIO is available here")
-            .unwrap_or_else(|e| panic!("read {len} bytes at {pos}: {e}"));
+            .unwrap_or_else(|| panic!("native AIO did not read {len} bytes at {pos}"));
         assert!(
             buf.bytes(len) == &data[pos..pos + len],
             "{len} bytes at {pos}"
@@ -1306,11 +1306,19 @@ fn native_aio_reads_ranges_back_exactly() {
         want.update(&data[pos..pos + len]);
         assert_eq!(got.finalize(), want.finalize(), "{len} bytes at {pos}");
     }
-    // Past the end: the last piece comes back short.
+    // Past the end: the last piece comes back short, and the read is given
+    // up (nothing in flight any more); the whole load then reports it.
     let len = size + 5 * PAGE;
     let buf = PageBuf::new(len);
     // SAFETY: as above.
-    let r = unsafe { aio::read(&file, 0, buf.ptr, len) }.expect("available");
-    let e = r.expect_err("a read past the end succeeded");
+    let r = unsafe { aio::read(&file, 0, buf.ptr, len) };
+    assert!(r.is_none(), "a read past the end succeeded");
+    // SAFETY: as above.
+    let e = unsafe { read_pieces(&file, 0, buf.ptr, len) }.expect_err("pread past the end");
     assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+    // The thread's context is still good after a failed read.
+    let buf = PageBuf::new(piece);
+    // SAFETY: as above.
+    assert!(unsafe { aio::read(&file, 0, buf.ptr, piece) }.is_some());
+    assert!(buf.bytes(piece) == &data[..piece]);
 }
