@@ -308,9 +308,18 @@ fn two_prefetchers_make_room_once_for_one_load() {
         order.extend(later.iter().map(|h| h.id()));
         rt.hint_cycle(order);
         let mut b = rt.batch();
-        // The only worker stays here while the prefetchers load `next`.
-        b.read(&first, |_: &u64| {
-            std::thread::sleep(Duration::from_millis(1500));
+        // The only worker stays here until the prefetchers have loaded
+        // `next` (or 60 s), so that it does not load it itself.
+        let monitor = rt.monitor();
+        b.read(&first, move |_: &u64| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while monitor.stats().is_some_and(|s| s.prefetches == 0)
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            // Time for a second prefetcher's make_room, if one started.
+            std::thread::sleep(Duration::from_millis(500));
             0
         });
         b.read(&next, sum);
