@@ -167,6 +167,11 @@ pub(super) fn argmin(xn: f32, dots: &[f32], norms: &[f32]) -> (u32, f32) {
         // SAFETY: the CPU supports AVX-512F, checked just above.
         return unsafe { avx512::argmin(xn, dots, norms) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if dots.len().min(norms.len()) >= 8 && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { avx2::argmin(xn, dots, norms) };
+    }
     argmin_from(xn, dots, norms, 0, (0, f32::INFINITY))
 }
 
@@ -348,6 +353,57 @@ unsafe fn tile_dispatch(
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
+
+    /// [`super::argmin`] eight centres at a time, as
+    /// [`super::avx512::argmin`] does sixteen: each lane keeps its first
+    /// strictly smaller distance (the scalar loop's operations, so its
+    /// bits), then the lanes' best go in index order (the lowest index
+    /// among equals), then the last centres one by one.
+    ///
+    /// # Safety
+    ///
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn argmin(xn: f32, dots: &[f32], norms: &[f32]) -> (u32, f32) {
+        let n = dots.len().min(norms.len());
+        let full = n / 8 * 8;
+        let (vxn, two) = (_mm256_set1_ps(xn), _mm256_set1_ps(2.0));
+        let mut best = _mm256_set1_ps(f32::INFINITY);
+        let mut at = _mm256_setzero_si256();
+        let mut index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let eight = _mm256_set1_epi32(8);
+        for c in (0..full).step_by(8) {
+            // SAFETY: c + 8 <= full <= n, within both slices.
+            let (dot, cn) = unsafe {
+                (
+                    _mm256_loadu_ps(dots.as_ptr().add(c)),
+                    _mm256_loadu_ps(norms.as_ptr().add(c)),
+                )
+            };
+            let dist = _mm256_add_ps(_mm256_sub_ps(vxn, _mm256_mul_ps(two, dot)), cn);
+            let less = _mm256_cmp_ps::<_CMP_LT_OQ>(dist, best);
+            best = _mm256_blendv_ps(best, dist, less);
+            at = _mm256_castps_si256(_mm256_blendv_ps(
+                _mm256_castsi256_ps(at),
+                _mm256_castsi256_ps(index),
+                less,
+            ));
+            index = _mm256_add_epi32(index, eight);
+        }
+        let (mut lanes, mut lane_at) = ([0f32; 8], [0u32; 8]);
+        // SAFETY: 8 floats and 8 integers of local arrays.
+        unsafe {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), best);
+            _mm256_storeu_si256(lane_at.as_mut_ptr().cast(), at);
+        }
+        let (mut b, mut bd) = (0u32, f32::INFINITY);
+        for (&v, &i) in lanes.iter().zip(&lane_at) {
+            if v < bd || (v == bd && i < b) {
+                (b, bd) = (i, v);
+            }
+        }
+        super::argmin_from(xn, dots, norms, full, (b, bd))
+    }
 
     /// `acc[i * stride + j] (+)= sum_p x[i * d + p] * panel[p * 8V + j]`
     /// for `i < M`, `j < 8V`, `p < kc`; `first` starts from zero.
@@ -700,12 +756,15 @@ mod tests {
         }
     }
 
-    /// The AVX-512 argmin gives the scalar loop's centre and bits: ties go
-    /// to the lowest index, NaN and infinite distances never win over a
-    /// finite one, and with none finite the answer is centre 0 at +inf.
+    /// The vector argmins (AVX-512, AVX2) give the scalar loop's centre
+    /// and bits: ties go to the lowest index, NaN and infinite distances
+    /// never win over a finite one, and with none finite the answer is
+    /// centre 0 at +inf.
     #[test]
     fn the_vector_argmin_gives_the_scalar_loops_answer() {
-        if !(available() && avx512()) {
+        let wide = available() && avx512();
+        let narrow = std::arch::is_x86_feature_detected!("avx2");
+        if !(wide || narrow) {
             return;
         }
         let mut seed = 5u32;
@@ -713,7 +772,7 @@ mod tests {
             seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             seed >> 8
         };
-        for k in [16, 17, 31, 32, 100, 112, 257] {
+        for k in [8, 9, 15, 16, 17, 31, 32, 100, 112, 257] {
             for round in 0..200 {
                 // Few distinct values, so ties are common.
                 let mut dots: Vec<f32> = (0..k).map(|_| (next() % 7) as f32).collect();
@@ -741,14 +800,19 @@ mod tests {
                 } else {
                     (next() % 9) as f32
                 };
-                // SAFETY: the CPU supports AVX-512F (checked above).
-                let (b, bd) = unsafe { avx512::argmin(xn, &dots, &norms) };
                 let (sb, sbd) = argmin_from(xn, &dots, &norms, 0, (0, f32::INFINITY));
-                assert_eq!(
-                    (b, bd.to_bits()),
-                    (sb, sbd.to_bits()),
-                    "k {k}, round {round}"
-                );
+                if wide && dots.len().min(norms.len()) >= 16 {
+                    // SAFETY: the CPU supports AVX-512F (checked above).
+                    let (b, bd) = unsafe { avx512::argmin(xn, &dots, &norms) };
+                    let got = (b, bd.to_bits());
+                    assert_eq!(got, (sb, sbd.to_bits()), "AVX-512, k {k}, round {round}");
+                }
+                if narrow {
+                    // SAFETY: the CPU supports AVX2 (checked above).
+                    let (b, bd) = unsafe { avx2::argmin(xn, &dots, &norms) };
+                    let got = (b, bd.to_bits());
+                    assert_eq!(got, (sb, sbd.to_bits()), "AVX2, k {k}, round {round}");
+                }
             }
         }
     }
