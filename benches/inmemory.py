@@ -11,8 +11,14 @@ itself (`epoch_kernel_seconds` in the run's stats, summed over the worker
 threads, so divided by their number: the kernel's share of the
 iteration's wall time when the workers run side by side).
 
-    python3 benches/inmemory.py                  # 512 MiB, k = 100, 1000-D, 5 iterations
-    python3 benches/inmemory.py --data 1GiB --k 256 --iterations 8
+    python3 benches/inmemory.py                  # 512 MiB, k = 100, 1000-D, 5 iterations, 3 rounds
+    python3 benches/inmemory.py --data 1GiB --k 256 --iterations 8 --rounds 5
+
+Each round runs outcore, faiss and sgemm one after the other; the table
+gives each one's median over the rounds, and the faiss / outcore ratio is
+also given round by round (on a shared virtual machine the speed of a
+core swings by a third from minute to minute, so one pair of runs can land
+on either side of a target).
 
 Needs numpy and faiss-cpu, and a release build of outcore
 (cargo build --release -p outcore-jobs --bin outcore). Prints a markdown
@@ -55,6 +61,8 @@ def main():
     p.add_argument("--k", type=int, default=100)
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--task-points", type=int, default=1100)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds of outcore, faiss and sgemm, one after the other")
     p.add_argument("--outcore", default=OUTCORE,
                    help="the outcore binary (another build, for a before/after run)")
     a = p.parse_args()
@@ -71,42 +79,54 @@ def main():
         init_path = os.path.join(tmp, "init.npy")
         np.save(init_path, init)
 
-        # outcore: Lloyd, every iteration, no cap.
         stats = os.path.join(tmp, "s.json")
-        run([a.outcore, "kmeans", "--input", x_path, "--init", init_path, "--algorithm", "lloyd",
-             "--iterations", str(a.iterations), "--tol", "0", "--mem-cap", "none",
-             "--task-points", str(a.task_points), "--stats", stats])
-        s = json.load(open(stats))
-        oc = sorted(s["epoch_seconds"][1:] or s["epoch_seconds"])
-        oc_iter = oc[len(oc) // 2]
-        kern = sorted(s["epoch_kernel_seconds"][1:] or s["epoch_kernel_seconds"])
-        oc_kernel = kern[len(kern) // 2] / s["workers"]
-
-        # faiss: the same init, no subsampling, the same number of iterations.
-        km = faiss.Kmeans(d, a.k, niter=a.iterations, verbose=False,
-                          max_points_per_centroid=n, seed=1)
-        t = time.perf_counter()
-        km.train(x, init_centroids=init)
-        fa_iter = (time.perf_counter() - t) / a.iterations
-
-        # OpenBLAS sgemm on the distance step's shape, one task block at a
-        # time as outcore computes it, and on the whole data at once.
         blk = x[: a.task_points]
         c = init
         flops_blk = 2.0 * blk.shape[0] * d * a.k
-        reps = max(20, int(2e10 / flops_blk))
-        blk @ c.T
-        t = time.perf_counter()
-        for _ in range(reps):
-            blk @ c.T
-        sg_blk = flops_blk * reps / (time.perf_counter() - t) / 1e9
-        t = time.perf_counter()
-        x @ c.T
-        sg_all = 2.0 * n * d * a.k / (time.perf_counter() - t) / 1e9
-        oc_rate = 2.0 * n * d * a.k / oc_iter / 1e9
-        kernel_rate = 2.0 * n * d * a.k / oc_kernel / 1e9
+        flops = 2.0 * n * d * a.k
+        oc_iters, oc_kernels, fa_iters, sg_blks, sg_alls = [], [], [], [], []
+        for _ in range(max(1, a.rounds)):
+            # outcore: Lloyd, every iteration, no cap.
+            run([a.outcore, "kmeans", "--input", x_path, "--init", init_path, "--algorithm", "lloyd",
+                 "--iterations", str(a.iterations), "--tol", "0", "--mem-cap", "none",
+                 "--task-points", str(a.task_points), "--stats", stats])
+            s = json.load(open(stats))
+            oc = sorted(s["epoch_seconds"][1:] or s["epoch_seconds"])
+            oc_iters.append(oc[len(oc) // 2])
+            kern = sorted(s["epoch_kernel_seconds"][1:] or s["epoch_kernel_seconds"])
+            oc_kernels.append(kern[len(kern) // 2] / s["workers"])
 
-    print(f"| {a.data} ({n} x {d}), k = {a.k}, {threads} threads | seconds per Lloyd iteration | GFLOP/s (2 n d k / time) |")
+            # faiss: the same init, no subsampling, the same number of iterations.
+            km = faiss.Kmeans(d, a.k, niter=a.iterations, verbose=False,
+                              max_points_per_centroid=n, seed=1)
+            t = time.perf_counter()
+            km.train(x, init_centroids=init)
+            fa_iters.append((time.perf_counter() - t) / a.iterations)
+
+            # OpenBLAS sgemm on the distance step's shape, one task block at
+            # a time as outcore computes it, and on the whole data at once.
+            reps = max(20, int(2e10 / flops_blk))
+            blk @ c.T
+            t = time.perf_counter()
+            for _ in range(reps):
+                blk @ c.T
+            sg_blks.append(flops_blk * reps / (time.perf_counter() - t) / 1e9)
+            t = time.perf_counter()
+            x @ c.T
+            sg_alls.append(flops / (time.perf_counter() - t) / 1e9)
+
+        def median(v):
+            v = sorted(v)
+            return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+        oc_iter, oc_kernel, fa_iter = median(oc_iters), median(oc_kernels), median(fa_iters)
+        sg_blk, sg_all = median(sg_blks), median(sg_alls)
+        oc_rate = flops / oc_iter / 1e9
+        kernel_rate = flops / oc_kernel / 1e9
+        pairs = [f / o for f, o in zip(fa_iters, oc_iters)]
+
+    rounds = len(oc_iters)
+    print(f"| {a.data} ({n} x {d}), k = {a.k}, {threads} threads, median of {rounds} rounds | seconds per Lloyd iteration | GFLOP/s (2 n d k / time) |")
     print("|---|---|---|")
     print(f"| outcore (median of iterations 2..{a.iterations}) | {oc_iter:.3f} | {oc_rate:.1f} |")
     print(f"| outcore's distance kernel alone (its seconds per iteration / {s['workers']} workers) | {oc_kernel:.3f} | {kernel_rate:.1f} |")
@@ -114,7 +134,8 @@ def main():
     print(f"| OpenBLAS sgemm, {a.task_points}-row blocks | | {sg_blk:.1f} |")
     print(f"| OpenBLAS sgemm, all rows at once | | {sg_all:.1f} |")
     print()
-    print(f"faiss / outcore per iteration: {fa_iter / oc_iter:.2f}; outcore / sgemm (blocks): "
+    print(f"faiss / outcore per iteration: {fa_iter / oc_iter:.2f} (round by round: "
+          f"{', '.join(f'{r:.2f}' for r in pairs)}); outcore / sgemm (blocks): "
           f"{oc_rate / sg_blk:.2f} per iteration, {kernel_rate / sg_blk:.2f} for the kernel alone")
     # The same work: the objective of each assignment (before the update),
     # iteration by iteration. They part when a cluster empties: faiss
