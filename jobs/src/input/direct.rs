@@ -665,6 +665,11 @@ unsafe fn copy_sum_avx2(src: &[u8], mut dst: Option<&mut [MaybeUninit<u8>]>) -> 
         .map(|d| d[..src.len()].as_mut_ptr().cast::<u8>());
     let stream = out.is_some_and(|p| (p as usize).is_multiple_of(32));
     for j in 0..whole / 64 {
+        if 64 * j + FETCH_AHEAD < src.len() {
+            // SAFETY: a prefetch reads nothing the program can observe and
+            // cannot fault; the address is inside `src`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(src.as_ptr().add(64 * j + FETCH_AHEAD).cast()) };
+        }
         // SAFETY: `64 * j + 64 <= whole <= src.len()`; unaligned loads.
         let (x0, x1) = unsafe {
             let p = src.as_ptr().add(64 * j);
@@ -730,6 +735,15 @@ unsafe fn copy_sum_avx2(src: &[u8], mut dst: Option<&mut [MaybeUninit<u8>]>) -> 
     }
     finish(&acc, src.len())
 }
+
+/// How far ahead of its stripe [`copy_sum_avx2`] asks the CPU for the
+/// source's lines. A direct read leaves the bytes in memory, not in the
+/// cache, and the hardware prefetcher alone leaves the sum waiting on
+/// memory: on an AMD EPYC VM (one core reads memory at 15 GB/s there),
+/// the checksum of 1 GiB not in the cache ran at 9.8-10.7 GB/s without
+/// this, 12.0-13.2 GB/s with it (10.8-11.2 at 2 KiB ahead, 12.2-12.8 at
+/// 8 KiB).
+const FETCH_AHEAD: usize = 4 << 10;
 
 /// Multiplier of a stripe's index into its salt.
 const SALT: u64 = 0x9E37_79B9_7F4A_7C15;
