@@ -189,6 +189,20 @@ fn argmin_from(xn: f32, dots: &[f32], norms: &[f32], from: usize, best: (u32, f3
     (b, bd)
 }
 
+/// The best of the vector argmins' lanes: lane `l` found distance
+/// `lanes[l]` first at centre `at[l]`; the smallest distance wins, and the
+/// lowest centre among equals. `(0, inf)` when none is below infinity.
+#[cfg(target_arch = "x86_64")]
+fn best_of_lanes(lanes: &[f32], at: &[u32]) -> (u32, f32) {
+    let (mut b, mut bd) = (0u32, f32::INFINITY);
+    for (&v, &i) in lanes.iter().zip(at) {
+        if v < bd || (v == bd && i < b) {
+            (b, bd) = (i, v);
+        }
+    }
+    (b, bd)
+}
+
 /// Width of panel `q` of `k` centres.
 fn width(k: usize, q: usize) -> usize {
     if k - q * W <= W / 2 {
@@ -396,13 +410,13 @@ mod avx2 {
             _mm256_storeu_ps(lanes.as_mut_ptr(), best);
             _mm256_storeu_si256(lane_at.as_mut_ptr().cast(), at);
         }
-        let (mut b, mut bd) = (0u32, f32::INFINITY);
-        for (&v, &i) in lanes.iter().zip(&lane_at) {
-            if v < bd || (v == bd && i < b) {
-                (b, bd) = (i, v);
-            }
-        }
-        super::argmin_from(xn, dots, norms, full, (b, bd))
+        super::argmin_from(
+            xn,
+            dots,
+            norms,
+            full,
+            super::best_of_lanes(&lanes, &lane_at),
+        )
     }
 
     /// `acc[i * stride + j] (+)= sum_p x[i * d + p] * panel[p * 8V + j]`
@@ -495,13 +509,13 @@ mod avx512 {
             _mm512_storeu_ps(lanes.as_mut_ptr(), best);
             _mm512_storeu_si512(lane_at.as_mut_ptr().cast(), at);
         }
-        let (mut b, mut bd) = (0u32, f32::INFINITY);
-        for (&v, &i) in lanes.iter().zip(&lane_at) {
-            if v < bd || (v == bd && i < b) {
-                (b, bd) = (i, v);
-            }
-        }
-        super::argmin_from(xn, dots, norms, full, (b, bd))
+        super::argmin_from(
+            xn,
+            dots,
+            norms,
+            full,
+            super::best_of_lanes(&lanes, &lane_at),
+        )
     }
 
     /// [`super::avx2::tile`] for a full panel (16 centres), one 512-bit
