@@ -95,6 +95,7 @@
 
 mod alloc;
 mod cap;
+mod checksum;
 mod error;
 mod executor;
 mod lineage;
@@ -110,6 +111,7 @@ pub use alloc::{
     TrapAlloc,
 };
 pub use cap::{parse_size, MemoryCap};
+pub use checksum::Checksum;
 pub use error::{Error, ExecutorId, Result};
 pub use executor::State;
 pub use lineage::Lineage;

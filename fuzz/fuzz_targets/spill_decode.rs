@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
 use outcore::fuzzing::{decode_bytes, encode_bytes, fingerprint, FileKey, HEADER_LEN};
-use outcore::PodVec;
+use outcore::{Checksum, PodVec};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, PartialEq, Debug)]
@@ -37,9 +37,9 @@ fuzz_target!(|input: &[u8]| {
         let template = encode_bytes(key, &()).expect("header");
         let mut f = template[..HEADER_LEN].to_vec();
         f[40..48].copy_from_slice(&(rest.len() as u64).to_le_bytes());
-        f[48..52].copy_from_slice(&crc32fast::hash(rest).to_le_bytes());
-        let crc = crc32fast::hash(&f[0..52]);
-        f[52..56].copy_from_slice(&crc.to_le_bytes());
+        f[48..56].copy_from_slice(&Checksum::of(rest).to_le_bytes());
+        let sum = Checksum::of(&f[0..56]);
+        f[56..64].copy_from_slice(&sum.to_le_bytes());
         f.extend_from_slice(rest);
         f
     };

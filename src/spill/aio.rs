@@ -29,6 +29,8 @@ use std::io;
 use std::os::unix::io::AsRawFd;
 use std::sync::OnceLock;
 
+use crate::Checksum;
+
 /// Bytes per read.
 pub(super) const PIECE: usize = 512 << 10;
 /// Reads in flight at most.
@@ -201,8 +203,9 @@ fn discard(ctx: Context) {
 }
 
 /// Reads `len` bytes (a multiple of the page size) of `file` (opened with
-/// `O_DIRECT`) at `pos` into `dst`, several pieces in flight, and returns
-/// the CRC state of those bytes. `None` when that did not work: no context
+/// `O_DIRECT`) at `pos` into `dst`, several pieces in flight, adding each
+/// piece to `sum` in order as it lands. `false` when that did not work
+/// (then `sum` may hold part of the range): no context
 /// could be made, a read was refused or failed, or the file ended early.
 /// No read is in flight then, and the caller reads the whole range again
 /// another way (which reports what is wrong, if anything is: a transient
@@ -218,17 +221,20 @@ pub(super) unsafe fn read(
     pos: u64,
     dst: *mut u8,
     len: usize,
-) -> Option<crc32fast::Hasher> {
-    let ctx = take_context()?;
+    sum: &mut Checksum,
+) -> bool {
+    let Some(ctx) = take_context() else {
+        return false;
+    };
     // SAFETY: the caller's promise, passed on.
-    match unsafe { read_with(&ctx, file, pos, dst, len) } {
-        Outcome::Read(crc) => {
+    match unsafe { read_with(&ctx, file, pos, dst, len, sum) } {
+        Outcome::Read => {
             give_back(ctx);
-            Some(crc)
+            true
         }
         Outcome::Failed => {
             give_back(ctx);
-            None
+            false
         }
         Outcome::Stale | Outcome::WaitFailed => {
             // A context the kernel does not know (inherited across a fork)
@@ -236,15 +242,15 @@ pub(super) unsafe fn read(
             // teardown waits for every read still in flight into `dst`,
             // before the caller reads the range again.
             discard(ctx);
-            None
+            false
         }
     }
 }
 
 /// How [`read_with`] ended.
 enum Outcome {
-    /// Every byte is in; their CRC.
-    Read(crc32fast::Hasher),
+    /// Every byte is in, and added to the checksum.
+    Read,
     /// A read was refused or failed, or the file ended early; every read
     /// submitted has completed.
     Failed,
@@ -261,7 +267,14 @@ enum Outcome {
 /// # Safety
 ///
 /// As for [`read`].
-unsafe fn read_with(ctx: &Context, file: &File, pos: u64, dst: *mut u8, len: usize) -> Outcome {
+unsafe fn read_with(
+    ctx: &Context,
+    file: &File,
+    pos: u64,
+    dst: *mut u8,
+    len: usize,
+    sum: &mut Checksum,
+) -> Outcome {
     let Ok(fd) = u32::try_from(file.as_raw_fd()) else {
         return Outcome::Failed;
     };
@@ -271,7 +284,6 @@ unsafe fn read_with(ctx: &Context, file: &File, pos: u64, dst: *mut u8, len: usi
     // bytes of its piece read so far, and whether all of them are in.
     let mut got = [0usize; DEPTH];
     let mut landed = [false; DEPTH];
-    let mut crc = crc32fast::Hasher::new();
     let mut next = 0; // the next piece to submit
     let mut summed = 0; // pieces checksummed, in order
     let mut in_flight = 0;
@@ -336,7 +348,7 @@ unsafe fn read_with(ctx: &Context, file: &File, pos: u64, dst: *mut u8, len: usi
                 let (at, n) = piece(summed);
                 // SAFETY: the kernel wrote all `n` bytes of this piece,
                 // which lie within the `len` bytes lent to us.
-                crc.update(unsafe { std::slice::from_raw_parts(dst.add(at), n) });
+                sum.update(unsafe { std::slice::from_raw_parts(dst.add(at), n) });
                 summed += 1;
             }
         }
@@ -344,6 +356,6 @@ unsafe fn read_with(ctx: &Context, file: &File, pos: u64, dst: *mut u8, len: usi
     if failed {
         Outcome::Failed
     } else {
-        Outcome::Read(crc)
+        Outcome::Read
     }
 }

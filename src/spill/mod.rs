@@ -5,19 +5,22 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic "OUTCORE\0"
-//!      8     4  format version (2)
+//!      8     4  format version (3)
 //!     12     4  flags (0)
 //!     16     8  executor id
 //!     24     8  generation (bumped on every write of that executor)
 //!     32     8  type fingerprint (hash of the Rust type's name and size)
 //!     40     8  payload length in bytes
-//!     48     4  CRC-32 of the payload
-//!     52     4  CRC-32 of bytes 0..52
-//!     56     …  payload: the value encoded with bincode 2 (serde, fixed-width
+//!     48     8  checksum of the payload ([`Checksum`](crate::Checksum))
+//!     56     8  checksum of bytes 0..56
+//!     64     …  payload: the value encoded with bincode 2 (serde, fixed-width
 //!               little-endian integers)
 //! ```
 //!
-//! Version 2: the bytes of every [`PodVec`](crate::PodVec) of 1 MiB or more
+//! Version 3: 64-bit checksums (version 2 had CRC-32s, which cost loads
+//! more CPU than their direct reads), and a 64-byte header.
+//!
+//! Since version 2: the bytes of every [`PodVec`](crate::PodVec) of 1 MiB or more
 //! start on a 4 KiB boundary of the file (the vector's encoding carries the
 //! padding), so loading reads them with `O_DIRECT` straight into the new
 //! vector, which the allocator places on a page boundary. The rest of the
@@ -30,7 +33,7 @@
 //! header. Loading checks every header field and the file length before
 //! decoding, decodes under a bincode size limit derived from the payload
 //! length (so a damaged length prefix cannot ask for a huge allocation), and
-//! checks the payload CRC and that every byte was consumed before handing the
+//! checks the payload checksum and that every byte was consumed before handing the
 //! value back.
 //!
 //! A write counts only once `fdatasync` and a checked `close` have
@@ -54,13 +57,14 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::pod::RawRead;
+use crate::Checksum;
 
 /// Magic bytes at the start of every spill file.
 pub const MAGIC: [u8; 8] = *b"OUTCORE\0";
 /// The current format version.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Header length in bytes.
-pub const HEADER_LEN: usize = 56;
+pub const HEADER_LEN: usize = 64;
 /// Buffer size of the spill writer.
 const IO_BUF: usize = 1 << 20;
 /// Buffer size of the spill reader. Small on purpose: `PodVec` reads its
@@ -107,7 +111,7 @@ pub(crate) fn bincode_config(
 struct Header {
     key: FileKey,
     payload_len: u64,
-    payload_crc: u32,
+    payload_sum: u64,
 }
 
 impl Header {
@@ -119,9 +123,9 @@ impl Header {
         b[24..32].copy_from_slice(&self.key.generation.to_le_bytes());
         b[32..40].copy_from_slice(&self.key.fingerprint.to_le_bytes());
         b[40..48].copy_from_slice(&self.payload_len.to_le_bytes());
-        b[48..52].copy_from_slice(&self.payload_crc.to_le_bytes());
-        let crc = crc32fast::hash(&b[0..52]);
-        b[52..56].copy_from_slice(&crc.to_le_bytes());
+        b[48..56].copy_from_slice(&self.payload_sum.to_le_bytes());
+        let sum = Checksum::of(&b[0..56]);
+        b[56..64].copy_from_slice(&sum.to_le_bytes());
         b
     }
 
@@ -135,7 +139,7 @@ impl Header {
         if b[0..8] != MAGIC {
             return Err("not an outcore spill file (bad magic)".into());
         }
-        if u32_at(52) != crc32fast::hash(&b[0..52]) {
+        if u64_at(56) != Checksum::of(&b[0..56]) {
             return Err("header checksum mismatch (damaged header)".into());
         }
         let version = u32_at(8);
@@ -151,7 +155,7 @@ impl Header {
                 fingerprint: u64_at(32),
             },
             payload_len: u64_at(40),
-            payload_crc: u32_at(48),
+            payload_sum: u64_at(48),
         })
     }
 }
@@ -159,14 +163,14 @@ impl Header {
 /// A writer that counts and checksums what passes through.
 struct Tee<W> {
     inner: W,
-    crc: crc32fast::Hasher,
+    sum: Checksum,
     len: u64,
 }
 
 impl<W: Write> Write for Tee<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.inner.write(buf)?;
-        self.crc.update(&buf[..n]);
+        self.sum.update(&buf[..n]);
         self.len += n as u64;
         crate::pod::WritePos::advance(n as u64);
         Ok(n)
@@ -181,7 +185,7 @@ impl<W: Write> Write for Tee<W> {
 /// page-aligned stretches of the payload with `O_DIRECT`.
 struct TeeRead<R> {
     inner: R,
-    crc: crc32fast::Hasher,
+    sum: Checksum,
     /// Payload bytes not read yet.
     left: u64,
     /// The file offset of the next payload byte.
@@ -201,7 +205,7 @@ impl<R: Read> Read for TeeRead<R> {
             return Ok(0);
         }
         let n = self.inner.read(&mut buf[..max])?;
-        self.crc.update(&buf[..n]);
+        self.sum.update(&buf[..n]);
         self.left -= n as u64;
         self.pos += n as u64;
         Ok(n)
@@ -221,9 +225,10 @@ impl<R: Read + Seek> RawRead for TeeRead<R> {
         if want == 0 {
             return Ok(0);
         }
+        let mut sum = self.sum.clone();
         // SAFETY: the caller lends us `len >= want` bytes at `dst`.
-        let crc = match unsafe { read_pieces(file, self.pos, dst, want) } {
-            Ok(crc) => crc,
+        match unsafe { read_pieces(file, self.pos, dst, want, &mut sum) } {
+            Ok(()) => self.sum = sum,
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 // Refused (alignment rules stricter than a page, a
                 // filesystem without direct reads): nothing was taken from
@@ -232,8 +237,7 @@ impl<R: Read + Seek> RawRead for TeeRead<R> {
                 return Ok(0);
             }
             Err(e) => return Err(e),
-        };
-        self.crc.combine(&crc);
+        }
         self.left -= want as u64;
         self.pos += want as u64;
         self.direct_bytes += want as u64;
@@ -246,9 +250,9 @@ impl<R: Read + Seek> RawRead for TeeRead<R> {
 }
 
 /// Reads `len` bytes (a multiple of the page size) of `file` at `pos`
-/// into `dst` with direct I/O, each piece checksummed as it lands. Returns
-/// the CRC state of the bytes read (combined into the stream's only once
-/// all of them are in).
+/// into `dst` with direct I/O, each piece added to `sum` as it lands (on
+/// error, `sum` holds part of the range: the caller's copy is not
+/// updated until all of it is in).
 ///
 /// Through native AIO ([`aio`]), several 512 KiB reads in flight; where
 /// that is unavailable or did not work (then the whole range again, which
@@ -266,23 +270,27 @@ unsafe fn read_pieces(
     pos: u64,
     dst: *mut u8,
     len: usize,
-) -> io::Result<crc32fast::Hasher> {
+    sum: &mut Checksum,
+) -> io::Result<()> {
     #[cfg(all(target_pointer_width = "64", target_endian = "little"))]
-    // SAFETY: the caller's promise, passed on.
-    if let Some(crc) = unsafe { aio::read(file, pos, dst, len) } {
-        return Ok(crc);
+    {
+        let before = sum.clone();
+        // SAFETY: the caller's promise, passed on.
+        if unsafe { aio::read(file, pos, dst, len, sum) } {
+            return Ok(());
+        }
+        *sum = before;
     }
-    let mut crc = crc32fast::Hasher::new();
     let mut off = 0;
     while off < len {
         let n = DIRECT_PIECE.min(len - off);
         // SAFETY: `off..off + n` lies within the `len` bytes lent to us.
         unsafe { read_piece(file, pos + off as u64, dst.add(off), n) }?;
         // SAFETY: the kernel wrote all `n` bytes at `dst + off`.
-        crc.update(unsafe { std::slice::from_raw_parts(dst.add(off), n) });
+        sum.update(unsafe { std::slice::from_raw_parts(dst.add(off), n) });
         off += n;
     }
-    Ok(crc)
+    Ok(())
 }
 
 /// Reads exactly `n` bytes at `pos` into `dst` with direct I/O.
@@ -351,7 +359,7 @@ fn encode_payload_into<W: Write, T: Serialize>(
 ) -> std::result::Result<Tee<W>, bincode::error::EncodeError> {
     let mut tee = Tee {
         inner,
-        crc: crc32fast::Hasher::new(),
+        sum: Checksum::new(),
         len: 0,
     };
     let _pos = crate::pod::WritePos::install(HEADER_LEN as u64);
@@ -379,7 +387,7 @@ pub fn write_file<T: Serialize>(path: &Path, key: FileKey, value: &T) -> io::Res
     let header = Header {
         key,
         payload_len: tee.len,
-        payload_crc: tee.crc.finalize(),
+        payload_sum: tee.sum.finish(),
     };
     let mut w = tee.inner;
     w.flush().map_err(context("write"))?;
@@ -523,24 +531,24 @@ pub fn decode_bytes<T: DeserializeOwned>(
 }
 
 /// The payload of `value` as the spill writer lays it out (large `PodVec`
-/// bytes on 4 KiB boundaries of the file), and its CRC.
+/// bytes on 4 KiB boundaries of the file), and its checksum.
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn encode_payload<T: Serialize>(
     value: &T,
-) -> std::result::Result<(Vec<u8>, u32), String> {
+) -> std::result::Result<(Vec<u8>, u64), String> {
     let tee = encode_payload_into(Vec::new(), value).map_err(|e| format!("encode: {e}"))?;
-    Ok((tee.inner, tee.crc.finalize()))
+    Ok((tee.inner, tee.sum.finish()))
 }
 
 #[cfg(feature = "fuzzing")]
 /// Encodes `value` as a whole spill file in memory (the inverse of
 /// [`decode_bytes`]).
 pub fn encode_bytes<T: Serialize>(key: FileKey, value: &T) -> std::result::Result<Vec<u8>, String> {
-    let (payload, payload_crc) = encode_payload(value)?;
+    let (payload, payload_sum) = encode_payload(value)?;
     let header = Header {
         key,
         payload_len: payload.len() as u64,
-        payload_crc,
+        payload_sum,
     };
     let mut out = header.encode().to_vec();
     out.extend_from_slice(&payload);
@@ -585,7 +593,7 @@ fn read_from<T: DeserializeOwned, R: Read + Seek>(
     }
     let tee = RefCell::new(TeeRead {
         inner: r,
-        crc: crc32fast::Hasher::new(),
+        sum: Checksum::new(),
         left: h.payload_len,
         pos: HEADER_LEN as u64,
         direct,
@@ -600,7 +608,7 @@ fn read_from<T: DeserializeOwned, R: Read + Seek>(
     if tee.left != 0 {
         return Err(format!("{} trailing payload bytes not decoded", tee.left));
     }
-    if tee.crc.finalize() != h.payload_crc {
+    if tee.sum.finish() != h.payload_sum {
         return Err("payload checksum mismatch (damaged data)".into());
     }
     Ok((value, tee.direct_bytes))

@@ -113,17 +113,17 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
     u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
 }
 
-/// Recomputes the header CRC (bytes 52..56 over 0..52).
-fn fix_header_crc(b: &mut [u8]) {
-    let crc = crc32fast::hash(&b[0..52]);
-    b[52..56].copy_from_slice(&crc.to_le_bytes());
+/// Recomputes the header checksum (bytes 56..64 over 0..56).
+fn fix_header_sum(b: &mut [u8]) {
+    let sum = Checksum::of(&b[0..56]);
+    b[56..64].copy_from_slice(&sum.to_le_bytes());
 }
 
-/// Recomputes the payload CRC (bytes 48..52) and then the header CRC.
-fn fix_crcs(b: &mut [u8]) {
-    let crc = crc32fast::hash(&b[HEADER_LEN..]);
-    b[48..52].copy_from_slice(&crc.to_le_bytes());
-    fix_header_crc(b);
+/// Recomputes the payload checksum (bytes 48..56) and then the header's.
+fn fix_sums(b: &mut [u8]) {
+    let sum = Checksum::of(&b[HEADER_LEN..]);
+    b[48..56].copy_from_slice(&sum.to_le_bytes());
+    fix_header_sum(b);
 }
 
 /// Writes `value` to `dir/name` and returns the path and the file's bytes,
@@ -205,8 +205,8 @@ where
     assert_eq!(u64_at(&bytes, 24), k.generation);
     assert_eq!(u64_at(&bytes, 32), k.fingerprint);
     assert_eq!(u64_at(&bytes, 40), payload.len() as u64);
-    assert_eq!(u32_at(&bytes, 48), crc32fast::hash(&payload));
-    assert_eq!(u32_at(&bytes, 52), crc32fast::hash(&bytes[0..52]));
+    assert_eq!(u64_at(&bytes, 48), Checksum::of(&payload));
+    assert_eq!(u64_at(&bytes, 56), Checksum::of(&bytes[0..56]));
     // Payload: the bincode encoding, streamed unchanged.
     assert!(bytes[HEADER_LEN..] == payload[..], "payload differs");
 
@@ -431,7 +431,7 @@ fn check_counted_trailing_byte<T>(value: &T)
 where
     T: Serialize + DeserializeOwned + PartialEq + Debug + 'static,
 {
-    // A byte appended *and* counted in the header (both CRCs recomputed):
+    // A byte appended *and* counted in the header (both checksums recomputed):
     // only the "every byte consumed" check can catch it.
     let dir = tempfile::tempdir().unwrap();
     let k = key::<T>(1, 1);
@@ -439,7 +439,7 @@ where
     b.push(0x5a);
     let plen = (b.len() - HEADER_LEN) as u64;
     b[40..48].copy_from_slice(&plen.to_le_bytes());
-    fix_crcs(&mut b);
+    fix_sums(&mut b);
     std::fs::write(&path, &b).unwrap();
     let what = std::any::type_name::<T>();
     let err = expect_err(&path, k, value, &what);
@@ -454,7 +454,7 @@ fn trailing_bytes_covered_by_the_header_are_detected() {
     check_counted_trailing_byte(&mixed(100));
 }
 
-/// Rewrites the payload length field (header CRC recomputed, so only the
+/// Rewrites the payload length field (header checksum recomputed, so only the
 /// length check can catch it) with each claim and expects a length error.
 fn check_length_claims(claims: &[u64]) {
     let dir = tempfile::tempdir().unwrap();
@@ -466,7 +466,7 @@ fn check_length_claims(claims: &[u64]) {
         assert_ne!(claim, real);
         let mut b = bytes.clone();
         b[40..48].copy_from_slice(&claim.to_le_bytes());
-        fix_header_crc(&mut b);
+        fix_header_sum(&mut b);
         std::fs::write(&path, &b).unwrap();
         let what = format!("payload length claimed as {claim}");
         let err = expect_err(&path, k, &v, &what);
@@ -757,7 +757,7 @@ fn bad_magic_is_reported() {
     {
         let mut b = bytes.clone();
         b[0..8].copy_from_slice(&bad);
-        fix_header_crc(&mut b);
+        fix_header_sum(&mut b);
         std::fs::write(&path, &b).unwrap();
         let what = format!("magic #{i}");
         let err = expect_err(&path, k, &v, &what);
@@ -778,7 +778,7 @@ fn bad_version_is_reported() {
     for version in [0u32, VERSION + 1, u32::MAX] {
         let mut b = bytes.clone();
         b[8..12].copy_from_slice(&version.to_le_bytes());
-        fix_header_crc(&mut b);
+        fix_header_sum(&mut b);
         std::fs::write(&path, &b).unwrap();
         let what = format!("version {version}");
         let err = expect_err(&path, k, &s, &what);
@@ -787,12 +787,12 @@ fn bad_version_is_reported() {
 }
 
 // ---------------------------------------------------------------------------
-// Forged length prefixes inside the payload (CRCs recomputed, so the decoder
+// Forged length prefixes inside the payload (checksums recomputed, so the decoder
 // itself must refuse them without trying to allocate what they claim)
 // ---------------------------------------------------------------------------
 
 /// Overwrites 8 payload bytes at `offset` with `value`, recomputes both
-/// CRCs, writes the file and returns the error.
+/// checksums, writes the file and returns the error.
 fn forge<T>(
     path: &Path,
     bytes: &[u8],
@@ -807,7 +807,7 @@ where
     let mut b = bytes.to_vec();
     let at = HEADER_LEN + offset;
     b[at..at + 8].copy_from_slice(&value.to_le_bytes());
-    fix_crcs(&mut b);
+    fix_sums(&mut b);
     std::fs::write(path, &b).unwrap();
     expect_err(
         path,
@@ -873,13 +873,13 @@ fn forged_pod_vec_chunk_and_sequence_lengths_are_rejected() {
         let err = forge(&path, &bytes, k, &v, chunk_at, claim);
         assert_mentions(&err, &["chunk length"], &format!("chunk = {claim}"));
     }
-    // Sequence length (CRCs recomputed): the raw-reader path does not rely
+    // Sequence length (checksums recomputed): the raw-reader path does not rely
     // on it beyond the first element, so the decoder may accept it; whatever
     // happens, no other value may come back and nothing may panic.
     for claim in [u64::MAX, 1 << 40, 0] {
         let mut b = bytes.clone();
         b[HEADER_LEN..HEADER_LEN + 8].copy_from_slice(&claim.to_le_bytes());
-        fix_crcs(&mut b);
+        fix_sums(&mut b);
         std::fs::write(&path, &b).unwrap();
         if let Ok((back, _)) = read_file::<PodVec<f32>>(&path, k) {
             assert_eq!(back, v, "forged sequence length {claim} changed the value");
@@ -1295,30 +1295,35 @@ fn native_aio_reads_ranges_back_exactly() {
         (0, size),
     ] {
         let buf = PageBuf::new(len);
-        // SAFETY: `buf` holds `len` writable bytes that nothing else uses.
-        let got = unsafe { aio::read(&file, pos as u64, buf.ptr, len) }
-            .unwrap_or_else(|| panic!("native AIO did not read {len} bytes at {pos}"));
+        let mut got = Checksum::new();
+        got.update(b"earlier bytes of the stream");
+        let mut want = got.clone();
+        assert!(
+            // SAFETY: `buf` holds `len` writable bytes that nothing else uses.
+            unsafe { aio::read(&file, pos as u64, buf.ptr, len, &mut got) },
+            "native AIO did not read {len} bytes at {pos}"
+        );
         assert!(
             buf.bytes(len) == &data[pos..pos + len],
             "{len} bytes at {pos}"
         );
-        let mut want = crc32fast::Hasher::new();
         want.update(&data[pos..pos + len]);
-        assert_eq!(got.finalize(), want.finalize(), "{len} bytes at {pos}");
+        assert_eq!(got.finish(), want.finish(), "{len} bytes at {pos}");
     }
     // Past the end: the last piece comes back short, and the read is given
     // up (nothing in flight any more); the whole load then reports it.
     let len = size + 5 * PAGE;
     let buf = PageBuf::new(len);
     // SAFETY: as above.
-    let r = unsafe { aio::read(&file, 0, buf.ptr, len) };
-    assert!(r.is_none(), "a read past the end succeeded");
+    let r = unsafe { aio::read(&file, 0, buf.ptr, len, &mut Checksum::new()) };
+    assert!(!r, "a read past the end succeeded");
     // SAFETY: as above.
-    let e = unsafe { read_pieces(&file, 0, buf.ptr, len) }.expect_err("pread past the end");
+    let e = unsafe { read_pieces(&file, 0, buf.ptr, len, &mut Checksum::new()) }
+        .expect_err("pread past the end");
     assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
     // The thread's context is still good after a failed read.
     let buf = PageBuf::new(piece);
     // SAFETY: as above.
-    assert!(unsafe { aio::read(&file, 0, buf.ptr, piece) }.is_some());
+    assert!(unsafe { aio::read(&file, 0, buf.ptr, piece, &mut Checksum::new()) });
     assert!(buf.bytes(piece) == &data[..piece]);
 }

@@ -446,7 +446,7 @@ impl<C: Column> Checked<C> {
         Ok(out)
     }
 
-    fn read(&self, first: u64, n: usize, crc: &OnceLock<u32>) -> io::Result<Vec<C::Item>> {
+    fn read(&self, first: u64, n: usize, at_first: &OnceLock<u64>) -> io::Result<Vec<C::Item>> {
         let changed = || {
             io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -463,8 +463,8 @@ impl<C: Column> Checked<C> {
             .col
             .read_at(first, n)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-        let sum = crc32fast::hash(&bytes);
-        if *crc.get_or_init(|| sum) != sum {
+        let sum = outcore::Checksum::of(&bytes);
+        if *at_first.get_or_init(|| sum) != sum {
             return Err(changed());
         }
         Ok(values)
@@ -522,9 +522,9 @@ struct FromFile<T> {
     dims: usize,
     /// The block's checksum at its first read.
     sum: OnceLock<u64>,
-    /// Its labels' and weights' CRC-32 at their first read.
-    label_crc: OnceLock<u32>,
-    weight_crc: OnceLock<u32>,
+    /// Its labels' and weights' checksums at their first read.
+    label_sum: OnceLock<u64>,
+    weight_sum: OnceLock<u64>,
     build: BuildFn<T>,
     /// Counts the dataset's executors built at least once.
     built: Arc<AtomicUsize>,
@@ -541,11 +541,11 @@ impl<T: Send + 'static> Lineage<T> for FromFile<T> {
             .region
             .read_in_place(self.first, self.rows, &self.sum)?;
         let y = match &self.labels {
-            Some(l) => l.read(self.first, self.rows, &self.label_crc)?,
+            Some(l) => l.read(self.first, self.rows, &self.label_sum)?,
             None => Vec::new(),
         };
         let w = match &self.weights {
-            Some(c) => c.read(self.first, self.rows, &self.weight_crc)?,
+            Some(c) => c.read(self.first, self.rows, &self.weight_sum)?,
             None => Vec::new(),
         };
         Ok((self.build)(Block {
@@ -568,7 +568,7 @@ struct Generated<T> {
     /// Whether the block carries its blob labels.
     labels: bool,
     weights: Option<Arc<Checked<NpyVector>>>,
-    weight_crc: OnceLock<u32>,
+    weight_sum: OnceLock<u64>,
     first: u64,
     rows: usize,
     build: BuildFn<T>,
@@ -596,7 +596,7 @@ impl<T: Send + 'static> Lineage<T> for Generated<T> {
             Vec::new()
         };
         let w = match &self.weights {
-            Some(c) => c.read(self.first, self.rows, &self.weight_crc)?,
+            Some(c) => c.read(self.first, self.rows, &self.weight_sum)?,
             None => Vec::new(),
         };
         Ok((self.build)(Block {
@@ -704,8 +704,8 @@ impl Loader<'_> {
                         rows: n,
                         dims,
                         sum: OnceLock::new(),
-                        label_crc: OnceLock::new(),
-                        weight_crc: OnceLock::new(),
+                        label_sum: OnceLock::new(),
+                        weight_sum: OnceLock::new(),
                         build: build.clone(),
                         built: built.clone(),
                         counted: AtomicBool::new(false),
@@ -718,7 +718,7 @@ impl Loader<'_> {
                         blobs: blobs.clone(),
                         labels: *labels,
                         weights: weights.clone(),
-                        weight_crc: OnceLock::new(),
+                        weight_sum: OnceLock::new(),
                         first,
                         rows: n,
                         build: build.clone(),

@@ -554,14 +554,14 @@ mod tests {
         let p = file(dir, 128, rows, dims);
         let r = Region::open(&p, 128, dims, Encoding::F32).unwrap().unwrap();
         for (first, n) in [(0, 1), (3, 2000), (1, rows - 1), (rows - 7, 7)] {
-            let crc = OnceLock::new();
-            let v = r.read(first as u64, n, &crc).unwrap();
+            let sum = OnceLock::new();
+            let v = r.read(first as u64, n, &sum).unwrap();
             assert_eq!(v.len(), n * dims);
             for (k, &x) in v.iter().enumerate() {
                 assert_eq!(x, (first * dims + k) as f32, "block {first}+{n}, value {k}");
             }
             // A second read matches the first's checksum.
-            assert_eq!(r.read(first as u64, n, &crc).unwrap(), v);
+            assert_eq!(r.read(first as u64, n, &sum).unwrap(), v);
         }
         let past = r.read(rows as u64 - 1, 2, &OnceLock::new());
         assert!(past.is_err(), "a read past the end must fail");
@@ -587,12 +587,12 @@ mod tests {
             (rows - 7, 7),
             (1100, 1100),
         ] {
-            let crc = OnceLock::new();
+            let sum = OnceLock::new();
             // The first read copies; the ones in place must agree with its
             // checksum, and with each other.
-            let copied = r.read(first as u64, n, &crc).unwrap();
+            let copied = r.read(first as u64, n, &sum).unwrap();
             for _ in 0..2 {
-                let (v, skip) = r.read_in_place(first as u64, n, &crc).unwrap();
+                let (v, skip) = r.read_in_place(first as u64, n, &sum).unwrap();
                 assert!(v[skip..] == copied[..], "block {first}+{n}");
                 let pos = 128 + first * dims * 4;
                 if skip > 0 || pos % ALIGN == 0 {
@@ -626,9 +626,9 @@ mod tests {
                     for round in 0..6 {
                         let first = (t * 500 + round * 13) % (rows - 600);
                         let n = 300 + 50 * t;
-                        let crc = OnceLock::new();
+                        let sum = OnceLock::new();
                         for _ in 0..2 {
-                            let v = r.read(first as u64, n, &crc).unwrap();
+                            let v = r.read(first as u64, n, &sum).unwrap();
                             assert_eq!(v.len(), n * dims);
                             for (k, &x) in v.iter().enumerate() {
                                 assert_eq!(x, (first * dims + k) as f32, "thread {t}, value {k}");
@@ -706,8 +706,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = file(dir.path(), 0, 64, 4);
         let r = Region::open(&p, 0, 4, Encoding::F32).unwrap().unwrap();
-        let crc = OnceLock::new();
-        r.read(8, 8, &crc).unwrap();
+        let sum = OnceLock::new();
+        r.read(8, 8, &sum).unwrap();
 
         // Rewritten in place with the same size and modification time: only
         // the checksum can tell.
@@ -716,7 +716,7 @@ mod tests {
         f.write_all_at(&7f32.to_le_bytes(), 8 * 16 + 4).unwrap();
         f.set_modified(meta.modified().unwrap()).unwrap();
         drop(f);
-        let e = r.read(8, 8, &crc).unwrap_err();
+        let e = r.read(8, 8, &sum).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
         assert!(e.to_string().contains("changed during the run"), "{e}");
         assert!(e.to_string().contains("rows 8..16"), "{e}");
