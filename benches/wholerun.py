@@ -12,7 +12,8 @@ For the data file (written once with `outcore gen` if missing) it measures:
   `O_DIRECT`, 1 MiB requests, 8 in flight (the issue's definition; where fio
   is missing, `dd iflag=direct bs=1M`, one request at a time, which
   understates what the device gives a deep queue), page cache dropped,
-  best of two before and two after the runs;
+  best of two before and two after the runs; and once more with every
+  core spinning, for comparison (not in the bound);
 - an uncapped run and a capped run of `outcore kmeans` (mini-batch, k = 100,
   page cache dropped before each): wall time, load phase, initialisation,
   each epoch, bytes read per epoch, and the CPU time the hypervisor took
@@ -68,19 +69,38 @@ def dd_bandwidth(path):
     return runs
 
 
-def fio_bandwidth(path):
-    """Two fio reads (O_DIRECT, 1 MiB, queue depth 8), bytes/s each; none without fio."""
+def fio_bandwidth(path, runs=2):
+    """fio reads (O_DIRECT, 1 MiB, queue depth 8), bytes/s each; none without fio."""
     if not shutil.which("fio"):
         return []
-    runs = []
-    for _ in range(2):
+    out_runs = []
+    for _ in range(runs):
         drop_caches()
         out = subprocess.run(["fio", "--name=bound", f"--filename={path}", "--rw=read", "--direct=1",
                               "--bs=1M", "--iodepth=8", "--ioengine=io_uring", "--readonly",
                               "--output-format=json"],
                              check=True, capture_output=True, text=True).stdout
-        runs.append(json.loads(out)["jobs"][0]["read"]["bw_bytes"])
-    return runs
+        out_runs.append(json.loads(out)["jobs"][0]["read"]["bw_bytes"])
+    return out_runs
+
+
+def fio_busy(path):
+    """One fio read as in `fio_bandwidth` while every core spins (as both
+    workers do in a run), and the CPU time the hypervisor took meanwhile.
+    On a VM whose disk is emulated on the VM's own cores, the disk gives
+    less to a busy machine than to an idle one."""
+    if not shutil.which("fio"):
+        return None, 0.0
+    spin = [subprocess.Popen(["sh", "-c", "while :; do :; done"])
+            for _ in range(os.cpu_count() or 1)]
+    try:
+        before = stolen_seconds()
+        bw = fio_bandwidth(path, runs=1)[0]
+        return bw, stolen_seconds() - before
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
 
 
 def stolen_seconds():
@@ -141,6 +161,7 @@ def main():
     cap = kmeans(binary, data, f"{a.cap >> 20}MiB", a.epochs)
     dd_runs += dd_bandwidth(data)
     fio_runs += fio_bandwidth(data)
+    busy_bw, busy_stolen = fio_busy(data)
     # The best run sets the bound: the strictest reading of the device.
     dd, fio = max(dd_runs), max(fio_runs, default=0.0)
     bw = fio or dd
@@ -165,6 +186,9 @@ def main():
           f"B = {bw / 1e9:.2f} GB/s")
     runs = lambda v: ", ".join(f"{x / 1e9:.2f}" for x in v)
     print(f"all four runs, GB/s: fio {runs(fio_runs) or '-'}; dd {runs(dd_runs)}")
+    if busy_bw:
+        print(f"fio with every core busy: {busy_bw / 1e9:.2f} GB/s, "
+              f"{busy_stolen:.1f} s of CPU stolen meanwhile")
     print("| run | wall s | load s | init s (read GiB) | epochs s | tail s | read/epoch GiB | stolen CPU s | wall / bound |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, s in [("uncapped", unc), (f"capped {a.cap / gib:.2f} GiB", cap)]:

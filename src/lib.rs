@@ -75,6 +75,8 @@
 //! - [`EvictionPolicy`]: which executor goes first.
 //! - [`PodVec`] ([`Plain`] element types): a vector that spills at memory
 //!   speed.
+//! - [`Lineage`]: how to rebuild an executor instead of spilling it, and
+//!   [`Checksum`], fast enough to check that its source has not changed.
 //! - [`Stats`], [`State`], [`Error`], [`Result`], [`ExecutorId`].
 //!
 //! ## Executor states

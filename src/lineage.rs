@@ -24,7 +24,9 @@ use std::io;
 /// - `rebuild` returns a value equal to the one the executor was inserted
 ///   with (or first built with), every time. A lineage that reads a file
 ///   should check that the file has not changed since the first read and
-///   return an error if it has.
+///   return an error if it has ([`Checksum`](crate::Checksum) of the bytes
+///   at the first read, compared at each rebuild, costs about a memory
+///   read of them).
 /// - An error or a panic makes the executor *damaged*: the task gets
 ///   [`Error::Rebuild`](crate::Error::Rebuild) naming the executor, and the
 ///   runtime goes on.
