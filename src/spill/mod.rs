@@ -148,6 +148,12 @@ impl Header {
                 "unsupported format version {version} (expected {VERSION})"
             ));
         }
+        let flags = u32_at(12);
+        if flags != 0 {
+            return Err(format!(
+                "unknown header flags {flags:#x} (this version writes none)"
+            ));
+        }
         Ok(Header {
             key: FileKey {
                 executor: u64_at(16),

@@ -786,6 +786,23 @@ fn bad_version_is_reported() {
     }
 }
 
+#[test]
+fn unknown_flags_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = key::<Sample>(1, 1);
+    let s = sample(10);
+    let (path, bytes) = write_checked(dir.path(), "f.spill", k, &s);
+    for flags in [1u32, 0x8000_0000] {
+        let mut b = bytes.clone();
+        b[12..16].copy_from_slice(&flags.to_le_bytes());
+        fix_header_sum(&mut b);
+        std::fs::write(&path, &b).unwrap();
+        let what = format!("flags {flags:#x}");
+        let err = expect_err(&path, k, &s, &what);
+        assert_mentions(&err, &["flags", &format!("{flags:#x}")], &what);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Forged length prefixes inside the payload (checksums recomputed, so the decoder
 // itself must refuse them without trying to allocate what they claim)
