@@ -169,15 +169,14 @@ impl Header {
 /// A writer that counts and checksums what passes through.
 struct Tee<W> {
     inner: W,
+    /// The checksum of what passed, which also counts it.
     sum: Checksum,
-    len: u64,
 }
 
 impl<W: Write> Write for Tee<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.inner.write(buf)?;
         self.sum.update(&buf[..n]);
-        self.len += n as u64;
         crate::pod::WritePos::advance(n as u64);
         Ok(n)
     }
@@ -366,7 +365,6 @@ fn encode_payload_into<W: Write, T: Serialize>(
     let mut tee = Tee {
         inner,
         sum: Checksum::new(),
-        len: 0,
     };
     let _pos = crate::pod::WritePos::install(HEADER_LEN as u64);
     bincode::serde::encode_into_std_write(value, &mut tee, bincode_config())?;
@@ -392,7 +390,7 @@ pub fn write_file<T: Serialize>(path: &Path, key: FileKey, value: &T) -> io::Res
     })?;
     let header = Header {
         key,
-        payload_len: tee.len,
+        payload_len: tee.sum.len(),
         payload_sum: tee.sum.finish(),
     };
     let mut w = tee.inner;
