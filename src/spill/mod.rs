@@ -139,10 +139,18 @@ impl Header {
         if b[0..8] != MAGIC {
             return Err("not an outcore spill file (bad magic)".into());
         }
+        let version = u32_at(8);
         if u64_at(56) != Checksum::of(&b[0..56]) {
+            // Older versions laid the header out differently, so their
+            // checksum never matches this one's: name the version too.
+            if (1..VERSION).contains(&version) {
+                return Err(format!(
+                    "header checksum mismatch: format version {version} of an older outcore, \
+                     or a damaged header (this one reads version {VERSION})"
+                ));
+            }
             return Err("header checksum mismatch (damaged header)".into());
         }
-        let version = u32_at(8);
         if version != VERSION {
             return Err(format!(
                 "unsupported format version {version} (expected {VERSION})"
