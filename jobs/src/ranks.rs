@@ -191,7 +191,7 @@ impl Ranks {
         }
         match &self.inner {
             Inner::Single => {
-                let mut acc = vec![0.0; len];
+                let mut acc = crate::zeros::<f64>(len);
                 for v in local {
                     add(&mut acc, v);
                 }
@@ -354,7 +354,7 @@ mod mpi_impl {
             let n = self.size;
             if n == 1 {
                 // The same fold, without copying through MPI.
-                let mut acc = vec![0f64; len];
+                let mut acc = crate::zeros::<f64>(len);
                 for v in local {
                     add(&mut acc, v);
                 }
@@ -381,7 +381,7 @@ mod mpi_impl {
                 .map(|&m| count(m as usize * width, "ordered_sum"))
                 .collect::<Result<Vec<i32>>>()?;
             let total: usize = rcounts.iter().map(|&c| c as usize).sum();
-            let mut recv = vec![0f64; total];
+            let mut recv = crate::zeros::<f64>(total);
             {
                 let sd = displacements(&scounts)?;
                 let rd = displacements(&rcounts)?;
@@ -392,7 +392,7 @@ mod mpi_impl {
             drop(send);
             // This rank's slice, added in global order: the vectors arrive
             // by source rank, each rank's in its order.
-            let mut acc = vec![0f64; width];
+            let mut acc = crate::zeros::<f64>(width);
             if width > 0 {
                 for v in recv.chunks_exact(width) {
                     add(&mut acc, v);
@@ -403,7 +403,7 @@ mod mpi_impl {
                 .map(|j| count(bound(j + 1) - bound(j), "ordered_sum"))
                 .collect::<Result<Vec<i32>>>()?;
             let wd = displacements(&widths)?;
-            let mut out = vec![0f64; len];
+            let mut out = crate::zeros::<f64>(len);
             {
                 let mut r = PartitionMut::new(&mut out[..], &widths[..], &wd[..]);
                 self.world.all_gather_varcount_into(&acc[..], &mut r);
@@ -418,7 +418,7 @@ mod mpi_impl {
             let total: usize = counts.iter().map(|&c| c as usize).sum();
             count(total, "all_gather")?;
             let d = displacements(&counts)?;
-            let mut out = vec![0f32; total];
+            let mut out = crate::zeros::<f32>(total);
             {
                 let mut r = PartitionMut::new(&mut out[..], &counts[..], &d[..]);
                 self.world.all_gather_varcount_into(local, &mut r);
@@ -439,7 +439,7 @@ mod mpi_impl {
             let total: usize = counts.iter().map(|&c| c as usize).sum();
             count(total, "gather")?;
             let d = displacements(&counts)?;
-            let mut out = vec![0u32; total];
+            let mut out = crate::zeros::<u32>(total);
             {
                 let mut r = PartitionMut::new(&mut out[..], &counts[..], &d[..]);
                 root.gather_varcount_into_root(local, &mut r);
@@ -453,7 +453,7 @@ mod mpi_impl {
                 root.gather_into(local);
                 return Ok(None);
             }
-            let mut all = vec![0f64; local.len() * self.size];
+            let mut all = crate::zeros::<f64>(local.len() * self.size);
             root.gather_into_root(local, &mut all[..]);
             Ok(Some(
                 all.chunks(local.len().max(1))

@@ -96,7 +96,7 @@ impl Panels {
         let (n, d) = (best.len(), self.d);
         assert!(x.len() >= n * d && xn.len() >= n && best_d.len() >= n);
         let panels = self.k.div_ceil(W);
-        let mut acc = vec![0f32; RB * panels * W];
+        let mut acc = crate::zeros::<f32>(RB * panels * W);
         let wide = avx512();
         for r0 in (0..n).step_by(RB) {
             let rows = RB.min(n - r0);

@@ -39,6 +39,7 @@ pub use data::{load, load_on, load_weighted, Dataset, Partition};
 use crate::error::{Error, Result};
 use crate::input::mix;
 use crate::ranks::{Ranks, Shards};
+use crate::zeros;
 use outcore::Runtime;
 
 /// The centres, shared read-only with tasks.
@@ -135,20 +136,6 @@ pub fn aligned_partition_bytes(part_bytes: u64, dims: usize, task_points: usize)
 
 /// Rows per GEMM block (keeps the distance block small for large k).
 const BLOCK: usize = 256;
-
-/// A zeroed vector whose pages are written, not mapped from the zero page.
-///
-/// `vec![0.0; n]` asks the allocator for zeroed memory, which for large
-/// sizes is fresh pages nobody has touched. Accumulating into them reads
-/// first (mapping the shared zero page) and then writes, and every such
-/// write fault flushes the page from the other cores' TLBs: in a process
-/// with workers on every core that cost 12% of K-means' time. Writing the
-/// zeros up front takes one ordinary fault per page instead.
-fn zeros<T: Copy + Default>(n: usize) -> Vec<T> {
-    let mut v = Vec::with_capacity(n);
-    v.resize(n, T::default());
-    v
-}
 
 /// Asks the CPU to bring `x` into its caches (a hint: no effect on the
 /// results; nothing on CPUs without the instruction).

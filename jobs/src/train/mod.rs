@@ -163,7 +163,7 @@ impl Shard {
         let classes = self.model.classes as usize;
         let n = self.y.len();
         let mut p = vec![0f32; classes];
-        let mut grad = vec![0f32; classes * (d + 1)];
+        let mut grad = crate::zeros::<f32>(classes * (d + 1));
         for _ in 0..epochs {
             let mut i = 0;
             while i < n {
@@ -201,7 +201,7 @@ impl Shard {
         let (a, b) = (self.tasks[task] as usize, self.tasks[task + 1] as usize);
         let mut part = Part {
             loss: 0.0,
-            grad: vec![0.0; classes * stride],
+            grad: crate::zeros::<f64>(classes * stride),
             correct: 0,
             held: 0,
         };
@@ -210,7 +210,7 @@ impl Shard {
             // The task's rows in f64, then two GEMMs: the scores
             // Z = X . W^T, and, once Z holds P - Y, the gradient P^T . X.
             let xd: Vec<f64> = self.x[a * d..b * d].iter().map(|&v| f64::from(v)).collect();
-            let mut z = vec![0f64; n * classes];
+            let mut z = crate::zeros::<f64>(n * classes);
             // SAFETY:
             // - `xd` holds n*d values, row stride d, column stride 1;
             // - W^T (d x classes) is read from `w` (classes*(d+1) values)
