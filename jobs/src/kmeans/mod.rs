@@ -173,6 +173,15 @@ fn add_row(s: &mut [f64], x: &[f32], w: Option<f64>) {
     add_row_lanes(s, x, w);
 }
 
+/// Appends `0.0 + x`, or `0.0 + w x` with a weight, to `s`: the values
+/// [`add_row`] leaves in a slice of zeros, bit for bit.
+fn first_row(s: &mut Vec<f64>, x: &[f32], w: Option<f64>) {
+    match w {
+        None => s.extend(x.iter().map(|&v| 0.0 + f64::from(v))),
+        Some(w) => s.extend(x.iter().map(|&v| 0.0 + w * f64::from(v))),
+    }
+}
+
 /// [`add_row`]'s arithmetic, compiled for whichever instructions its
 /// caller enables.
 #[inline(always)]
@@ -275,7 +284,7 @@ fn assign(
     let weights = (!p.weights.is_empty()).then_some(&p.weights[..]);
     let mut wsum = vec![0f64; if weights.is_some() { k } else { 0 }];
     let mut out = Partial {
-        sums: if want_sums { zeros(k * d) } else { Vec::new() },
+        sums: Vec::new(),
         counts: vec![0; k],
         inertia: 0.0,
         labels: if want_labels {
@@ -367,16 +376,33 @@ fn assign(
             order[first[b as usize]] = i as u32;
             first[b as usize] += 1;
         }
-        for (o, &i) in order.iter().enumerate() {
-            let i = i as usize;
-            if let Some(&next) = order.get(o + 1) {
-                prefetch(&rows[next as usize * d..(next as usize + 1) * d]);
+        // Each centre's sums start as its first row, written as `0.0 + x`
+        // (the bits of adding it to a zero, a -0.0 included), so the
+        // k x d sums are written once instead of zeroed first; centres
+        // with no rows get zeros.
+        let mut sums = Vec::with_capacity(k * d);
+        let mut o = 0;
+        for &n in &out.counts {
+            let start = sums.len();
+            let Some(head) = order.get(o..o + n as usize).filter(|h| !h.is_empty()) else {
+                sums.resize(start + d, 0.0);
+                continue;
+            };
+            for (m, &i) in head.iter().enumerate() {
+                let i = i as usize;
+                if let Some(&next) = order.get(o + m + 1) {
+                    prefetch(&rows[next as usize * d..(next as usize + 1) * d]);
+                }
+                let x = &rows[i * d..(i + 1) * d];
+                if m == 0 {
+                    first_row(&mut sums, x, weight(i));
+                } else {
+                    add_row(&mut sums[start..start + d], x, weight(i));
+                }
             }
-            let best = nearest[i] as usize;
-            let s = &mut out.sums[best * d..(best + 1) * d];
-            let x = &rows[i * d..(i + 1) * d];
-            add_row(s, x, weight(i));
+            o += n as usize;
         }
+        out.sums = sums;
     }
     out.wsum = match weights {
         Some(_) => wsum,
@@ -1752,6 +1778,70 @@ fn kmeans_plus_plus(
 mod tests {
     use super::*;
     use crate::input::Source;
+
+    /// A task's per-centre sums are, bit for bit, its rows added one by
+    /// one in row order to a zero: for a centre whose only row is -0.0
+    /// (0.0 + -0.0 is +0.0), for a centre with no rows, and with weights.
+    #[test]
+    fn a_tasks_sums_are_its_rows_added_to_zeros_in_row_order() {
+        let (d, n) = (37, 300);
+        let mut z = 0x9e37_79b9_u32;
+        let mut next = move || {
+            z ^= z << 13;
+            z ^= z >> 17;
+            z ^= z << 5;
+            z as f32 / u32::MAX as f32
+        };
+        // Centre 0 at the origin, centre 1 far from every row, the rest
+        // among the rows (values in 5..6).
+        let k = 9;
+        let mut centres = vec![0f32; d];
+        centres.extend(std::iter::repeat_n(1000.0, d));
+        centres.extend((0..(k - 2) * d).map(|_| 5.0 + next()));
+        let mut x: Vec<f32> = (0..n * d).map(|_| 5.0 + next()).collect();
+        // Row 17 is -0.0 everywhere: centre 0's only row.
+        x[17 * d..18 * d].fill(-0.0);
+        let weights: Vec<f32> = (0..n).map(|_| 0.5 + next()).collect();
+        let c = Centers::new(k, d, centres);
+        let want = Want {
+            sums: true,
+            labels: true,
+            dists: false,
+        };
+        for weighted in [false, true] {
+            let p = if weighted {
+                Partition::with_weights(0, d, x.clone(), weights.clone())
+            } else {
+                Partition::new(0, d, x.clone())
+            };
+            let (start, len) = (3, n - 5);
+            let out = assign(&p, start, len, &c, want, None);
+            let mut reference = vec![0f64; k * d];
+            for (r, &label) in out.labels.iter().enumerate() {
+                let i = start + r;
+                let s = &mut reference[label as usize * d..(label as usize + 1) * d];
+                for (acc, &v) in s.iter_mut().zip(&x[i * d..(i + 1) * d]) {
+                    *acc += if weighted {
+                        f64::from(weights[i]) * f64::from(v)
+                    } else {
+                        f64::from(v)
+                    };
+                }
+            }
+            assert_eq!(out.counts[0], 1, "row 17 alone is nearest the origin");
+            assert_eq!(out.counts[1], 0, "no row is nearest centre 1");
+            assert_eq!(out.sums.len(), k * d);
+            for (j, (a, b)) in out.sums.iter().zip(&reference).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "weighted {weighted}: centre {}, column {}: {a} against {b}",
+                    j / d,
+                    j % d
+                );
+            }
+        }
+    }
 
     /// The fused kernel finds the centre the GEMM path finds, at the same
     /// distance to float rounding, for every shape around its tile and
