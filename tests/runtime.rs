@@ -438,6 +438,58 @@ fn results_are_handed_over_in_order_while_later_tasks_run() {
     assert_eq!(seen, want);
 }
 
+/// Results that finish while the caller waits for an earlier one do not
+/// wake it; the awaited one does, at once, and every result is handed over
+/// in order. Here tasks 1 to n - 2 finish while the caller waits for task
+/// 0, which finishes after them; the last task then waits until the caller
+/// has been handed task 0's result (so it would wait for ever if only the
+/// batch's last result woke the caller: its 30 s timeout fails the test).
+#[test]
+fn results_that_finish_ahead_of_the_awaited_one_are_all_handed_over() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{mpsc, Arc, Mutex};
+    use std::time::Duration;
+    let n = 12usize;
+    let rt = rt();
+    let hs: Vec<_> = (0..n as u64)
+        .map(|i| rt.insert(vec![i; 10]).unwrap())
+        .collect();
+    let done = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel::<()>();
+    let rx = Arc::new(Mutex::new(rx));
+    let mut b = rt.batch();
+    for (i, h) in hs.iter().enumerate() {
+        let (done, rx) = (done.clone(), rx.clone());
+        b.read(h, move |v: &Vec<u64>| {
+            let mut handed_over = true;
+            if i == 0 {
+                while done.load(Ordering::SeqCst) < n - 2 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            } else if i + 1 < n {
+                std::thread::sleep(Duration::from_millis(2));
+                done.fetch_add(1, Ordering::SeqCst);
+            } else {
+                handed_over = rx
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(Duration::from_secs(30))
+                    .is_ok();
+            }
+            (v[0], handed_over)
+        });
+    }
+    let mut seen = Vec::new();
+    b.run_in_order(|i, r| {
+        if i == 0 {
+            tx.send(()).unwrap();
+        }
+        seen.push((i, r.unwrap()));
+    });
+    let want: Vec<_> = (0..n).map(|i| (i, (i as u64, true))).collect();
+    assert_eq!(seen, want);
+}
+
 /// A panic in `run_in_order`'s callback reaches the caller; the batch's
 /// other tasks still run and release their executors, so the runtime and
 /// every executor stay usable.

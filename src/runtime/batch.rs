@@ -222,8 +222,10 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
             {
                 let mut g = state.inner.lock();
                 while g.results[next].is_none() && g.remaining > 0 {
+                    g.awaited = next;
                     state.done.wait(&mut g);
                 }
+                g.awaited = NOT_WAITING;
                 while next < n {
                     let Some(r) = g.results[next].take() else {
                         if g.remaining == 0 {
@@ -282,6 +284,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
                 busy: HashSet::new(),
                 results,
                 remaining,
+                awaited: NOT_WAITING,
             }),
             done: Condvar::new(),
         });
@@ -298,7 +301,15 @@ struct BatchInner<R> {
     busy: HashSet<u64>,
     results: Vec<Option<Result<R>>>,
     remaining: usize,
+    /// The result the caller waits for, or [`NOT_WAITING`]: a worker wakes
+    /// it for that result or the last one only, not for each result that
+    /// finishes ahead of an earlier one (a wake-up interrupts the core a
+    /// worker computes on).
+    awaited: usize,
 }
+
+/// [`BatchInner::awaited`] when the caller is not waiting.
+const NOT_WAITING: usize = usize::MAX;
 
 struct BatchState<R> {
     shared: Arc<Shared>,
@@ -347,7 +358,9 @@ impl<R: Send + 'static> Job for BatchState<R> {
         g.busy.remove(&id);
         g.remaining -= 1;
         // The caller waits for the next result in order, or for the last.
-        self.done.notify_all();
+        if g.awaited == index || g.remaining == 0 {
+            self.done.notify_one();
+        }
         Step::Ran
     }
 }
