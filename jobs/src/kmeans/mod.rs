@@ -383,12 +383,12 @@ fn assign(
         let mut sums = Vec::with_capacity(k * d);
         let mut o = 0;
         for &n in &out.counts {
-            let start = sums.len();
-            let Some(head) = order.get(o..o + n as usize).filter(|h| !h.is_empty()) else {
+            let (start, n) = (sums.len(), n as usize);
+            if n == 0 {
                 sums.resize(start + d, 0.0);
                 continue;
-            };
-            for (m, &i) in head.iter().enumerate() {
+            }
+            for (m, &i) in order[o..o + n].iter().enumerate() {
                 let i = i as usize;
                 if let Some(&next) = order.get(o + m + 1) {
                     prefetch(&rows[next as usize * d..(next as usize + 1) * d]);
@@ -400,7 +400,7 @@ fn assign(
                     add_row(&mut sums[start..start + d], x, weight(i));
                 }
             }
-            o += n as usize;
+            o += n;
         }
         out.sums = sums;
     }
