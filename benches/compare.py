@@ -137,6 +137,24 @@ def outcore_run(args, data, work, cap, policy="priority", cgroup=None, epochs=No
     }
 
 
+def device_reads(path):
+    """The device's direct reads of `path`: dd's runs and fio's (none
+    without fio), bytes/s each, as two flat lists."""
+    return list(dd_bandwidth(path)), list(fio_bandwidth(path))
+
+
+def bound_text(bws, fios):
+    """The bandwidth the bound takes (fio's best, or dd's without fio) and
+    the results' line that says so."""
+    bw = max(fios, default=0.0) or max(bws)
+    how = "fio (`O_DIRECT`, 1 MiB requests, 8 in flight)" if fios else "`dd iflag=direct bs=1M`"
+    runs = lambda v: ", ".join(f"{b / 1e9:.2f}" for b in v) or "-"
+    return bw, (f"Physical bound: the device reads the data file at {bw / 1e9:.2f} GB/s with {how}, "
+                f"best of the runs before and after the others (fio: {runs(fios)} GB/s; "
+                f"`dd iflag=direct bs=1M`, one request at a time: {runs(bws)} GB/s); "
+                f"a run's bound per epoch is the larger of run 1's epoch and (data - C) / that bandwidth.\n")
+
+
 def whole_bound(unc, capped, data_bytes, cap, bw):
     """The physical bound of a whole capped run: reading the input once,
     then each epoch and the final pass at the larger of the uncapped run's
@@ -221,8 +239,7 @@ def main():
         subprocess.run([OUTCORE, "gen", "--synthetic", args.data, "--dims", str(args.dims), "--true-k",
                         str(args.k), "--output", data], check=True)
         log("device bandwidth: fio (O_DIRECT, 1 MiB, 8 in flight) and dd iflag=direct bs=1M of the data file")
-        bws = [dd_bandwidth(data)]
-        fios = [fio_bandwidth(data)]
+        bws, fios = device_reads(data)
         log("creating the swap file")
         subprocess.run(["fallocate", "-l", str(data_bytes + 2 * GIB), swapfile], check=True)
         os.chmod(swapfile, 0o600)
@@ -262,8 +279,9 @@ def main():
                 a = outcore_run(args, data, work, "auto", "priority", cgroup=c)
                 b = outcore_run(args, data, work, "none", cgroup=c)
                 sweep[over] = (a["steady"], b["steady"])
-        bws.append(dd_bandwidth(data))
-        fios.append(fio_bandwidth(data))
+        more = device_reads(data)
+        bws += more[0]
+        fios += more[1]
         inmemory = None
         if not args.no_inmemory:
             log("in memory: outcore Lloyd vs faiss.Kmeans vs OpenBLAS sgemm (benches/inmemory.py)")
@@ -298,7 +316,7 @@ def main():
                  f"the median is shown (all tries, s/epoch: run 1 {', '.join(f'{x:.2f}' for x in runs[1]['tries'])}; "
                  f"run 2 {', '.join(f'{x:.2f}' for x in runs[2]['tries'])}). "
                  f"Reproduce: `sudo bash benches/compare.sh`.\n")
-    bw = max(fios) or max(bws)
+    bw, text = bound_text(bws, fios)
     limits = {1: None, 2: cap, 3: cap, 4: cap, 5: cap, 6: None}
 
     def bound(i):
@@ -307,12 +325,7 @@ def main():
         c = limits[i]
         return max(ref, (max(data_bytes - c, 0) / bw) if c is not None else 0.0)
 
-    how = ("fio (`O_DIRECT`, 1 MiB requests, 8 in flight)" if max(fios) else "`dd iflag=direct bs=1M`")
-    lines.append(f"Physical bound: the device reads the data file at {bw / 1e9:.2f} GB/s with {how}, "
-                 f"best of the runs before and after the others (fio: "
-                 f"{', '.join(f'{b / 1e9:.2f}' for b in fios)} GB/s; `dd iflag=direct bs=1M`, one request at a time: "
-                 f"{', '.join(f'{b / 1e9:.2f}' for b in bws)} GB/s); "
-                 f"a run's bound per epoch is the larger of run 1's epoch and (data - C) / that bandwidth.\n")
+    lines.append(text)
     lines.append("| run | s/epoch (steady) | ratio to run 1 | physical bound s/epoch | ratio to bound | "
                  "read (whole run) | written (whole run) | peak memory |")
     lines.append("|---|---|---|---|---|---|---|---|")
