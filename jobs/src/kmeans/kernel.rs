@@ -41,11 +41,15 @@ const MR: usize = 6;
 /// Rows per paired AVX-512 tile (24 of the 32 registers accumulate).
 const MR2: usize = 12;
 
+/// Rows per AVX-512 tile of two full panels and the last, half panel (24
+/// of the 32 registers accumulate).
+const MR3: usize = 8;
+
 /// Columns per block.
 const KC: usize = 256;
 
 /// Rows per block of rows that shares a column block's pass over the
-/// panels (a multiple of [`MR`] and of [`MR2`]).
+/// panels (a multiple of [`MR`], [`MR2`] and [`MR3`]).
 const RB: usize = 8 * MR;
 
 /// The centres, packed for the kernel.
@@ -107,6 +111,37 @@ impl Panels {
                 while q < panels {
                     let w = width(self.k, q);
                     let panel = &self.data[q * W * d + k0 * w..q * W * d + (k0 + kc) * w];
+                    if wide
+                        && q + 3 == panels
+                        && width(self.k, q + 1) == W
+                        && width(self.k, q + 2) < W
+                    {
+                        // The last two full panels and the half panel after
+                        // them in one pass: 40 centres per row. On its own
+                        // the half panel cost half a pair's time for a
+                        // quarter of its centres.
+                        let at = |j: usize, w: usize| {
+                            &self.data[j * W * d + k0 * w..j * W * d + (k0 + kc) * w]
+                        };
+                        let (next, half) = (at(q + 1, W), at(q + 2, W / 2));
+                        for i0 in (0..rows).step_by(MR3) {
+                            let m = MR3.min(rows - i0);
+                            let xs = &x[(r0 + i0) * d + k0..];
+                            let a = &mut acc[(i0 * panels + q) * W..];
+                            // SAFETY: `wide` says the CPU has AVX-512F (and
+                            // `available()`, AVX2 and FMA); `xs` holds `m`
+                            // rows of stride `d` with at least `kc` columns
+                            // each, the full panels `kc * 16` floats, the
+                            // half one `kc * 8`, and `a`, from panel `q` of
+                            // row `i0`, at least `(m - 1) * panels * W + 40`
+                            // floats (panel `q + 2` is the row's last).
+                            unsafe {
+                                tile_triple(m, xs, d, [panel, next, half], kc, a, panels * W, first)
+                            };
+                        }
+                        q += 3;
+                        continue;
+                    }
                     if wide && q + 1 < panels && width(self.k, q + 1) == W {
                         // Two full panels at once: 32 centres per row.
                         let next =
@@ -283,6 +318,54 @@ unsafe fn tile_pair(
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (m, x, d, p0, p1, kc, acc, stride, first);
+    }
+}
+
+/// Runs the AVX-512 tile for `m` rows (1..=MR3), two full panels and a
+/// half one (`p[0]`, `p[1]`, `p[2]`), whose dot products go to 40
+/// consecutive floats of each row of `acc`.
+///
+/// # Safety
+///
+/// The CPU must support AVX-512F, AVX2 and FMA. `x` must hold `m` rows of
+/// stride `d` with `kc` columns each from its start; `p[0]` and `p[1]`
+/// `kc * 16` floats each, `p[2]` `kc * 8`; `acc` `(m - 1) * stride + 40`
+/// floats.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_triple(
+    m: usize,
+    x: &[f32],
+    d: usize,
+    p: [&[f32]; 3],
+    kc: usize,
+    acc: &mut [f32],
+    stride: usize,
+    first: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        debug_assert!(x.len() >= (m - 1) * d + kc && p[0].len() >= kc * W);
+        debug_assert!(p[1].len() >= kc * W && p[2].len() >= kc * W / 2);
+        debug_assert!(acc.len() >= (m - 1) * stride + 2 * W + W / 2);
+        let (x, a) = (x.as_ptr(), acc.as_mut_ptr());
+        let p = [p[0].as_ptr(), p[1].as_ptr(), p[2].as_ptr()];
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            match m {
+                8 => avx512::triple::<8>(x, d, p, kc, a, stride, first),
+                7 => avx512::triple::<7>(x, d, p, kc, a, stride, first),
+                6 => avx512::triple::<6>(x, d, p, kc, a, stride, first),
+                5 => avx512::triple::<5>(x, d, p, kc, a, stride, first),
+                4 => avx512::triple::<4>(x, d, p, kc, a, stride, first),
+                3 => avx512::triple::<3>(x, d, p, kc, a, stride, first),
+                2 => avx512::triple::<2>(x, d, p, kc, a, stride, first),
+                _ => avx512::triple::<1>(x, d, p, kc, a, stride, first),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (m, x, d, p, kc, acc, stride, first);
     }
 }
 
@@ -606,6 +689,66 @@ mod avx512 {
             unsafe { _mm512_storeu_ps(acc.add(i * stride + 16), ci[1]) };
         }
     }
+
+    /// [`pair`] and the half-panel tile ([`super::avx2::tile`] for 8
+    /// centres) in one pass (`p[0]`, `p[1]`: 16 centres each, `p[2]`: 8):
+    /// three registers per row, each lane adding the same products in the
+    /// same order as in those tiles, so the same bits.
+    ///
+    /// # Safety
+    ///
+    /// The CPU must support AVX-512F, AVX2 and FMA; the pointers must cover
+    /// what [`super::tile_triple`] says.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn triple<const M: usize>(
+        x: *const f32,
+        d: usize,
+        p: [*const f32; 3],
+        kc: usize,
+        acc: *mut f32,
+        stride: usize,
+        first: bool,
+    ) {
+        let mut c = [[_mm512_setzero_ps(); 2]; M];
+        let mut h = [_mm256_setzero_ps(); M];
+        if !first {
+            for (i, (ci, hi)) in c.iter_mut().zip(h.iter_mut()).enumerate() {
+                // SAFETY: row i < M of acc, 40 floats.
+                ci[0] = unsafe { _mm512_loadu_ps(acc.add(i * stride)) };
+                // SAFETY: as above.
+                ci[1] = unsafe { _mm512_loadu_ps(acc.add(i * stride + 16)) };
+                // SAFETY: as above.
+                *hi = unsafe { _mm256_loadu_ps(acc.add(i * stride + 32)) };
+            }
+        }
+        for q in 0..kc {
+            // SAFETY: q < kc, so 16 floats at q * 16 lie in each full panel
+            // and 8 at q * 8 in the half one.
+            let (b0, b1, b2) = unsafe {
+                (
+                    _mm512_loadu_ps(p[0].add(q * 16)),
+                    _mm512_loadu_ps(p[1].add(q * 16)),
+                    _mm256_loadu_ps(p[2].add(q * 8)),
+                )
+            };
+            for (i, (ci, hi)) in c.iter_mut().zip(h.iter_mut()).enumerate() {
+                // SAFETY: row i < M, column q < kc of x.
+                let v = unsafe { *x.add(i * d + q) };
+                let a = _mm512_set1_ps(v);
+                ci[0] = _mm512_fmadd_ps(a, b0, ci[0]);
+                ci[1] = _mm512_fmadd_ps(a, b1, ci[1]);
+                *hi = _mm256_fmadd_ps(_mm256_set1_ps(v), b2, *hi);
+            }
+        }
+        for (i, (ci, hi)) in c.iter().zip(h.iter()).enumerate() {
+            // SAFETY: as for the loads above.
+            unsafe { _mm512_storeu_ps(acc.add(i * stride), ci[0]) };
+            // SAFETY: as above.
+            unsafe { _mm512_storeu_ps(acc.add(i * stride + 16), ci[1]) };
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(acc.add(i * stride + 32), *hi) };
+        }
+    }
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -703,6 +846,41 @@ mod tests {
                         }
                     }
                     tile_pair(m, &x, d, &p0, &p1, kc, &mut b, stride, first);
+                }
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{m} rows, first {first}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_triple_avx512_tile_gives_the_pair_and_half_tiles_bits() {
+        if !(available() && std::arch::is_x86_feature_detected!("avx512f")) {
+            return;
+        }
+        let (d, kc) = (300, 256);
+        let mut seed = 29u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1 << 24) as f32 * 2.0 - 1.0
+        };
+        let x: Vec<f32> = (0..MR3 * d).map(|_| next() * 1e3).collect();
+        let p0: Vec<f32> = (0..kc * W).map(|_| next() / 7.0).collect();
+        let p1: Vec<f32> = (0..kc * W).map(|_| next() / 3.0).collect();
+        let p2: Vec<f32> = (0..kc * W / 2).map(|_| next() / 5.0).collect();
+        let stride = 3 * W;
+        for m in 1..=MR3 {
+            for first in [true, false] {
+                let start: Vec<f32> = (0..MR3 * stride).map(|_| next()).collect();
+                let (mut a, mut b) = (start.clone(), start);
+                // SAFETY: the CPU has AVX2, FMA and AVX-512F (checked
+                // above); x holds 8 rows of stride d >= kc, the full panels
+                // kc * 16 floats, the half one kc * 8, a and b 8 rows of
+                // stride 48 (40 used).
+                unsafe {
+                    tile_pair(m, &x, d, &p0, &p1, kc, &mut a, stride, first);
+                    tile_dispatch(m, W / 2, &x, d, &p2, kc, &mut a[2 * W..], stride, first);
+                    tile_triple(m, &x, d, [&p0, &p1, &p2], kc, &mut b, stride, first);
                 }
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a), bits(&b), "{m} rows, first {first}");
