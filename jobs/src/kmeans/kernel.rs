@@ -755,6 +755,20 @@ mod avx512 {
 mod tests {
     use super::*;
 
+    /// Numbers in [-1, 1) from a linear congruential generator: the same
+    /// sequence for the same seed.
+    fn uniform(mut seed: u32) -> impl FnMut() -> f32 {
+        move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1 << 24) as f32 * 2.0 - 1.0
+        }
+    }
+
+    /// The bits of each float, to compare results exactly.
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|f| f.to_bits()).collect()
+    }
+
     #[test]
     fn the_avx512_tile_gives_the_avx2_tiles_bits() {
         if !(available() && std::arch::is_x86_feature_detected!("avx512f")) {
@@ -763,11 +777,7 @@ mod tests {
         let (d, kc) = (300, 256);
         // Values whose products and sums round differently in another
         // order, so a different order of additions would show.
-        let mut seed = 7u32;
-        let mut next = || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut next = uniform(7);
         let x: Vec<f32> = (0..6 * d).map(|_| next() * 1e3).collect();
         let panel: Vec<f32> = (0..kc * W).map(|_| next() / 7.0).collect();
         let stride = 3 * W;
@@ -807,7 +817,6 @@ mod tests {
                         }
                     }
                 }
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a), bits(&b), "{m} rows, first {first}");
             }
         }
@@ -819,11 +828,7 @@ mod tests {
             return;
         }
         let (d, kc) = (300, 256);
-        let mut seed = 11u32;
-        let mut next = || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut next = uniform(11);
         let x: Vec<f32> = (0..MR2 * d).map(|_| next() * 1e3).collect();
         let p0: Vec<f32> = (0..kc * W).map(|_| next() / 7.0).collect();
         let p1: Vec<f32> = (0..kc * W).map(|_| next() / 3.0).collect();
@@ -847,7 +852,6 @@ mod tests {
                     }
                     tile_pair(m, &x, d, &p0, &p1, kc, &mut b, stride, first);
                 }
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a), bits(&b), "{m} rows, first {first}");
             }
         }
@@ -859,11 +863,7 @@ mod tests {
             return;
         }
         let (d, kc) = (300, 256);
-        let mut seed = 29u32;
-        let mut next = || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut next = uniform(29);
         let x: Vec<f32> = (0..MR3 * d).map(|_| next() * 1e3).collect();
         let p0: Vec<f32> = (0..kc * W).map(|_| next() / 7.0).collect();
         let p1: Vec<f32> = (0..kc * W).map(|_| next() / 3.0).collect();
@@ -882,7 +882,6 @@ mod tests {
                     tile_dispatch(m, W / 2, &x, d, &p2, kc, &mut a[2 * W..], stride, first);
                     tile_triple(m, &x, d, [&p0, &p1, &p2], kc, &mut b, stride, first);
                 }
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a), bits(&b), "{m} rows, first {first}");
             }
         }
@@ -897,11 +896,7 @@ mod tests {
         if !available() {
             return;
         }
-        let mut seed = 11u32;
-        let mut next = || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut next = uniform(11);
         for &(n, d, k) in &[
             (1, 5, 4),
             (13, 300, 8),
