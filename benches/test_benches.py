@@ -6,7 +6,7 @@ compare.py takes its device reads from wholerun.py; when wholerun's
 functions came to return several runs each, compare.py nested those lists
 and failed at its very end, after five minutes of runs. Here the real
 functions read a small file, and compare.py's bound line is built from
-what they return.
+what they return. wholerun's reads into memory of a given size run too.
 """
 import os
 import sys
@@ -14,6 +14,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
+import wholerun  # noqa: E402
 
 
 def main():
@@ -23,6 +24,9 @@ def main():
         f.flush()
         os.fsync(f.fileno())
         bws, fios = compare.device_reads(f.name)
+        # wholerun's reads into memory of a given size: whole pieces, any region.
+        lands = [wholerun.landing(f.name, region) for region in (8 << 20, 3 << 20)]
+    assert all(isinstance(x, float) and x > 0 for x in lands), lands
     for name, v in (("dd", bws), ("fio", fios)):
         assert isinstance(v, list) and all(isinstance(b, (int, float)) and b > 0 for b in v), (name, v)
     assert bws, "dd gave no run"
