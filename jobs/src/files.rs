@@ -164,7 +164,87 @@ fn temp_next_to(real: &Path, shown: &Path) -> Result<NamedTempFile> {
         .suffix(".tmp")
         .permissions(std::fs::Permissions::from_mode(0o666))
         .tempfile_in(dir)
-        .map_err(|e| Error::io(shown, "cannot write", e))
+        .map_err(|e| Error::io(shown, "cannot write", plain(e)))
+}
+
+/// A `tempfile` error without the temporary file's name that `tempfile`
+/// adds (`... at path "/dir/.outcore-partial-XXXX.tmp"`): the message
+/// names the output instead.
+fn plain(e: std::io::Error) -> std::io::Error {
+    let text = e.to_string();
+    match text.find(" at path ") {
+        Some(at) => std::io::Error::new(e.kind(), text[..at].to_string()),
+        None => e,
+    }
+}
+
+/// What a path names, to tell when two paths are one file.
+#[derive(PartialEq, Eq)]
+enum Identity {
+    /// `-`.
+    Stdout,
+    /// An existing regular file (through symlinks).
+    File(u64, u64),
+    /// A file to be made: its directory's real path, and its name.
+    New(PathBuf),
+    /// A device, a FIFO, or a path that cannot be resolved: written in
+    /// place and shared freely (`/dev/null` twice is fine).
+    Other,
+}
+
+fn identity(path: &Path) -> Identity {
+    use std::os::unix::fs::MetadataExt;
+    if path.as_os_str() == "-" {
+        return Identity::Stdout;
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Identity::File(m.dev(), m.ino()),
+        Ok(_) => Identity::Other,
+        Err(_) => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            match (std::fs::canonicalize(dir), path.file_name()) {
+                (Ok(d), Some(name)) => Identity::New(d.join(name)),
+                _ => Identity::Other,
+            }
+        }
+    }
+}
+
+/// Checks a command's outputs before any work is done: each can be
+/// written ([`check_writable`]), no two name the same file (standard
+/// output included), and none is one of the files the run reads, which
+/// writing it would destroy. Each path comes with the flag that gave it,
+/// for the message.
+pub fn check_outputs(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> Result<()> {
+    for (_, p) in outputs {
+        check_writable(p)?;
+    }
+    for (i, &(flag, p)) in outputs.iter().enumerate() {
+        let id = identity(p);
+        if id == Identity::Other {
+            continue;
+        }
+        if let Some((other, _)) = outputs[..i].iter().find(|(_, q)| identity(q) == id) {
+            let what = if id == Identity::Stdout {
+                "standard output".to_string()
+            } else {
+                p.display().to_string()
+            };
+            return Err(Error::Input(format!(
+                "{other} and {flag} both write {what}: give each output a file of its own"
+            )));
+        }
+        if let Some((input, _)) = inputs.iter().find(|(_, q)| identity(q) == id) {
+            return Err(Error::Input(format!(
+                "{flag} {} is the {input} file, which the run reads: writing it would destroy it",
+                p.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Checks that `path` can be written (it is not a directory, and its
@@ -239,6 +319,62 @@ mod tests {
         write_json(&p, &[1, 2]).unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "[\n  1,\n  2\n]");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn outputs_may_not_be_inputs_or_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.npy");
+        std::fs::write(&input, b"data").unwrap();
+        let link = dir.path().join("link.npy");
+        std::os::unix::fs::symlink(&input, &link).unwrap();
+        let out = dir.path().join("out.npy");
+        let same_out = dir.path().join(".").join("out.npy");
+        let ins = [("--input", input.as_path())];
+        // An output that is the input, by name or through a symlink.
+        for p in [&input, &link] {
+            let e = check_outputs(&[("--output", p)], &ins)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("--output") && e.contains("is the --input file"),
+                "{e}"
+            );
+        }
+        assert_eq!(std::fs::read(&input).unwrap(), b"data");
+        // Two outputs naming one new file, or both standard output.
+        let e = check_outputs(&[("--output", &out), ("--labels", &same_out)], &ins)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--output and --labels both write"), "{e}");
+        let e = check_outputs(
+            &[("--stats", Path::new("-")), ("--labels", Path::new("-"))],
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("both write standard output"), "{e}");
+        // Distinct files, and a device shared by two outputs, are fine.
+        let labels = dir.path().join("labels.npy");
+        check_outputs(&[("--output", &out), ("--labels", &labels)], &ins).unwrap();
+        let null = Path::new("/dev/null");
+        check_outputs(&[("--output", null), ("--labels", null)], &ins).unwrap();
+        assert!(!out.exists() && !labels.exists());
+    }
+
+    #[test]
+    fn a_missing_directory_is_named_without_the_temporary_file() {
+        let e = check_writable(Path::new("/nonexistent-dir/x.npy"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !e.contains("outcore-partial") && !e.contains("at path"),
+            "{e}"
+        );
+        assert!(
+            e.starts_with("/nonexistent-dir/x.npy: cannot write: "),
+            "{e}"
+        );
     }
 
     #[test]

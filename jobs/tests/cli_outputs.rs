@@ -297,3 +297,68 @@ fn the_summary_uses_user_facing_names() {
         "{err}"
     );
 }
+
+/// Runs `outcore` in `dir` and expects it to fail.
+fn fails_in(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run outcore");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "outcore {args:?}: {err}");
+    err
+}
+
+#[test]
+fn an_output_never_overwrites_an_input_or_another_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    run_in(d, 0o022, &["--output", "c.npy", "--stats", "s.json"]);
+    // Data to read: the centroids make a small 4 x 16 input too.
+    let keep = std::fs::read(d.join("c.npy")).unwrap();
+    std::fs::write(d.join("x.npy"), &keep).unwrap();
+    std::os::unix::fs::symlink("x.npy", d.join("link.npy")).unwrap();
+    let k = ["kmeans", "--input", "x.npy", "--k", "2"];
+    for extra in [
+        &["--output", "x.npy"][..],
+        &["--labels", "link.npy"],
+        &["--stats", "./x.npy"],
+        &["--timeline", "x.npy"],
+    ] {
+        let args: Vec<&str> = k.iter().chain(extra).copied().collect();
+        let err = fails_in(d, &args);
+        assert!(err.contains("is the --input file"), "{args:?}: {err}");
+    }
+    let err = fails_in(
+        d,
+        &[&k[..], &["--init", "c.npy", "--output", "c.npy"]].concat(),
+    );
+    assert!(err.contains("is the --init file"), "{err}");
+    let err = fails_in(
+        d,
+        &[&k[..], &["--output", "o.npy", "--labels", "o.npy"]].concat(),
+    );
+    assert!(err.contains("--output and --labels both write"), "{err}");
+    let err = fails_in(d, &[&k[..], &["--output", "-", "--labels", "-"]].concat());
+    assert!(err.contains("both write standard output"), "{err}");
+    let err = fails_in(
+        d,
+        &[
+            "predict",
+            "--input",
+            "x.npy",
+            "--centroids",
+            "c.npy",
+            "--labels",
+            "c.npy",
+        ],
+    );
+    assert!(err.contains("is the --centroids file"), "{err}");
+    let err = fails_in(d, &["plot", "s.json", "--output", "s.json"]);
+    assert!(err.contains("is the timeline file"), "{err}");
+    // Nothing was touched.
+    assert_eq!(std::fs::read(d.join("x.npy")).unwrap(), keep);
+    assert_eq!(std::fs::read(d.join("c.npy")).unwrap(), keep);
+    assert!(!d.join("o.npy").exists());
+}

@@ -7,13 +7,13 @@ use clap::{Args, ValueEnum};
 use outcore::{format_bytes, MemoryCap, Stats};
 use outcore_jobs::kmeans::{self, Algorithm, Config, Event, Init};
 use outcore_jobs::ranks::Ranks;
-use outcore_jobs::{check_writable, npy, write_json, Error, Result, Source};
+use outcore_jobs::{check_outputs, npy, write_json, Error, Result, Source};
 use serde::Serialize;
 
 use super::progress::Feedback;
 use super::{
-    file_source, plural, positive, runtime, synthetic_source, warn_dims, warn_failed_writes, Given,
-    MemoryArgs, Phases, RankStats,
+    file_source, named, plural, positive, runtime, synthetic_source, warn_dims, warn_failed_writes,
+    Given, MemoryArgs, Phases, RankStats,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -210,12 +210,23 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         ),
     }
     // Rank 0 writes the outputs.
-    for p in [&a.output, &a.labels, &a.mem.stats, &a.mem.timeline]
-        .into_iter()
-        .flatten()
-        .filter(|_| ranks.is_root())
-    {
-        check_writable(p)?;
+    if ranks.is_root() {
+        let outputs = [
+            ("--output", &a.output),
+            ("--labels", &a.labels),
+            ("--stats", &a.mem.stats),
+            ("--timeline", &a.mem.timeline),
+        ];
+        let init_file = match a.init.as_str() {
+            "kmeans++" | "k-means++" | "random" => None,
+            file => Some(PathBuf::from(file)),
+        };
+        let inputs = [
+            ("--input", &a.data.input),
+            ("--sample-weight", &a.sample_weight),
+            ("--init", &init_file),
+        ];
+        check_outputs(&named(&outputs), &named(&inputs))?;
     }
     positive("--task-points", a.task_points)?;
     let shards = positive("--shards", a.shards)?;

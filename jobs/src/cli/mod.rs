@@ -326,6 +326,14 @@ fn plural(n: usize, what: &str) -> String {
 }
 
 /// `v`, or an error naming `flag` when it is 0.
+/// The paths given, each with its flag, for [`check_outputs`].
+fn named<'a>(paths: &[(&'a str, &'a Option<PathBuf>)]) -> Vec<(&'a str, &'a Path)> {
+    paths
+        .iter()
+        .filter_map(|&(flag, p)| p.as_deref().map(|p| (flag, p)))
+        .collect()
+}
+
 fn positive(flag: &str, v: usize) -> Result<usize> {
     if v == 0 {
         return Err(Error::Input(format!("{flag} must be at least 1")));

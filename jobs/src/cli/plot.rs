@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use clap::Args;
 use outcore::format_bytes;
 use outcore_jobs::timeline::{self, Sample};
-use outcore_jobs::{check_writable, write_file, Error, Result};
+use outcore_jobs::{check_outputs, write_file, Error, Result};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
@@ -40,7 +40,10 @@ pub(super) struct PlotArgs {
 
 /// Runs `outcore plot`.
 pub(super) fn run(a: PlotArgs) -> Result<()> {
-    check_writable(&a.output)?;
+    check_outputs(
+        &[("--output", a.output.as_path())],
+        &[("timeline", a.timeline.as_path())],
+    )?;
     for (flag, v, lo) in [("--width", a.width, 400), ("--height", a.height, 300)] {
         if !(lo..=8000).contains(&v) {
             return Err(Error::Input(format!(

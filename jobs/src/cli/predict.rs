@@ -9,11 +9,13 @@ use outcore::{format_bytes, MemoryCap, Stats};
 use outcore_jobs::kmeans::{self, Centers};
 use outcore_jobs::npy::{self, NpyWriter};
 use outcore_jobs::train::{self, Model};
-use outcore_jobs::{check_writable, write_json, Error, Result};
+use outcore_jobs::{check_outputs, write_json, Error, Result};
 use serde::Serialize;
 
 use super::progress::Feedback;
-use super::{file_source, runtime, warn_dims, warn_failed_writes, Given, MemoryArgs, Phases};
+use super::{
+    file_source, named, runtime, warn_dims, warn_failed_writes, Given, MemoryArgs, Phases,
+};
 
 /// Flags of `outcore predict`.
 #[derive(Args, Debug)]
@@ -80,17 +82,20 @@ enum Predictor {
 pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
     let wall = Instant::now();
     warn_dims(given, Some(&a.input));
-    for p in [
-        Some(&a.labels),
-        a.distances.as_ref(),
-        a.mem.stats.as_ref(),
-        a.mem.timeline.as_ref(),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        check_writable(p)?;
-    }
+    let labels = Some(a.labels.clone());
+    let input = Some(a.input.clone());
+    let outputs = [
+        ("--labels", &labels),
+        ("--distances", &a.distances),
+        ("--stats", &a.mem.stats),
+        ("--timeline", &a.mem.timeline),
+    ];
+    let inputs = [
+        ("--input", &input),
+        ("--centroids", &a.centroids),
+        ("--model", &a.model),
+    ];
+    check_outputs(&named(&outputs), &named(&inputs))?;
     if a.distances.is_some() && a.model.is_some() {
         return Err(Error::Input(
             "--distances applies to --centroids, not to --model".into(),

@@ -7,13 +7,13 @@ use clap::{Args, ValueEnum};
 use outcore::{format_bytes, MemoryCap, Stats};
 use outcore_jobs::ranks::Ranks;
 use outcore_jobs::train::{self, Solver, TrainConfig};
-use outcore_jobs::{check_writable, npy, write_json, Error, Labels, Result};
+use outcore_jobs::{check_outputs, npy, write_json, Error, Labels, Result};
 use serde::Serialize;
 
 use super::progress::Feedback;
 use super::{
-    file_source, plural, positive, runtime, synthetic_source, warn_dims, warn_failed_writes, Given,
-    MemoryArgs, Phases, RankStats,
+    file_source, named, plural, positive, runtime, synthetic_source, warn_dims, warn_failed_writes,
+    Given, MemoryArgs, Phases, RankStats,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -188,12 +188,14 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     }
     positive("--shards", a.shards)?;
     // Rank 0 writes the outputs.
-    for p in [&a.output, &a.mem.stats, &a.mem.timeline]
-        .into_iter()
-        .flatten()
-        .filter(|_| ranks.is_root())
-    {
-        check_writable(p)?;
+    if ranks.is_root() {
+        let outputs = [
+            ("--output", &a.output),
+            ("--stats", &a.mem.stats),
+            ("--timeline", &a.mem.timeline),
+        ];
+        let inputs = [("--input", &a.input), ("--targets", &a.targets)];
+        check_outputs(&named(&outputs), &named(&inputs))?;
     }
     // Each solver's own settings, checked when that solver runs.
     match a.solver {
