@@ -237,6 +237,40 @@ fn a_one_time_lineage_builds_once_then_spills() {
     assert_eq!((s.rebuilds, s.loads), (1, 3));
 }
 
+/// A value inserted with a lineage too costly to repeat was built by the
+/// caller: it spills from its first eviction on, and the lineage never
+/// runs (it had run once at that eviction's reload).
+#[test]
+fn a_given_value_with_a_one_time_lineage_spills_at_once() {
+    struct Costly(Arc<AtomicUsize>);
+    impl Lineage<PodVec<u32>> for Costly {
+        fn rebuild(&self) -> std::io::Result<PodVec<u32>> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(block(5, 4096))
+        }
+        fn repeatable(&self) -> bool {
+            false
+        }
+    }
+    let rt = Runtime::builder()
+        .workers(1)
+        .prefetch(false)
+        .build()
+        .expect("runtime");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let h = rt
+        .insert_with_lineage(Some("given"), block(5, 4096), Costly(calls.clone()))
+        .expect("insert");
+    for _ in 0..2 {
+        rt.evict_all().expect("evict");
+        assert_eq!(rt.read(&h, sum).expect("read"), sum(&block(5, 4096)));
+    }
+    assert_eq!(calls.load(Ordering::Relaxed), 0, "the lineage ran");
+    let s = rt.stats();
+    assert!(s.bytes_written > 0, "{s:?}");
+    assert_eq!((s.rebuilds, s.loads), (0, 2));
+}
+
 /// An executor whose spill write is slow once [`WRITES_ARE_SLOW`] is set
 /// (its `Serialize` sleeps), so that making room for a load takes a while.
 #[derive(serde::Deserialize)]

@@ -135,7 +135,8 @@ impl std::ops::DerefMut for SlotGuard<'_> {
 impl Slot {
     /// A slot for `value` (resident), or for an executor not built yet
     /// (`None`: evicted, rebuilt from `lineage` when first needed). With a
-    /// lineage, the executor starts clean: its copy is the lineage.
+    /// lineage used again after evictions, or one that has not built the
+    /// value yet, the executor starts clean: its copy is the lineage.
     pub(crate) fn new<T: Serialize + DeserializeOwned + Send + 'static>(
         id: u64,
         label: String,
@@ -149,11 +150,14 @@ impl Slot {
         } else {
             State::Evicted
         };
-        let has_lineage = lineage.is_some();
         let (lineage, lineage_repeatable) = match lineage {
             Some((f, r)) => (Some(f), r),
             None => (None, false),
         };
+        // The copy is the lineage while it is used again, or until its one
+        // build (a value given with a lineage that is not used again was
+        // built already: it spills from its first eviction on).
+        let from_lineage = lineage.is_some() && (lineage_repeatable || value.is_none());
         Slot {
             id,
             label,
@@ -165,8 +169,8 @@ impl Slot {
             inner: Mutex::new(Inner {
                 state,
                 value: value.map(|v| Box::new(v) as Box<dyn Any + Send>),
-                dirty: !has_lineage,
-                file_gen: if has_lineage { FROM_LINEAGE } else { 0 },
+                dirty: !from_lineage,
+                file_gen: if from_lineage { FROM_LINEAGE } else { 0 },
                 next_gen: 1,
                 pending: std::collections::VecDeque::new(),
                 damage: None,
