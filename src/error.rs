@@ -93,6 +93,14 @@ pub enum Error {
         /// The executor.
         executor: String,
     },
+    /// A task asked for the executor it runs on (a task of its own batch
+    /// on it, or [`Handle::into_inner`](crate::Handle::into_inner)): it
+    /// holds that executor until it returns, so the request would wait for
+    /// itself.
+    Reentrant {
+        /// The executor.
+        executor: String,
+    },
     /// The runtime could not start (threads, registration with the
     /// allocator).
     Runtime(String),
@@ -152,6 +160,10 @@ impl fmt::Display for Error {
             Error::UnknownExecutor { executor } => {
                 write!(f, "{executor} does not belong to this runtime")
             }
+            Error::Reentrant { executor } => write!(
+                f,
+                "a task on {executor} asked for {executor} itself, which it holds until it returns"
+            ),
             Error::Runtime(msg) => write!(f, "runtime: {msg}"),
         }
     }

@@ -520,3 +520,104 @@ fn a_fork_while_another_thread_evicts_does_not_hang_the_child() {
         out.stderr
     );
 }
+
+/// A task may run a batch of its own on other executors (through an
+/// `Arc<Runtime>`), with one worker or several, and with more tasks of
+/// the outer batch waiting: it finishes instead of waiting for a worker
+/// that never comes.
+#[test]
+fn a_task_may_run_tasks_on_other_executors() {
+    const T: &str = "a_task_may_run_tasks_on_other_executors";
+    if is_child(T) {
+        for workers in [1, 2, 4] {
+            let rt = std::sync::Arc::new(Runtime::builder().workers(workers).build().unwrap());
+            let a = rt.insert(vec![1u32; 10]).unwrap();
+            let b = std::sync::Arc::new(rt.insert(vec![2u32; 10]).unwrap());
+            let mut batch = rt.batch();
+            for _ in 0..3 {
+                let (rt2, b2) = (rt.clone(), b.clone());
+                batch.read(&a, move |v: &Vec<u32>| {
+                    let inner = rt2.read(&*b2, |w: &Vec<u32>| w[0]).unwrap();
+                    v[0] + inner
+                });
+            }
+            let sum: u32 = batch.run().unwrap().iter().sum();
+            println!("W{workers}={sum}");
+        }
+        return;
+    }
+    let out = ok(T);
+    for w in [1, 2, 4] {
+        assert_eq!(out.num(&format!("W{w}")), 9, "{}", out.stdout);
+    }
+}
+
+/// A task that asks for its own executor (a batch of its own with a task
+/// on it, or `into_inner` of its handle) gets an error instead of waiting
+/// for itself; other executors in the same batch still run.
+#[test]
+fn a_task_asking_for_its_own_executor_gets_an_error() {
+    const T: &str = "a_task_asking_for_its_own_executor_gets_an_error";
+    if is_child(T) {
+        let rt = std::sync::Arc::new(Runtime::builder().workers(2).build().unwrap());
+        let a = std::sync::Arc::new(rt.insert_named(Some("own"), 5u32).unwrap());
+        let b = std::sync::Arc::new(rt.insert(7u32).unwrap());
+        let (rt2, a2, b2) = (rt.clone(), a.clone(), b.clone());
+        let r = rt
+            .read(&a, move |v: &u32| {
+                let mut inner = rt2.batch();
+                inner.read(&*a2, |w: &u32| *w);
+                inner.read(&*b2, |w: &u32| *w);
+                let r = inner.run_each();
+                (
+                    *v,
+                    r.into_iter()
+                        .map(|r| r.map_err(|e| e.to_string()))
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .unwrap();
+        println!("OUTER={}", r.0);
+        println!("SELF={}", r.1[0].clone().unwrap_err().replace(' ', "_"));
+        println!("OTHER={}", r.1[1].clone().unwrap());
+        drop(b);
+        return;
+    }
+    let out = ok(T);
+    assert_eq!(out.num("OUTER"), 5);
+    assert_eq!(out.num("OTHER"), 7);
+    let msg = out.value("SELF").unwrap();
+    assert!(
+        msg.contains("executor_#1_(own)") && msg.contains("holds"),
+        "{msg}"
+    );
+}
+
+/// A task may drop the last handle of the executor it runs on: the
+/// executor goes when the task ends, and the runtime goes on.
+#[test]
+fn a_task_may_drop_the_last_handle_of_its_executor() {
+    const T: &str = "a_task_may_drop_the_last_handle_of_its_executor";
+    if is_child(T) {
+        use std::sync::{Arc, Mutex};
+        let rt = Runtime::builder().workers(1).build().unwrap();
+        let keep = rt.insert(4u8).unwrap();
+        let h = Arc::new(rt.insert(vec![3u8; 1 << 20]).unwrap());
+        let last = Arc::new(Mutex::new(Some(h.clone())));
+        let mut batch = rt.batch();
+        batch.read(&h, move |v: &Vec<u8>| {
+            let n = v.len();
+            // The last handle, dropped while this task holds its executor.
+            drop(last.lock().unwrap().take());
+            n
+        });
+        drop(h);
+        println!("LEN={}", batch.run().unwrap()[0]);
+        println!("KEEP={}", rt.read(&keep, |x: &u8| *x).unwrap());
+        println!("RESIDENT={}", rt.stats().current_bytes < (1 << 20));
+        return;
+    }
+    let out = ok(T);
+    assert_eq!(out.num("LEN"), 1 << 20);
+    assert_eq!(out.num("KEEP"), 4);
+}

@@ -205,9 +205,52 @@ fn a_damaged_spill_file_is_reported_never_used() {
 fn a_handle_from_another_runtime_is_rejected() {
     let a = rt();
     let b = rt();
-    let h = a.insert(1u64).unwrap();
+    let h = a.insert_named(Some("weights"), 1u64).unwrap();
     let r = b.read(&h, |x: &u64| *x);
     assert!(matches!(r, Err(Error::UnknownExecutor { .. })), "{r:?}");
+    // The error names the executor, also once its runtime is gone.
+    let msg = r.unwrap_err().to_string();
+    assert!(msg.contains("(weights)"), "{msg}");
+    drop(a);
+    let msg = b.read(&h, |x: &u64| *x).unwrap_err().to_string();
+    assert!(msg.contains("(weights)"), "{msg}");
+}
+
+/// A batch whose remaining tasks wait for a busy executor does not keep
+/// the other workers from another batch's free tasks: the second batch
+/// runs while the first one's task is still running.
+#[test]
+fn a_blocked_batch_does_not_hold_up_another() {
+    use std::sync::mpsc;
+    let rt = Runtime::builder().workers(4).build().unwrap();
+    let a = rt.insert(1u32).unwrap();
+    let b = rt.insert(2u32).unwrap();
+    let (started_tx, started) = mpsc::channel::<()>();
+    let (go_tx, go) = mpsc::channel::<()>();
+    let go = std::sync::Mutex::new(go);
+    std::thread::scope(|s| {
+        let first = s.spawn(|| {
+            let mut batch = rt.batch();
+            batch.read(&a, move |_: &u32| {
+                started_tx.send(()).unwrap();
+                // Only the other batch's task can send this; the timeout
+                // only keeps a regression from hanging the test.
+                go.lock()
+                    .unwrap()
+                    .recv_timeout(std::time::Duration::from_secs(30))
+                    .is_ok()
+            });
+            batch.read(&a, |_: &u32| true);
+            batch.run().unwrap()
+        });
+        started.recv().unwrap();
+        rt.read(&b, move |_: &u32| go_tx.send(()).unwrap()).unwrap();
+        assert_eq!(
+            first.join().unwrap(),
+            vec![true, true],
+            "the second batch waited"
+        );
+    });
 }
 
 #[test]

@@ -74,6 +74,9 @@ pub(crate) struct Inner {
     pub pending: std::collections::VecDeque<u64>,
     /// Why the executor is damaged (a failed load), when it is.
     pub damage: Option<(io::ErrorKind, String)>,
+    /// Removed while pinned by the task that dropped its last handle: the
+    /// value is dropped when that task releases it.
+    pub drop_on_release: bool,
 }
 
 /// One executor in the registry.
@@ -174,6 +177,7 @@ impl Slot {
                 next_gen: 1,
                 pending: std::collections::VecDeque::new(),
                 damage: None,
+                drop_on_release: false,
             }),
             cond: Condvar::new(),
             state_code: AtomicU8::new(state as u8),

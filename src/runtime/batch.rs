@@ -12,10 +12,14 @@ use parking_lot::{Condvar, Mutex};
 
 use super::handle::Handle;
 use super::pool::{Job, Step};
-use super::shared::{panic_message, Shared};
+use super::shared::{in_task, panic_message, pinned_here, PinnedHere, Shared};
 use crate::error::{Error, Result};
 use crate::executor::Slot;
 use crate::stats::Counters;
+
+/// A task's executor, or the label of one from another runtime (for the
+/// error).
+type TaskSlot = std::result::Result<Arc<Slot>, String>;
 
 type TaskFn<R> = Box<dyn FnOnce(&mut (dyn Any + Send), &TaskContext) -> Option<R> + Send>;
 
@@ -46,7 +50,19 @@ struct Task<R> {
 ///
 /// Tasks on one executor run one after another in submission order; tasks
 /// on different executors run in parallel. The submission order is the
-/// dispatch plan the eviction queue and the prefetcher follow.
+/// dispatch plan the eviction queue and the prefetcher follow. Batches
+/// run side by side: one whose remaining tasks wait for a busy executor
+/// does not hold up another's.
+///
+/// A task may run tasks of its own on other executors (a batch, or
+/// [`Runtime::read`](crate::Runtime::read) through an
+/// `Arc<Runtime>`): the thread that runs it helps to run them, so they
+/// finish even when every worker is busy. A task that asks for its own
+/// executor gets [`Error::Reentrant`] (it holds it until it returns), and
+/// one that drops the executor's last handle frees it when it returns.
+/// Tasks that wait for each other's executors in a cycle (one on `a`
+/// running a task on `b` while one on `b` runs a task on `a`) deadlock,
+/// as threads taking two locks in opposite orders do.
 ///
 /// ```
 /// # use outcore::Runtime;
@@ -63,7 +79,9 @@ struct Task<R> {
 /// ```
 pub struct Batch<'rt, R> {
     shared: &'rt Arc<Shared>,
-    tasks: Vec<(Option<Arc<Slot>>, bool, TaskFn<R>)>,
+    /// Each task's executor (or, for a handle of another runtime, the
+    /// executor's label for the error), access and function.
+    tasks: Vec<(TaskSlot, bool, TaskFn<R>)>,
 }
 
 impl<R> std::fmt::Debug for Batch<'_, R> {
@@ -82,8 +100,12 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         }
     }
 
-    fn slot_of<T>(&self, h: &Handle<T>) -> Option<Arc<Slot>> {
-        h.slot_in(self.shared)
+    fn slot_of<T>(&self, h: &Handle<T>) -> TaskSlot {
+        h.slot_in(self.shared).ok_or_else(|| {
+            h.slot
+                .as_ref()
+                .map_or_else(|| "a removed executor".to_string(), |s| s.label.clone())
+        })
     }
 
     /// Adds a read-only task: it sees `&T` and leaves the executor clean.
@@ -215,14 +237,29 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         if n == 0 {
             return;
         }
+        // A batch run from inside a task: this thread runs its tasks too,
+        // so that it finishes even when every worker is busy (with the
+        // task that waits here, for one).
+        let nested = in_task();
         let state = self.start();
         let mut next = 0;
         let mut ready = Vec::new();
         while next < n {
+            if nested {
+                while let Step::Ran = state.step() {}
+            }
             {
                 let mut g = state.inner.lock();
                 while g.results[next].is_none() && g.remaining > 0 {
                     g.awaited = next;
+                    if nested {
+                        // Back to helping soon: a task of this batch may
+                        // be waiting for an executor a worker holds.
+                        state
+                            .done
+                            .wait_for(&mut g, std::time::Duration::from_millis(1));
+                        break;
+                    }
                     state.done.wait(&mut g);
                 }
                 g.awaited = NOT_WAITING;
@@ -256,12 +293,21 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         let mut results: Vec<Option<Result<R>>> = (0..n).map(|_| None).collect();
         let mut queue = VecDeque::with_capacity(n);
         for (i, (slot, write, f)) in self.tasks.into_iter().enumerate() {
-            let Some(slot) = slot else {
-                results[i] = Some(Err(Error::UnknownExecutor {
-                    executor: "a handle of another runtime".into(),
+            let slot = match slot {
+                Ok(slot) => slot,
+                Err(executor) => {
+                    results[i] = Some(Err(Error::UnknownExecutor { executor }));
+                    continue;
+                }
+            };
+            if pinned_here(slot.id) {
+                // A task's batch with a task on the task's own executor:
+                // it would wait for the task that waits for it.
+                results[i] = Some(Err(Error::Reentrant {
+                    executor: slot.label.clone(),
                 }));
                 continue;
-            };
+            }
             let seq = base + i as u64;
             {
                 let mut g = slot.lock();
@@ -374,7 +420,9 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     let before = crate::alloc::thread_own_net();
     let f = t.f;
     let cx = TaskContext::default();
+    let here = PinnedHere::new(t.slot.id);
     let out = catch_unwind(AssertUnwindSafe(|| f(&mut *v, &cx)));
+    drop(here);
     // Publish what the task left allocated (its result, a grown
     // executor): the peak then sees it even when it stays below the
     // flush threshold.

@@ -11,7 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::shared::{drop_user_value, panic_message, Shared};
+use super::shared::{drop_user_value, panic_message, pinned_here, Shared};
 use crate::alloc;
 use crate::error::{Error, Result};
 use crate::executor::{PinStep, Slot, State, FROM_LINEAGE};
@@ -176,6 +176,13 @@ impl Shared {
                     self.load_slot(slot, file_gen, None)?;
                     g = slot.lock();
                 }
+                PinStep::Wait if g.state == State::Pinned && pinned_here(slot.id) => {
+                    // A task asking for its own executor would wait for
+                    // itself.
+                    return Err(Error::Reentrant {
+                        executor: slot.label.clone(),
+                    });
+                }
                 PinStep::Wait => {
                     waited = true;
                     g = slot.wait(g);
@@ -211,6 +218,15 @@ impl Shared {
         poisoned: bool,
     ) {
         let mut g = slot.lock();
+        if g.drop_on_release {
+            // The task dropped the executor's last handle: it goes now.
+            slot.set_state(&mut g, State::Removed);
+            drop(g);
+            drop_user_value(v);
+            self.pinned.fetch_sub(1, Ordering::AcqRel);
+            self.generation.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         g.value = Some(v);
         if changed {
             g.dirty = true;
@@ -255,6 +271,15 @@ impl Shared {
     pub(crate) fn remove(&self, slot: &Slot, drop_value: bool) {
         self.registry.lock().remove(slot.id);
         let mut g = slot.lock();
+        if drop_value && g.state == State::Pinned && pinned_here(slot.id) {
+            // The task running on it dropped its last handle: the value
+            // goes when the task ends (waiting here would wait for that
+            // very task).
+            g.drop_on_release = true;
+            drop(g);
+            let _ = std::fs::remove_file(self.store.path_for(slot.id));
+            return;
+        }
         while matches!(g.state, State::Pinned | State::Loading | State::Evicting) && drop_value {
             g = slot.wait(g);
         }

@@ -1,9 +1,10 @@
 //! The worker pool and the prefetcher's wake-up signal.
 //!
-//! Workers share a queue of jobs (batches). Each worker works on the front
-//! job: it asks it for a step (a batch runs the first task whose executor
-//! is free: tasks on one executor run one at a time, in submission order),
-//! and when the job has nothing left to hand out it is taken off the queue.
+//! Workers share a queue of jobs (batches). A worker asks the front job
+//! for a step (a batch runs the first task whose executor is free: tasks
+//! on one executor run one at a time, in submission order), or the next
+//! job when that one has nothing free to run; a job with nothing left to
+//! hand out is taken off the queue.
 //! The pool knows nothing of executors: a job carries what it needs.
 
 use std::collections::VecDeque;
@@ -66,7 +67,16 @@ impl Pool {
 }
 
 /// A worker thread's loop: runs job steps until the pool shuts down.
+///
+/// A worker asks the jobs for a step in queue order: when the front job's
+/// remaining tasks all wait for busy executors, it goes on to the next
+/// job, so that one batch never holds up another's free work. Only when
+/// every job is blocked does it wait (woken by any task's end, or after a
+/// few milliseconds).
 pub(crate) fn worker_loop(pool: &Pool) {
+    // Jobs found blocked since the last task run: the next to ask is the
+    // one after them.
+    let mut skip = 0usize;
     loop {
         let job = {
             let mut q = pool.queue.lock();
@@ -76,8 +86,14 @@ pub(crate) fn worker_loop(pool: &Pool) {
                     crate::alloc::flush_thread();
                     return;
                 }
-                if let Some(j) = q.front() {
+                if let Some(j) = q.get(skip) {
                     break j.clone();
+                }
+                if skip > 0 {
+                    // Every job is blocked: wait for a task to end.
+                    pool.cv.wait_for(&mut q, Duration::from_millis(5));
+                    skip = 0;
+                    continue;
                 }
                 pool.cv.wait(&mut q);
             }
@@ -87,15 +103,17 @@ pub(crate) fn worker_loop(pool: &Pool) {
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.step()))
             .unwrap_or(Step::Blocked);
         match step {
-            Step::Ran => pool.wake_all(),
-            Step::Blocked => {
-                let mut q = pool.queue.lock();
-                pool.cv.wait_for(&mut q, Duration::from_millis(5));
+            Step::Ran => {
+                skip = 0;
+                pool.wake_all();
             }
+            Step::Blocked => skip += 1,
             Step::Exhausted => {
+                // Off the queue, wherever it is now; the jobs after it
+                // move up, so `skip` already points at the next one.
                 let mut q = pool.queue.lock();
-                if q.front().is_some_and(|f| Arc::ptr_eq(f, &job)) {
-                    q.pop_front();
+                if let Some(i) = q.iter().position(|f| Arc::ptr_eq(f, &job)) {
+                    q.remove(i);
                 }
             }
         }

@@ -191,6 +191,50 @@ pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "non-string panic payload".into())
 }
 
+thread_local! {
+    /// The executors pinned by the tasks running on this thread: one per
+    /// task, more while a task runs a batch of its own (whose tasks this
+    /// thread helps to run).
+    static PINNED_HERE: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Whether a task running on this thread holds executor `id`.
+pub(crate) fn pinned_here(id: u64) -> bool {
+    PINNED_HERE.with(|p| p.try_borrow().is_ok_and(|p| p.contains(&id)))
+}
+
+/// Whether this thread is running a task.
+pub(crate) fn in_task() -> bool {
+    PINNED_HERE.with(|p| p.try_borrow().is_ok_and(|p| !p.is_empty()))
+}
+
+/// Records, for as long as it lives, that this thread's task holds
+/// executor `id`.
+pub(crate) struct PinnedHere(u64);
+
+impl PinnedHere {
+    pub(crate) fn new(id: u64) -> PinnedHere {
+        PINNED_HERE.with(|p| {
+            if let Ok(mut p) = p.try_borrow_mut() {
+                p.push(id);
+            }
+        });
+        PinnedHere(id)
+    }
+}
+
+impl Drop for PinnedHere {
+    fn drop(&mut self) {
+        PINNED_HERE.with(|p| {
+            if let Ok(mut p) = p.try_borrow_mut() {
+                if let Some(i) = p.iter().rposition(|&x| x == self.0) {
+                    p.remove(i);
+                }
+            }
+        });
+    }
+}
+
 /// Drops a user value; a panic in its `Drop` is caught (and reported by
 /// the panic hook) instead of unwinding into the runtime or the allocator.
 pub(crate) fn drop_user_value<T>(v: T) {
