@@ -119,7 +119,7 @@ pub use executor::State;
 pub use lineage::Lineage;
 pub use pod::{Plain, PodVec};
 pub use policy::EvictionPolicy;
-pub use runtime::{Batch, Builder, CycleId, Handle, Monitor, Runtime, TaskContext};
+pub use runtime::{Batch, Builder, CycleId, Handle, Monitor, Runtime, TaskContext, MAX_WORKERS};
 pub use stats::Stats;
 pub use units::format_bytes;
 

@@ -701,3 +701,16 @@ fn two_executors_are_loaded_ahead_at_once() {
         "the two executors ahead were loaded one after the other"
     );
 }
+
+#[test]
+fn more_workers_than_the_most_is_an_error_not_an_abort() {
+    let r = Runtime::builder()
+        .workers(outcore::MAX_WORKERS + 1)
+        .prefetch(false)
+        .build();
+    let msg = r.map(|_| ()).unwrap_err().to_string();
+    assert!(
+        msg.contains(&format!("{} at most", outcore::MAX_WORKERS)),
+        "{msg}"
+    );
+}

@@ -728,6 +728,11 @@ fn kmeans_output_in_a_missing_directory() {
     args.extend(strs(&["--output", "/nonexistent-dir/c.npy"]));
     let e = t.fails(&args, &[PathBuf::from("/nonexistent-dir/c.npy")]);
     assert_mentions(&e, "/nonexistent-dir/c.npy");
+    // The output's name, not the temporary file's.
+    assert!(
+        !e.contains("outcore-partial") && !e.contains("at path"),
+        "{e}"
+    );
 
     // The same for --labels and --stats, with the other outputs writable.
     for flag in ["--labels", "--stats"] {
@@ -921,6 +926,7 @@ fn kmeans_other_flags_out_of_range() {
     let t = Scratch::new();
     for extra in [
         &["--workers", "0"][..],
+        &["--workers", "100000"],
         &["--partitions", "0"],
         &["--task-points", "0"],
         &["--batch-tasks", "0"],

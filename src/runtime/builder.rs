@@ -13,6 +13,14 @@ use crate::error::{Error, Result};
 use crate::policy::EvictionPolicy;
 use crate::spill::SpillStore;
 
+/// The most worker threads a runtime starts. Each thread takes a stack and
+/// the standard library's signal stack, mapped separately; tens of
+/// thousands of them exhaust the process's memory maps, and a thread that
+/// cannot map its signal stack aborts the process instead of failing to
+/// start. Tasks wait for memory and disk, not only for cores, but beyond
+/// a thousand threads they only contend.
+pub const MAX_WORKERS: usize = 1024;
+
 /// Configures and builds a [`Runtime`].
 ///
 /// ```
@@ -97,7 +105,7 @@ impl Builder {
         self
     }
 
-    /// Worker threads (default: one per core).
+    /// Worker threads (default: one per core; at most [`MAX_WORKERS`]).
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = Some(n.max(1));
         self
@@ -142,6 +150,11 @@ impl Builder {
             if !alloc::installed() {
                 return Err(Error::AllocatorNotInstalled { cap });
             }
+        }
+        if let Some(n) = self.workers.filter(|&n| n > MAX_WORKERS) {
+            return Err(Error::Runtime(format!(
+                "{n} worker threads asked for, {MAX_WORKERS} at most"
+            )));
         }
         let store = SpillStore::new(self.spill_dir.as_deref())?;
         let workers = self.workers.unwrap_or_else(|| {

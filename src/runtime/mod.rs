@@ -48,7 +48,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use batch::{Batch, TaskContext};
-pub use builder::Builder;
+pub use builder::{Builder, MAX_WORKERS};
 pub use handle::Handle;
 pub use registry::CycleId;
 

@@ -393,6 +393,12 @@ fn runtime(
     }
     let mut b = Runtime::builder().mem_cap(cap).policy(m.policy);
     if let Some(w) = m.workers {
+        if w > outcore::MAX_WORKERS {
+            return Err(Error::Input(format!(
+                "--workers must be at most {}, not {w}",
+                outcore::MAX_WORKERS
+            )));
+        }
         b = b.workers(positive("--workers", w)?);
     }
     if let Some(d) = &m.spill_dir {
