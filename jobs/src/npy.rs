@@ -636,10 +636,14 @@ impl NpyVector {
 }
 
 /// Reads a whole (small) 2-D float32/float64 array as `f32`: the values,
-/// the rows and the columns.
+/// the rows and the columns. An array without rows or columns (centres or
+/// a model of nothing) is an error.
 pub fn read_matrix(path: &Path) -> Result<(Vec<f32>, usize, usize)> {
     let mut r = NpyRows::open(path, None)?;
     let (rows, cols) = (r.rows() as usize, r.cols());
+    if rows == 0 || cols == 0 {
+        return Err(bad(path, format!("the array is empty ({rows} x {cols})")));
+    }
     let mut out = Vec::with_capacity(rows * cols);
     r.read_rows(rows, &mut out)?;
     crate::input::check_finite(&out, cols, 0).map_err(|e| bad(path, e))?;

@@ -312,7 +312,24 @@ fn bad_invocations_are_one_line_errors_with_no_output() {
     let other = f.dir.path().join("other.npy");
     let narrow = f.dir.path().join("narrow.npy");
     outcore_jobs::npy::write_array(&narrow, &[2, 3], &[0f32; 6]).unwrap();
+    // Centres, or a model, of nothing (they made predict panic).
+    let no_rows = f.dir.path().join("no_rows.npy");
+    outcore_jobs::npy::write_array::<f32>(&no_rows, &[0, DIMS as u64], &[]).unwrap();
+    let no_cols = f.dir.path().join("no_cols.npy");
+    outcore_jobs::npy::write_array::<f32>(&no_cols, &[3, 0], &[]).unwrap();
     let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--centroids", s(&no_rows), "--input", s(&f.x)],
+            "the array is empty (0 x 24)",
+        ),
+        (
+            vec!["--model", s(&no_rows), "--input", s(&f.x)],
+            "the array is empty (0 x 24)",
+        ),
+        (
+            vec!["--model", s(&no_cols), "--input", s(&f.x)],
+            "has 0 columns",
+        ),
         (
             vec!["--centroids", s(&narrow), "--input", s(&f.x)],
             "centres have 3 dimensions, the input has 24",
