@@ -191,6 +191,47 @@ fn flags_that_do_not_apply_are_warned_about() {
             ],
             vec!["--epochs applies to --algorithm minibatch"],
         ),
+        // Ignored, so not checked either (it warned, then failed on it).
+        (
+            vec![
+                "kmeans",
+                "--synthetic",
+                "64KiB",
+                "--dims",
+                "4",
+                "--k",
+                "2",
+                "--algorithm",
+                "lloyd",
+                "--epochs",
+                "0",
+                "--batch-tasks",
+                "0",
+                "--max-no-improvement",
+                "0",
+            ],
+            vec![
+                "--epochs applies to --algorithm minibatch",
+                "--batch-tasks applies to --algorithm minibatch",
+                "--max-no-improvement applies to --algorithm minibatch",
+            ],
+        ),
+        (
+            vec![
+                "kmeans",
+                "--synthetic",
+                "64KiB",
+                "--dims",
+                "4",
+                "--k",
+                "2",
+                "--epochs",
+                "1",
+                "--iterations",
+                "0",
+            ],
+            vec!["--iterations applies to --algorithm lloyd"],
+        ),
         (
             vec![
                 "kmeans",

@@ -230,9 +230,22 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     }
     positive("--task-points", a.task_points)?;
     let shards = positive("--shards", a.shards)?;
-    positive("--batch-tasks", a.batch_tasks)?;
-    positive("--epochs", a.epochs)?;
-    positive("--iterations", a.iterations)?;
+    // Each algorithm's own settings: the other's were warned about above
+    // and are not used.
+    match a.algorithm {
+        AlgorithmArg::Minibatch => {
+            positive("--batch-tasks", a.batch_tasks)?;
+            positive("--epochs", a.epochs)?;
+            if a.max_no_improvement == Some(0) {
+                return Err(Error::Input(
+                    "--max-no-improvement must be at least 1".into(),
+                ));
+            }
+        }
+        AlgorithmArg::Lloyd => {
+            positive("--iterations", a.iterations)?;
+        }
+    }
     positive("--n-init", a.n_init)?;
     if let Some(t) = a.tol {
         if !(t.is_finite() && t >= 0.0) {
@@ -240,11 +253,6 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 "--tol must be a number >= 0, not {t}"
             )));
         }
-    }
-    if a.max_no_improvement == Some(0) {
-        return Err(Error::Input(
-            "--max-no-improvement must be at least 1".into(),
-        ));
     }
     let (src, rows, dims) = open_source(&a.data)?;
     let (init, k) = match a.init.as_str() {
@@ -286,9 +294,10 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             AlgorithmArg::Lloyd => Algorithm::Lloyd,
         },
         init,
-        epochs: a.epochs,
-        iterations: a.iterations,
-        batch_tasks: a.batch_tasks,
+        // The ignored algorithm's settings, valid whatever was given.
+        epochs: a.epochs.max(1),
+        iterations: a.iterations.max(1),
+        batch_tasks: a.batch_tasks.max(1),
         task_points: a.task_points,
         seed: a.data.seed,
         labels: a.labels.is_some(),
