@@ -270,11 +270,10 @@ struct Array {
     at: Option<u64>,
 }
 
-/// Whether `path` names a `.npz` archive.
+/// Whether `path` names a `.npz` archive (by its name, or by its first
+/// bytes under another name).
 fn is_npz(path: &Path) -> bool {
-    path.extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| e.eq_ignore_ascii_case("npz"))
+    crate::input::extension(path) == "npz"
 }
 
 /// Opens the array at `path`: a `.npy` file, or the member `key` of a

@@ -443,6 +443,26 @@ fn input_args(input: &Path, extra: &[&str]) -> Vec<String> {
 }
 
 #[test]
+fn kmeans_input_that_is_not_a_regular_file() {
+    // Standard input, a device, a FIFO: the run reads its input again by
+    // position, so it must be a file (a FIFO .npy said "truncated", raw
+    // data from /dev/stdin "the data has no rows").
+    let t = Scratch::new();
+    let fifo = t.join("pipe.npy");
+    let c = std::ffi::CString::new(s(&fifo)).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for (input, extra) in [
+        (PathBuf::from("-"), &[][..]),
+        (PathBuf::from("/dev/null"), &["--dims", "4"][..]),
+        (fifo, &[][..]),
+    ] {
+        let e = t.kmeans_fails(&input_args(&input, extra));
+        assert_mentions(&e, "not a regular file");
+    }
+}
+
+#[test]
 fn kmeans_truncated_npy() {
     let t = Scratch::new();
     // The header promises 10 x 3 float32 (120 bytes); 40 are there.

@@ -145,6 +145,18 @@ fn every_format_gives_the_float32_result() {
             assert_eq!(written, 0, "{tag}: spilled although it can be read again");
         }
     }
+    // Under another name, a .npy or .npz is still read as one (its first
+    // bytes say so), not as raw floats.
+    std::fs::copy(d.join("x.npy"), d.join("x.dat")).unwrap();
+    std::fs::copy(d.join("stored.npz"), d.join("stored.bin")).unwrap();
+    for (tag, file, extra) in [
+        ("renamed-npy", "x.dat", vec![]),
+        ("renamed-npy-dims", "x.dat", vec!["--dims", "12"]),
+        ("renamed-npz", "stored.bin", vec!["--key", "data"]),
+    ] {
+        let (got, _) = kmeans(d, tag, &d.join(file), &extra);
+        assert!(got == want, "{tag}: centroids differ from the .npy's");
+    }
     // float16 data: the result of the same data converted by numpy.
     let (want16, _) = kmeans(d, "f16as32", &d.join("f16as32.npy"), &[]);
     let (got16, _) = kmeans(d, "f16", &d.join("f16.npy"), &[]);

@@ -64,8 +64,9 @@ enum Cmd {
     Predict(Box<predict::PredictArgs>),
     /// Write a synthetic Gaussian-blob dataset to a .npy file.
     Gen(gen::GenArgs),
-    /// Multinomial logistic regression by local SGD with model averaging,
-    /// each shard's model replica held in its executor.
+    /// Multinomial logistic regression: full-batch L-BFGS (the default,
+    /// scikit-learn's solver) or local SGD with model averaging, each
+    /// shard of the data held in its executor.
     ///
     /// With no arguments: 512 MiB of synthetic data (10 classes) under a
     /// 256 MiB cap.
@@ -79,7 +80,8 @@ enum Cmd {
 #[derive(Args, Debug, Clone)]
 struct MemoryArgs {
     /// Memory cap: a size (512MiB, 2GiB, 1.5G), `auto` or `none`. Default:
-    /// 1GiB for synthetic data, `auto` for a file.
+    /// `auto` with an input file; with synthetic data, 1GiB for kmeans and
+    /// 256MiB for train.
     #[arg(long, value_name = "SIZE|auto|none", allow_hyphen_values = true)]
     mem_cap: Option<MemoryCap>,
     /// Directory for spill files (a private subdirectory is made inside and
@@ -344,7 +346,7 @@ fn positive(flag: &str, v: usize) -> Result<usize> {
 /// An input file (for a `.npz`, its array `key`); raw float32 data needs
 /// `--dims`.
 fn file_source(path: &Path, dims: Option<usize>, key: Option<&str>) -> Result<Source> {
-    if Source::needs_dims(path) {
+    if path.as_os_str() != "-" && Source::needs_dims(path) && (path.is_file() || !path.exists()) {
         match dims {
             None => {
                 return Err(Error::Input(format!(

@@ -216,7 +216,7 @@ impl Loader<'_> {
             .map(|s| (s.first().map_or(0, |f| f.0), s.last().map_or(0, |l| l.1)));
         if covered.is_some_and(|r| r != (0, rows)) {
             return Err(Error::Input(
-                "standard input and compressed .npz members can only be read whole, in order: they cannot be split among processes".into(),
+                "compressed .npz members can only be read whole, in order: they cannot be split among processes".into(),
             ));
         }
         let blobs = match &rows_src {

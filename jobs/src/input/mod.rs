@@ -70,6 +70,16 @@ impl Source {
     /// float32 with `dims` columns (which raw data needs; see
     /// [`Source::needs_dims`]).
     pub fn from_path(path: &Path, dims: Option<usize>) -> Result<Source> {
+        // Partitions are read again from the file by position: a pipe, a
+        // device or standard input cannot be.
+        let special = path.as_os_str() == "-"
+            || std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir());
+        if special {
+            return Err(Error::Input(format!(
+                "{}: not a regular file; the input must be a file, which the run reads again by position (pipes and standard input are not supported)",
+                path.display()
+            )));
+        }
         let ext = extension(path);
         match ext.as_str() {
             "npy" => Ok(Source::Npy(path.to_path_buf())),
@@ -237,11 +247,40 @@ pub(crate) fn check_finite(
 }
 
 /// The lower-case extension of `path` ("" when there is none).
-fn extension(path: &Path) -> String {
-    path.extension()
+/// The format a file's name gives (`npy`, `npz`, `fvecs`), or, for a
+/// regular file under any other name, the format its first bytes show
+/// (NumPy's magic string, a zip archive's): a `.npy` file renamed is not
+/// read as raw floats (its header taken for rows). Anything else is raw.
+pub(crate) fn extension(path: &Path) -> String {
+    let ext = path
+        .extension()
         .and_then(|e| e.to_str())
         .unwrap_or("")
-        .to_ascii_lowercase()
+        .to_ascii_lowercase();
+    if matches!(ext.as_str(), "npy" | "npz" | "fvecs") {
+        return ext;
+    }
+    match sniff(path) {
+        Some(kind) => kind.to_string(),
+        None => ext,
+    }
+}
+
+/// `npy` or `npz` from a regular file's first bytes, if they say so.
+fn sniff(path: &Path) -> Option<&'static str> {
+    use std::io::Read;
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
+    let mut head = [0u8; 6];
+    std::fs::File::open(path).ok()?.read_exact(&mut head).ok()?;
+    if &head == b"\x93NUMPY" {
+        Some("npy")
+    } else if head.starts_with(b"PK\x03\x04") {
+        Some("npz")
+    } else {
+        None
+    }
 }
 
 /// Where the labels of a supervised job come from.
