@@ -403,3 +403,40 @@ fn an_output_never_overwrites_an_input_or_another_output() {
     assert_eq!(std::fs::read(d.join("c.npy")).unwrap(), keep);
     assert!(!d.join("o.npy").exists());
 }
+
+#[test]
+fn a_cap_smaller_than_what_the_run_holds_at_once_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |cap: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
+            .current_dir(dir.path())
+            .args([
+                "kmeans",
+                "--synthetic",
+                "4MiB",
+                "--dims",
+                "256",
+                "--k",
+                "4",
+                "--epochs",
+                "1",
+                "--mem-cap",
+                cap,
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{cap}: {err}");
+        err
+    };
+    // The sample: 4096 points of 1 KiB.
+    let err = run("2MiB");
+    assert!(
+        err.contains(
+            "warning: the cap of 2.0 MiB is smaller than the initialisation's sample (4.0 MiB)"
+        ),
+        "{err}"
+    );
+    let err = run("64MiB");
+    assert!(!err.contains("warning"), "{err}");
+}

@@ -336,6 +336,18 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     };
     let (rt, part_bytes) = runtime(&a.mem, default_cap, data_bytes, ranks)?;
     let part_bytes = kmeans::aligned_partition_bytes(part_bytes, dims, a.task_points);
+    // Shown with the start lines, after the initialisation: an input error
+    // found before stays the only line.
+    let small_cap = rt.cap().filter(|_| ranks.is_root()).and_then(|cap| {
+        small_cap(
+            cap,
+            &cfg,
+            rows,
+            dims,
+            part_bytes.min(data_bytes),
+            rt.workers(),
+        )
+    });
     // Under MPI, the timeline is rank 0's.
     let phases = if ranks.is_root() {
         Phases::start(&rt, &a.mem, "load")?
@@ -400,6 +412,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             load_seconds
         ));
     }
+    intro.extend(small_cap);
     let passes = match cfg.algorithm {
         Algorithm::MiniBatch => cfg.epochs,
         Algorithm::Lloyd => cfg.iterations,
@@ -592,4 +605,44 @@ fn open_source(d: &DataArgs) -> Result<(Source, u64, usize)> {
     };
     let (rows, dims) = src.shape()?;
     Ok((src, rows, dims))
+}
+
+/// A warning when the cap is smaller than what the run must hold at once:
+/// the initialisation's sample (held outside the executors) and a
+/// partition for each worker to compute on. The run goes ahead; its memory
+/// then exceeds the cap, which its summary's peak shows.
+fn small_cap(
+    cap: u64,
+    cfg: &Config,
+    rows: u64,
+    dims: usize,
+    part: u64,
+    workers: usize,
+) -> Option<String> {
+    let sample = match cfg.init {
+        Init::Given(_) => 0,
+        _ => kmeans::init_sample_bytes(rows, dims, cfg.k),
+    };
+    let parts = part * workers as u64;
+    if sample.max(parts) <= cap {
+        return None;
+    }
+    let mut what = Vec::new();
+    if sample > cap {
+        what.push(format!(
+            "the initialisation's sample ({})",
+            format_bytes(sample)
+        ));
+    }
+    if parts > cap {
+        what.push(format!(
+            "a partition for each of {workers} workers ({workers} x {})",
+            format_bytes(part)
+        ));
+    }
+    Some(format!(
+        "outcore: warning: the cap of {} is smaller than {}, which the run holds at once: memory will exceed the cap (a larger --mem-cap keeps it)",
+        format_bytes(cap),
+        what.join(" and ")
+    ))
 }

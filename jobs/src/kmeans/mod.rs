@@ -1405,6 +1405,14 @@ fn sample_size(rows: u64, k: usize) -> u64 {
     rows.min((20 * k as u64).max(10_000))
 }
 
+/// Bytes the k-means++ or random initialisation's sample of `rows` points
+/// of `dims` float32 takes, for `k` clusters. It is held outside the
+/// executors while the initialisation runs (it does not depend on the cap,
+/// so that capped and uncapped runs start from the same centres).
+pub fn init_sample_bytes(rows: u64, dims: usize, k: usize) -> u64 {
+    sample_size(rows, k) * dims as u64 * 4
+}
+
 /// A sample is read row by row from the input (rather than from the built
 /// partitions) when it holds at most one row in this many (and the pages
 /// under its rows are at most a quarter of the file's: see
