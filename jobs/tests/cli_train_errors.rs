@@ -72,6 +72,30 @@ fn train_rejects_bad_input() {
         "truncated",
         &m,
     );
+    // A label far past the classes meant: its model could not be held
+    // (it ended in an allocation failure and a backtrace).
+    let huge = d("huge.npy");
+    outcore_jobs::npy::write_array(&huge, &[10], &[0i32, 1, 0, 1, 0, 1, 0, 1, 0, 16_777_215])
+        .unwrap();
+    for cap in ["64MiB", "none"] {
+        // Under an address-space limit, so that a regression fails here
+        // instead of taking the machine's memory.
+        let out = std::process::Command::new("sh")
+            .args(["-c", "ulimit -v 4000000; exec \"$@\"", "sh"])
+            .arg(env!("CARGO_BIN_EXE_outcore"))
+            .args(["train", "--input", &s(&x), "--targets", &s(&huge)])
+            .args(["--mem-cap", cap, "--output", &s(&m)])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cap}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{cap}: {err}");
+        assert!(
+            err.contains("16777216 classes of 4 features need about"),
+            "{cap}: {err}"
+        );
+        assert!(!m.exists());
+    }
     // Labels of the wrong dtype, shape or values.
     let fy = d("float_labels.npy");
     outcore_jobs::npy::write_array(&fy, &[10], &[0.5f32; 10]).unwrap();

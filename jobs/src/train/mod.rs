@@ -480,6 +480,54 @@ pub fn rank_rows(rows: u64, cfg: &TrainConfig, rank: usize, ranks: usize) -> Ran
     (t.start * tr).min(rows)..(t.end * tr).min(rows)
 }
 
+/// Refuses a model that could not be held. With `classes x (dims + 1)`
+/// weights, the run holds in float64 the model, its gradient and the
+/// L-BFGS history (about 24 copies), and each worker's task its partial
+/// gradient and the class scores of its rows (up to [`TASK_ROWS`] x
+/// `classes`). Over half the cap (or of the machine's memory without one)
+/// is refused: a label far larger than the number of classes meant
+/// (labels number the classes from 0) would otherwise end the run in an
+/// allocation failure.
+fn check_model_fits(
+    rt: &Runtime,
+    classes: usize,
+    rows: u64,
+    dims: usize,
+    max_label: u32,
+) -> Result<()> {
+    let width = dims as u64 + 1;
+    let per_task = rows.min(TASK_ROWS as u64) + width;
+    let need = (classes as u64 * 8).saturating_mul(rt.workers() as u64 * per_task + 24 * width);
+    let (room, what) = match rt.cap() {
+        Some(cap) => (cap, "the memory cap"),
+        None => (physical_memory(), "this machine's memory"),
+    };
+    if need <= room / 2 {
+        return Ok(());
+    }
+    Err(Error::Input(format!(
+        "{classes} classes of {dims} features need about {} for the model and its working copies, more than half of {what} ({}); the largest label is {max_label}, and labels number the classes from 0",
+        outcore::format_bytes(need),
+        outcore::format_bytes(room)
+    )))
+}
+
+/// The machine's physical memory in bytes (`u64::MAX` when unknown).
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf reads system constants.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages > 0 && size > 0 {
+        pages as u64 * size as u64
+    } else {
+        u64::MAX
+    }
+}
+
 /// [`load`] as one of `ranks`: this rank's rows only ([`rank_rows`]), in
 /// shards of whole [`TASK_ROWS`]-row tasks.
 #[allow(clippy::too_many_arguments)]
@@ -531,6 +579,8 @@ pub fn load_on(
         }
         None => max_label as usize + 1,
     };
+    let (rows, dims) = src.shape()?;
+    check_model_fits(rt, classes, rows, dims, max_label)?;
     let range = if ranks.size() > 1 && cfg.solver == Solver::Sgd {
         // Local SGD's model depends on the shard executors: the ranks
         // hold runs of the single process's shards (every `per` rows from
