@@ -621,3 +621,34 @@ fn a_task_may_drop_the_last_handle_of_its_executor() {
     assert_eq!(out.num("LEN"), 1 << 20);
     assert_eq!(out.num("KEEP"), 4);
 }
+
+/// A value whose `Drop` panics.
+#[derive(Serialize, Deserialize)]
+struct Grenade(u32);
+
+impl Drop for Grenade {
+    fn drop(&mut self) {
+        panic!("Grenade: drop panicked");
+    }
+}
+
+/// A user `Drop` that panics while the runtime is dropped, or when a
+/// handle outlives its runtime, stays inside: neither drop unwinds.
+#[test]
+fn a_panicking_drop_does_not_escape_the_runtime_or_a_handle() {
+    const T: &str = "a_panicking_drop_does_not_escape_the_runtime_or_a_handle";
+    if is_child(T) {
+        let rt = Runtime::builder().workers(1).build().unwrap();
+        let _kept = rt.insert(Grenade(1)).unwrap();
+        let outlives = rt.insert(Grenade(2)).unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(rt)));
+        println!("RUNTIME_DROP_OK={}", r.is_ok());
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(outlives)));
+        println!("HANDLE_DROP_OK={}", r.is_ok());
+        std::mem::forget(_kept);
+        return;
+    }
+    let out = ok(T);
+    assert_eq!(out.value("RUNTIME_DROP_OK").as_deref(), Some("true"), "{}", out.stderr);
+    assert_eq!(out.value("HANDLE_DROP_OK").as_deref(), Some("true"), "{}", out.stderr);
+}

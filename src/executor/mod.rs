@@ -135,6 +135,22 @@ impl std::ops::DerefMut for SlotGuard<'_> {
     }
 }
 
+impl Drop for Slot {
+    /// The value still held (the runtime dropped with its executors, or a
+    /// handle outliving its runtime) is user code's to drop: a panic in its
+    /// `Drop` is caught (and reported by the panic hook) instead of
+    /// unwinding out of the runtime's or the handle's drop.
+    fn drop(&mut self) {
+        let inner = match self.inner.get_mut() {
+            Ok(i) => i,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(v) = inner.value.take() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(v)));
+        }
+    }
+}
+
 impl Slot {
     /// A slot for `value` (resident), or for an executor not built yet
     /// (`None`: evicted, rebuilt from `lineage` when first needed). With a
