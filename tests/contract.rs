@@ -649,6 +649,16 @@ fn a_panicking_drop_does_not_escape_the_runtime_or_a_handle() {
         return;
     }
     let out = ok(T);
-    assert_eq!(out.value("RUNTIME_DROP_OK").as_deref(), Some("true"), "{}", out.stderr);
-    assert_eq!(out.value("HANDLE_DROP_OK").as_deref(), Some("true"), "{}", out.stderr);
+    assert_eq!(
+        out.value("RUNTIME_DROP_OK").as_deref(),
+        Some("true"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        out.value("HANDLE_DROP_OK").as_deref(),
+        Some("true"),
+        "{}",
+        out.stderr
+    );
 }

@@ -463,6 +463,14 @@ fn kmeans_input_that_is_not_a_regular_file() {
 }
 
 #[test]
+fn kmeans_npy_without_rows_is_named() {
+    let t = Scratch::new();
+    let p = t.write("none.npy", &npy("<f4", false, "(0, 3)", &[]));
+    let e = t.kmeans_fails(&input_args(&p, &[]));
+    assert_mentions(&e, "none.npy: the data has no rows");
+}
+
+#[test]
 fn kmeans_truncated_npy() {
     let t = Scratch::new();
     // The header promises 10 x 3 float32 (120 bytes); 40 are there.

@@ -129,6 +129,11 @@ fn train_rejects_bad_input() {
     );
     // Options.
     call(&["--classes", "1"], "classes");
+    // The labels file is named.
+    call(
+        &["--classes", "1"],
+        "y.npy: a label is 1, but there are only 1 classes",
+    );
     call(&["--solver", "sgd", "--lr", "-1"], "--lr");
     call(&["--solver", "sgd", "--batch", "0"], "--batch");
     call(&["--solver", "sgd", "--rounds", "0"], "--rounds");

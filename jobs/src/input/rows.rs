@@ -43,7 +43,12 @@ impl Rows {
     pub(crate) fn open(src: &Source) -> Result<Rows> {
         let rows = Rows::open_any(src)?;
         if rows.rows() == 0 {
-            return Err(Error::Input("the data has no rows".into()));
+            return Err(Error::Input(match src {
+                Source::Npy(p) | Source::Npz(p, _) | Source::Fvecs(p) | Source::Raw(p, _) => {
+                    format!("{}: the data has no rows", p.display())
+                }
+                _ => "the data has no rows".into(),
+            }));
         }
         Ok(rows)
     }

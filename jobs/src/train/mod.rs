@@ -573,8 +573,12 @@ pub fn load_on(
     let classes = match classes {
         Some(c) if (max_label as usize) < c => c,
         Some(c) => {
+            let whose = match labels {
+                Labels::File(p) => format!("{}: ", p.display()),
+                _ => String::new(),
+            };
             return Err(Error::Input(format!(
-                "a label is {max_label}, but there are only {c} classes"
+                "{whose}a label is {max_label}, but there are only {c} classes"
             )));
         }
         None => max_label as usize + 1,
