@@ -341,7 +341,7 @@ fn a_build_that_fails_part_way_stops_its_threads_and_removes_its_spill_dir() {
         let spill = tempfile::tempdir().unwrap();
         let before = thread_count();
         // Thread stacks are 256 MiB here (RUST_MIN_STACK, set by the
-        // parent): room for about three of them, not 5000, with plenty
+        // parent): room for about three of them, not 1000, with plenty
         // left for ordinary allocations.
         let limit = common::vm_size() + (1 << 30);
         let lim = libc::rlimit {
@@ -351,7 +351,7 @@ fn a_build_that_fails_part_way_stops_its_threads_and_removes_its_spill_dir() {
         // SAFETY: a plain setrlimit on this (child) process.
         assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
         let err = Runtime::builder()
-            .workers(5000)
+            .workers(1000)
             .spill_dir(spill.path())
             .build()
             .unwrap_err();
