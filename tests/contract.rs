@@ -613,12 +613,33 @@ fn a_task_may_drop_the_last_handle_of_its_executor() {
         });
         drop(h);
         println!("LEN={}", batch.run().unwrap()[0]);
+        // `into_inner` of its own executor from inside a task: an error,
+        // not a wait for itself.
+        let h = rt.insert(vec![5u8; 16]).unwrap();
+        let id = h.id();
+        let cell = Arc::new(Mutex::new(Some(h)));
+        let inside = cell.clone();
+        let guard = cell.lock().unwrap();
+        let mut batch = rt.batch();
+        batch.read(guard.as_ref().unwrap(), move |_: &Vec<u8>| {
+            let h = inside.lock().unwrap().take().unwrap();
+            matches!(h.into_inner(), Err(Error::Reentrant { .. }))
+        });
+        drop(guard);
+        println!("REENTRANT={}", batch.run().unwrap()[0]);
+        println!("GONE={}", id > 0 && cell.lock().unwrap().is_none());
         println!("KEEP={}", rt.read(&keep, |x: &u8| *x).unwrap());
         println!("RESIDENT={}", rt.stats().current_bytes < (1 << 20));
         return;
     }
     let out = ok(T);
     assert_eq!(out.num("LEN"), 1 << 20);
+    assert_eq!(
+        out.value("REENTRANT").as_deref(),
+        Some("true"),
+        "{}",
+        out.stdout
+    );
     assert_eq!(out.num("KEEP"), 4);
 }
 

@@ -64,7 +64,10 @@ impl<T: Send + 'static> Handle<T> {
     ///
     /// The errors of a task on the executor: [`Error::SpillRead`] when it
     /// cannot be loaded, [`Error::Poisoned`] after a panic in a `&mut`
-    /// task, [`Error::UnknownExecutor`] when the runtime is gone.
+    /// task, [`Error::UnknownExecutor`] when the runtime is gone, and
+    /// [`Error::Reentrant`] when called from a task on this very executor
+    /// (which holds it; the handle is consumed all the same, so the
+    /// executor is freed when that task returns).
     pub fn into_inner(mut self) -> Result<T> {
         let slot = self.slot.take().ok_or_else(|| Error::UnknownExecutor {
             executor: "executor".into(),
