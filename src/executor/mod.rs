@@ -145,10 +145,14 @@ impl Drop for Slot {
             Ok(i) => i,
             Err(poisoned) => poisoned.into_inner(),
         };
-        if let Some(v) = inner.value.take() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(v)));
-        }
+        drop_user_value(inner.value.take());
     }
+}
+
+/// Drops a user value; a panic in its `Drop` is caught (and reported by
+/// the panic hook) instead of unwinding into the runtime or the allocator.
+pub(crate) fn drop_user_value<T>(v: T) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(v)));
 }
 
 impl Slot {

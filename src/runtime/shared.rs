@@ -235,11 +235,7 @@ impl Drop for PinnedHere {
     }
 }
 
-/// Drops a user value; a panic in its `Drop` is caught (and reported by
-/// the panic hook) instead of unwinding into the runtime or the allocator.
-pub(crate) fn drop_user_value<T>(v: T) {
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(v)));
-}
+pub(crate) use crate::executor::drop_user_value;
 
 /// How many freed pages jemalloc may keep for reuse under `cap`: what the
 /// memory limit (cgroup or physical memory) leaves above the cap, less
