@@ -273,7 +273,7 @@ struct Array {
 /// Whether `path` names a `.npz` archive (by its name, or by its first
 /// bytes under another name).
 fn is_npz(path: &Path) -> bool {
-    crate::input::extension(path) == "npz"
+    crate::input::format_of(path) == "npz"
 }
 
 /// Opens the array at `path`: a `.npy` file, or the member `key` of a

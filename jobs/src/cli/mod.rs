@@ -346,7 +346,8 @@ fn positive(flag: &str, v: usize) -> Result<usize> {
 /// An input file (for a `.npz`, its array `key`); raw float32 data needs
 /// `--dims`.
 fn file_source(path: &Path, dims: Option<usize>, key: Option<&str>) -> Result<Source> {
-    if path.as_os_str() != "-" && Source::needs_dims(path) && (path.is_file() || !path.exists()) {
+    Source::check_regular(path)?;
+    if Source::needs_dims(path) {
         match dims {
             None => {
                 return Err(Error::Input(format!(

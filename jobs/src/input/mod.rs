@@ -70,17 +70,8 @@ impl Source {
     /// float32 with `dims` columns (which raw data needs; see
     /// [`Source::needs_dims`]).
     pub fn from_path(path: &Path, dims: Option<usize>) -> Result<Source> {
-        // Partitions are read again from the file by position: a pipe, a
-        // device or standard input cannot be.
-        let special = path.as_os_str() == "-"
-            || std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir());
-        if special {
-            return Err(Error::Input(format!(
-                "{}: not a regular file; the input must be a file, which the run reads again by position (pipes and standard input are not supported)",
-                path.display()
-            )));
-        }
-        let ext = extension(path);
+        Source::check_regular(path)?;
+        let ext = format_of(path);
         match ext.as_str() {
             "npy" => Ok(Source::Npy(path.to_path_buf())),
             "npz" => Ok(Source::Npz(path.to_path_buf(), None)),
@@ -96,16 +87,32 @@ impl Source {
         }
     }
 
+    /// Refuses an input that is not a regular file: partitions are read
+    /// again from it by position, which a pipe, a device or standard input
+    /// (`-`) cannot be. A missing file passes (opening it names the
+    /// error).
+    pub fn check_regular(path: &Path) -> Result<()> {
+        let special = path.as_os_str() == "-"
+            || std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir());
+        if special {
+            return Err(Error::Input(format!(
+                "{}: not a regular file; the input must be a file, which the run reads again by position (pipes and standard input are not supported)",
+                path.display()
+            )));
+        }
+        Ok(())
+    }
+
     /// Whether a file at `path` is read as raw float32, whose number of
     /// columns must be given (not `.npy`, `.npz` or `.fvecs`).
     pub fn needs_dims(path: &Path) -> bool {
-        !matches!(extension(path).as_str(), "npy" | "npz" | "fvecs")
+        !matches!(format_of(path).as_str(), "npy" | "npz" | "fvecs")
     }
 
     /// Whether a file at `path` is a `.npz` archive (whose array can be
     /// chosen by name).
     pub fn is_archive(path: &Path) -> bool {
-        extension(path) == "npz"
+        format_of(path) == "npz"
     }
 
     /// For a `.npz` source, the same archive's array `key`; other sources
@@ -251,7 +258,7 @@ pub(crate) fn check_finite(
 /// regular file under any other name, the format its first bytes show
 /// (NumPy's magic string, a zip archive's): a `.npy` file renamed is not
 /// read as raw floats (its header taken for rows). Anything else is raw.
-pub(crate) fn extension(path: &Path) -> String {
+pub(crate) fn format_of(path: &Path) -> String {
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
