@@ -92,6 +92,11 @@ pub struct Stats {
     pub overshoots: u64,
     /// Allocations served from the reserve during evictions.
     pub reserve_allocs: u64,
+    /// Times the address space held back under `RLIMIT_AS` was given up:
+    /// to an allocation made while a runtime lock was held (where the trap
+    /// cannot evict), or to one nothing was left to evict for. The next
+    /// trap takes it back.
+    pub headroom_releases: u64,
     /// Allocations that failed for good (null returned).
     pub alloc_failures: u64,
     /// Requests refused at once, without eviction: larger than the cap or
@@ -129,6 +134,7 @@ impl Stats {
             hard_traps: g(&COUNTERS.hard_traps),
             overshoots: g(&COUNTERS.overshoots),
             reserve_allocs: g(&COUNTERS.reserve_allocs),
+            headroom_releases: g(&COUNTERS.headroom_releases),
             alloc_failures: g(&COUNTERS.failures),
             refusals: g(&COUNTERS.refusals),
             trap_seconds: g(&COUNTERS.trap_nanos) as f64 * 1e-9,

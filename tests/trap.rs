@@ -425,3 +425,115 @@ fn cyclic_sweeps_load_only_what_does_not_fit() {
         );
     }
 }
+
+/// Maps address space nobody uses (`PROT_NONE`, straight from the kernel,
+/// not through the allocator) until none is left, to within a page.
+fn exhaust_address_space() {
+    let mut size: usize = 1 << 34;
+    while size >= 4096 {
+        // SAFETY: an anonymous mapping with no address hint; the result is
+        // checked, and the mapping is never touched (it lives until exit).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            size /= 2;
+        }
+    }
+}
+
+/// Maps address space (`PROT_NONE`, never touched) of `bytes`.
+fn map_unused(bytes: usize) -> *mut libc::c_void {
+    // SAFETY: an anonymous mapping with no address hint; the caller checks
+    // the result and never touches the mapping.
+    unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    }
+}
+
+/// Leaves `bytes` of address space free and no more: what the runtime's
+/// next allocations get.
+fn leave_free(bytes: usize) {
+    let keep = map_unused(bytes);
+    assert_ne!(keep, libc::MAP_FAILED);
+    exhaust_address_space();
+    // SAFETY: `keep` is the mapping made above, never used.
+    unsafe { libc::munmap(keep, bytes) };
+}
+
+/// The runtime's own tables grow while it holds its locks, where the trap
+/// cannot evict (the evictor needs those locks). Under an address-space
+/// limit with none left, the registry's table doubling on an insert used
+/// to fail there and abort the process, while evictable executors were
+/// resident. It happens twice here: the headroom given up the first time
+/// must be taken back in between.
+#[test]
+fn runtime_tables_grow_at_the_hard_limit() {
+    // Executors in the registry after which inserting one more doubles its
+    // table (to 2^17 entries, 2.2 MiB, then to 2^18, 4.5 MiB).
+    const FULL: [usize; 2] = [57_344, 114_688];
+    const BIG: usize = 8;
+    if is_child("runtime_tables_grow_at_the_hard_limit") {
+        let rt = Runtime::builder()
+            .workers(1)
+            .prefetch(false)
+            .build()
+            .expect("runtime");
+        let mut big = Vec::with_capacity(BIG);
+        for i in 0..BIG {
+            big.push(
+                rt.insert(Part::new(i as u64, PART_BYTES / 4))
+                    .expect("insert"),
+            );
+        }
+        let mut small = Vec::with_capacity(FULL[1] + 1);
+        for full in FULL {
+            while small.len() + BIG < full {
+                small.push(rt.insert((small.len() + BIG) as u64).expect("insert"));
+            }
+            // 1 MiB free: enough for the next executor's slot, not for
+            // the table.
+            leave_free(1 << 20);
+            small.push(rt.insert((small.len() + BIG) as u64).expect("insert"));
+            println!("INSERTED_{full}={}", small.len() + BIG);
+        }
+        // Every executor is still there and intact.
+        let mut b = rt.batch();
+        for h in &small {
+            b.read(h, |v: &u64| *v);
+        }
+        let sum: u64 = b.run().expect("batch").into_iter().sum();
+        println!("SUM={sum}");
+        for (i, h) in big.iter().enumerate() {
+            let c = rt.read(h, |p: &Part| p.checksum()).expect("read");
+            assert_eq!(c, Part::new(i as u64, PART_BYTES / 4).checksum());
+        }
+        let s = rt.stats();
+        println!("HEADROOM_RELEASES={}", s.headroom_releases);
+        println!("HARD_TRAPS={}", s.hard_traps);
+        return;
+    }
+    let out = ok("runtime_tables_grow_at_the_hard_limit", Some(HARD_LIMIT));
+    for full in FULL {
+        assert_eq!(num(&out, &format!("INSERTED_{full}")), full as u64 + 1);
+    }
+    let n = FULL[1] as u64 + 1;
+    let big = BIG as u64;
+    assert_eq!(num(&out, "SUM"), n * (n - 1) / 2 - big * (big - 1) / 2);
+    // Given up once per doubling, and taken back by a trap in between.
+    assert!(num(&out, "HEADROOM_RELEASES") >= 2, "{}", out.stdout);
+}

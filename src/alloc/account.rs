@@ -98,6 +98,7 @@ pub(crate) struct TrapCounters {
     pub wait_nanos: AtomicU64,
     pub overshoots: AtomicU64,
     pub reserve_allocs: AtomicU64,
+    pub headroom_releases: AtomicU64,
     pub failures: AtomicU64,
     pub refusals: AtomicU64,
 }
@@ -109,6 +110,7 @@ pub(crate) static COUNTERS: TrapCounters = TrapCounters {
     wait_nanos: AtomicU64::new(0),
     overshoots: AtomicU64::new(0),
     reserve_allocs: AtomicU64::new(0),
+    headroom_releases: AtomicU64::new(0),
     failures: AtomicU64::new(0),
     refusals: AtomicU64::new(0),
 };

@@ -18,6 +18,8 @@
 //!
 //! - `linebuf`: an allocation-free line buffer for messages;
 //! - `reserve`: the address space set aside for evictions;
+//! - `headroom`: the address space held back for allocations under a
+//!   runtime lock, under `RLIMIT_AS`;
 //! - `slots`: the lock-free slots the evictor registry lives in;
 //! - `jemalloc`: jemalloc settings and purging;
 //! - `account`: per-thread accounting, the cap, bypass scopes;
@@ -27,6 +29,7 @@
 
 mod account;
 mod ffi;
+mod headroom;
 mod jemalloc;
 pub(crate) mod linebuf;
 mod reserve;

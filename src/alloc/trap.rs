@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use super::account::{self, BypassGuard, COUNTERS, NO_CAP};
 use super::linebuf::LineBuf;
 use super::slots::Slots;
-use super::{jemalloc, reserve};
+use super::{headroom, jemalloc, reserve};
 
 /// Something that can free memory by evicting executors: implemented by the
 /// runtime.
@@ -88,6 +88,7 @@ pub(crate) fn register(evictor: Arc<dyn Evictor>, limits: (usize, usize)) -> Opt
     });
     let slot = REGISTRY.insert(entry).ok()?;
     recompute_cap();
+    headroom::keep(crate::cap::rlimit_as());
     Some(Registration { slot })
 }
 
@@ -98,6 +99,9 @@ impl Drop for Registration {
         // "Memory orderings").
         drop(REGISTRY.remove(self.slot));
         recompute_cap();
+        if !any_registered() {
+            headroom::forget();
+        }
     }
 }
 
@@ -281,6 +285,9 @@ pub(super) fn soft(used: usize, cap: usize, size: usize) {
                 .trap_nanos
                 .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
             release_token();
+            // Given up under a lock since the last hard trap: take it back
+            // now if the address space is there (one failed `mmap` if not).
+            headroom::restore();
             return;
         }
         wait_for_token(epoch);
@@ -301,23 +308,30 @@ pub(super) fn hard(size: usize, retry: &impl Fn() -> *mut u8, layout: Layout) ->
         // eviction ends, so the reserve resets. A long-lived allocation
         // (one made while holding a runtime lock) never comes from it: it
         // would keep the reserve from ever resetting.
-        if !account::evicting() {
-            return std::ptr::null_mut();
+        if account::evicting() {
+            let p = reserve::alloc(layout);
+            if !p.is_null() {
+                COUNTERS.reserve_allocs.fetch_add(1, Ordering::Relaxed);
+                return p;
+            }
         }
-        let p = reserve::alloc(layout);
-        if !p.is_null() {
-            COUNTERS.reserve_allocs.fetch_add(1, Ordering::Relaxed);
+        // The address space held back for this (see `headroom.rs`): the
+        // next trap outside a bypass scope evicts to take it back.
+        if headroom::release() {
+            COUNTERS.headroom_releases.fetch_add(1, Ordering::Relaxed);
+            return retry();
         }
-        return p;
+        return std::ptr::null_mut();
     }
     if !any_registered() {
         return std::ptr::null_mut();
     }
     COUNTERS.hard_traps.fetch_add(1, Ordering::Relaxed);
     let cap = account::cap_raw();
-    let want =
-        size.saturating_mul(2)
-            .saturating_add(if cap == NO_CAP { 16 << 20 } else { slack(cap) });
+    let want = size
+        .saturating_mul(2)
+        .saturating_add(if cap == NO_CAP { 16 << 20 } else { slack(cap) })
+        .saturating_add(headroom::missing());
     // Bounded: each round frees something, waits out contention for a
     // while, or gives up.
     let mut busy_since: Option<Instant> = None;
@@ -330,6 +344,9 @@ pub(super) fn hard(size: usize, retry: &impl Fn() -> *mut u8, layout: Layout) ->
                 .trap_nanos
                 .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
             release_token();
+            // The headroom first, if it was given up: it is what lets the
+            // next allocation under a runtime lock succeed.
+            headroom::restore();
             let p = retry();
             if !p.is_null() {
                 return p;
@@ -352,6 +369,14 @@ pub(super) fn hard(size: usize, retry: &impl Fn() -> *mut u8, layout: Layout) ->
             if !p.is_null() {
                 return p;
             }
+        }
+    }
+    // Nothing left to evict: the headroom is better spent than the process.
+    if headroom::release() {
+        COUNTERS.headroom_releases.fetch_add(1, Ordering::Relaxed);
+        let p = retry();
+        if !p.is_null() {
+            return p;
         }
     }
     COUNTERS.failures.fetch_add(1, Ordering::Relaxed);

@@ -276,17 +276,30 @@ impl Shared {
             // goes when the task ends (waiting here would wait for that
             // very task).
             g.drop_on_release = true;
+            let written = spilled(&g);
             drop(g);
-            let _ = std::fs::remove_file(self.store.path_for(slot.id));
+            if written {
+                let _ = std::fs::remove_file(self.store.path_for(slot.id));
+            }
             return;
         }
         while matches!(g.state, State::Pinned | State::Loading | State::Evicting) && drop_value {
             g = slot.wait(g);
         }
+        let written = spilled(&g);
         let v = g.value.take();
         slot.set_state(&mut g, State::Removed);
         drop(g);
         drop_user_value(v);
-        let _ = std::fs::remove_file(self.store.path_for(slot.id));
+        if written {
+            let _ = std::fs::remove_file(self.store.path_for(slot.id));
+        }
     }
+}
+
+/// Whether a spill file may exist for the slot: a write was started once
+/// (one that failed part-way may have left a file). Executors that never
+/// left memory have none, and removing them costs no system call.
+fn spilled(g: &crate::executor::SlotGuard<'_>) -> bool {
+    g.next_gen > 1 || g.state == State::Evicting
 }
