@@ -101,6 +101,14 @@ pub enum Error {
         /// The executor.
         executor: String,
     },
+    /// The runtime was used in a child process created by `fork()`: its
+    /// worker threads and spill files belong to the parent. The child may
+    /// drop it (that leaves the parent's files alone) or start a runtime of
+    /// its own.
+    Forked {
+        /// The process that started the runtime.
+        owner: u32,
+    },
     /// The runtime could not start (threads, registration with the
     /// allocator).
     Runtime(String),
@@ -163,6 +171,11 @@ impl fmt::Display for Error {
             Error::Reentrant { executor } => write!(
                 f,
                 "a task on {executor} asked for {executor} itself, which it holds until it returns"
+            ),
+            Error::Forked { owner } => write!(
+                f,
+                "the runtime of process {owner} was used in process {}, a child created by fork(): its threads and spill files are the parent's",
+                std::process::id()
             ),
             Error::Runtime(msg) => write!(f, "runtime: {msg}"),
         }

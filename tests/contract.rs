@@ -683,3 +683,106 @@ fn a_panicking_drop_does_not_escape_the_runtime_or_a_handle() {
         out.stderr
     );
 }
+
+/// A child created by `fork()` inherits the runtime, but its threads and
+/// spill files are the parent's. Its allocations must not evict the
+/// parent's executors into those files (the child's copies are older, and
+/// used to overwrite the parent's newer ones with the same generation, so
+/// the parent read stale values without an error); using the runtime there
+/// is an error instead of a hang; dropping it leaves the parent's files.
+#[test]
+fn a_forked_child_leaves_the_parents_executors_alone() {
+    const T: &str = "a_forked_child_leaves_the_parents_executors_alone";
+    if is_child(T) {
+        const N: u64 = 4;
+        let rt = Runtime::builder().prefetch(false).build().unwrap();
+        let hs: Vec<_> = (0..N)
+            .map(|i| rt.insert(vec![i; 1 << 20]).unwrap())
+            .collect();
+        let bump = |by: u64| {
+            for h in &hs {
+                rt.write(h, move |v: &mut Vec<u64>| v[0] += by).unwrap();
+            }
+        };
+        bump(100);
+        rt.evict_all().unwrap();
+        // Resident and dirty at the fork: i + 200.
+        bump(100);
+        let mut fds = [0; 2];
+        // SAFETY: a pipe into a valid two-int array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the child only uses the runtime (which must refuse),
+        // allocates and leaves with `_exit`.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let mut b = 0u8;
+            // SAFETY: reading one byte into a valid buffer.
+            unsafe { libc::read(fds[0], (&mut b as *mut u8).cast(), 1) };
+            let lim = libc::rlimit {
+                rlim_cur: common::vm_size() + (8 << 20),
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            // SAFETY: a plain syscall in the child.
+            unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) };
+            // Over the limit: a hard trap, with the parent's executors
+            // resident and dirty.
+            let mut v: Vec<u8> = Vec::new();
+            let _ = v.try_reserve(64 << 20);
+            let mut code = 0;
+            if !matches!(
+                rt.read(&hs[0], |v: &Vec<u64>| v[0]),
+                Err(Error::Forked { .. })
+            ) {
+                code |= 1;
+            }
+            if !matches!(rt.evict_all(), Err(Error::Forked { .. })) {
+                code |= 2;
+            }
+            if rt.insert(1u8).is_ok() {
+                code |= 4;
+            }
+            drop(hs);
+            drop(rt);
+            // SAFETY: leave at once, without the test harness's exit path.
+            unsafe { libc::_exit(code) };
+        }
+        // The parent moves on: i + 300, written to the spill files.
+        bump(100);
+        rt.evict_all().unwrap();
+        // SAFETY: writing one byte from a valid buffer.
+        unsafe { libc::write(fds[1], [1u8].as_ptr().cast(), 1) };
+        let start = std::time::Instant::now();
+        let mut status = -1;
+        while start.elapsed() < Duration::from_secs(20) {
+            let mut st = 0;
+            // SAFETY: waiting for our own child.
+            if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
+                status = st;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if status == -1 {
+            // SAFETY: killing and reaping our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+            println!("CHILD=hung");
+        } else {
+            println!("CHILD={}", libc::WEXITSTATUS(status));
+        }
+        let files = std::fs::read_dir(rt.spill_dir()).map_or(0, |d| d.count());
+        println!("FILES={files}");
+        for (i, h) in hs.iter().enumerate() {
+            println!("VALUE_{i}={}", rt.read(h, |v: &Vec<u64>| v[0]).unwrap());
+        }
+        return;
+    }
+    let out = ok(T);
+    assert_eq!(out.value("CHILD").as_deref(), Some("0"), "{}", out.stdout);
+    assert_eq!(out.num("FILES"), 4, "{}", out.stdout);
+    for i in 0..4u64 {
+        assert_eq!(out.num(&format!("VALUE_{i}")), i + 300, "{}", out.stdout);
+    }
+}

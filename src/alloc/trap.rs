@@ -56,7 +56,14 @@ struct Entry {
     evictor: Arc<dyn Evictor>,
     /// `generation()` at the last trap that freed nothing.
     fruitless_at: AtomicU64,
+    /// [`FORKS`] when it registered: an entry registered before a `fork()`
+    /// belongs to the parent, whose threads and spill files the child must
+    /// not use, so the child's traps skip it.
+    forks: u64,
 }
+
+/// `fork()`s this process descends through: bumped in the child.
+static FORKS: AtomicU64 = AtomicU64::new(0);
 
 const SLOTS: usize = 64;
 
@@ -85,6 +92,7 @@ pub(crate) fn register(evictor: Arc<dyn Evictor>, limits: (usize, usize)) -> Opt
     let entry = Box::new(Entry {
         evictor,
         fruitless_at: AtomicU64::new(u64::MAX),
+        forks: FORKS.load(Ordering::Acquire),
     });
     let slot = REGISTRY.insert(entry).ok()?;
     recompute_cap();
@@ -123,8 +131,12 @@ fn install_fork_handler() {
 }
 
 /// In the child of a `fork()`: only the forking thread exists, so no other
-/// thread holds the token or reads the registry.
+/// thread holds the token or reads the registry. The runtimes registered so
+/// far are the parent's: the child's traps no longer ask them to evict
+/// (their spill files are the parent's; writing them would overwrite the
+/// parent's executors).
 extern "C" fn reset_after_fork() {
+    FORKS.fetch_add(1, Ordering::AcqRel);
     REGISTRY.reset_readers();
     EPOCH.fetch_add(1, Ordering::SeqCst);
     TOKEN.store(0, Ordering::SeqCst);
@@ -148,9 +160,11 @@ fn recompute_cap() {
 /// Whether freed pages are being kept for reuse (a capped runtime lives).
 static KEEP_DIRTY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Calls `f` on each registered entry until it returns true.
-fn with_entries(f: impl FnMut(&Entry) -> bool) -> bool {
-    REGISTRY.any(f)
+/// Calls `f` on each entry registered in this process (not inherited
+/// across a `fork()`) until it returns true.
+fn with_entries(mut f: impl FnMut(&Entry) -> bool) -> bool {
+    let forks = FORKS.load(Ordering::Acquire);
+    REGISTRY.any(|e| e.forks == forks && f(e))
 }
 
 fn any_registered() -> bool {

@@ -190,8 +190,9 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
     /// # Errors
     ///
     /// The first task's error in submission order: [`Error::TaskPanicked`],
-    /// [`Error::Poisoned`], [`Error::SpillRead`] or
-    /// [`Error::UnknownExecutor`].
+    /// [`Error::Poisoned`], [`Error::SpillRead`],
+    /// [`Error::UnknownExecutor`], or [`Error::Forked`] in a child process
+    /// created by `fork()` (where the runtime's workers do not exist).
     pub fn run(self) -> Result<Vec<R>> {
         self.run_each().into_iter().collect()
     }
@@ -235,6 +236,13 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
     pub fn run_in_order(self, mut f: impl FnMut(usize, Result<R>)) {
         let n = self.tasks.len();
         if n == 0 {
+            return;
+        }
+        if let Err(Error::Forked { owner }) = self.shared.check_process() {
+            // No worker exists in a child created by `fork()`.
+            for i in 0..n {
+                f(i, Err(Error::Forked { owner }));
+            }
             return;
         }
         // A batch run from inside a task: this thread runs its tasks too,

@@ -64,10 +64,11 @@ impl<T: Send + 'static> Handle<T> {
     ///
     /// The errors of a task on the executor: [`Error::SpillRead`] when it
     /// cannot be loaded, [`Error::Poisoned`] after a panic in a `&mut`
-    /// task, [`Error::UnknownExecutor`] when the runtime is gone, and
+    /// task, [`Error::UnknownExecutor`] when the runtime is gone,
     /// [`Error::Reentrant`] when called from a task on this very executor
     /// (which holds it; the handle is consumed all the same, so the
-    /// executor is freed when that task returns).
+    /// executor is freed when that task returns), and [`Error::Forked`] in
+    /// a child process created by `fork()`.
     pub fn into_inner(mut self) -> Result<T> {
         let slot = self.slot.take().ok_or_else(|| Error::UnknownExecutor {
             executor: "executor".into(),
@@ -78,6 +79,10 @@ impl<T: Send + 'static> Handle<T> {
             .ok_or_else(|| Error::UnknownExecutor {
                 executor: slot.label.clone(),
             })?;
+        if let Err(e) = shared.check_process() {
+            // The parent's executor: left as it is (see `Drop`).
+            return Err(e);
+        }
         let v = match shared.acquire(&slot, true) {
             Ok(v) => v,
             Err(e) => {
@@ -99,7 +104,11 @@ impl<T: Send + 'static> Handle<T> {
 impl<T> Drop for Handle<T> {
     fn drop(&mut self) {
         if let (Some(slot), Some(shared)) = (self.slot.take(), self.shared.upgrade()) {
-            shared.remove(&slot, true);
+            // In a child created by `fork()` the spill file is the
+            // parent's: the executor stays registered, untouched.
+            if shared.check_process().is_ok() {
+                shared.remove(&slot, true);
+            }
         }
     }
 }

@@ -126,7 +126,8 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// None today; the `Result` leaves room for admission control.
+    /// [`Error::Forked`](crate::Error::Forked) in a child process created
+    /// by `fork()`.
     pub fn insert<T>(&self, value: T) -> Result<Handle<T>>
     where
         T: Serialize + DeserializeOwned + Send + 'static,
@@ -144,7 +145,7 @@ impl Runtime {
         T: Serialize + DeserializeOwned + Send + 'static,
     {
         let size = encoded_len(&value);
-        Ok(self.insert_slot(name, Some(value), None, size))
+        self.insert_slot(name, Some(value), None, size)
     }
 
     /// Registers an executor that is built when a task first needs it, by
@@ -171,7 +172,8 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// None today; the `Result` leaves room for admission control.
+    /// [`Error::Forked`](crate::Error::Forked) in a child process created
+    /// by `fork()`.
     pub fn insert_lazy<T, L>(
         &self,
         name: Option<&str>,
@@ -182,7 +184,7 @@ impl Runtime {
         T: Serialize + DeserializeOwned + Send + 'static,
         L: Lineage<T>,
     {
-        Ok(self.insert_slot(name, None, Some(erase(lineage)), size_hint))
+        self.insert_slot(name, None, Some(erase(lineage)), size_hint)
     }
 
     /// Like [`Runtime::insert_named`] for a value that `lineage` can
@@ -191,7 +193,8 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// None today; the `Result` leaves room for admission control.
+    /// [`Error::Forked`](crate::Error::Forked) in a child process created
+    /// by `fork()`.
     pub fn insert_with_lineage<T, L>(
         &self,
         name: Option<&str>,
@@ -203,7 +206,7 @@ impl Runtime {
         L: Lineage<T>,
     {
         let size = encoded_len(&value);
-        Ok(self.insert_slot(name, Some(value), Some(erase(lineage)), size))
+        self.insert_slot(name, Some(value), Some(erase(lineage)), size)
     }
 
     fn insert_slot<T>(
@@ -212,11 +215,12 @@ impl Runtime {
         value: Option<T>,
         lineage: Option<(RebuildFn, bool)>,
         size: usize,
-    ) -> Handle<T>
+    ) -> Result<Handle<T>>
     where
         T: Serialize + DeserializeOwned + Send + 'static,
     {
         let sh = &self.shared;
+        sh.check_process()?;
         let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
         let label = match name {
             Some(n) => format!("executor #{id} ({n})"),
@@ -229,11 +233,11 @@ impl Runtime {
         if resident {
             sh.make_room(0, None);
         }
-        Handle {
+        Ok(Handle {
             slot: Some(slot),
             shared: Arc::downgrade(sh),
             _t: PhantomData,
-        }
+        })
     }
 
     /// Starts a batch of tasks whose results have type `R`.
@@ -286,7 +290,13 @@ impl Runtime {
     /// each declare their own). An executor is in one cycle at a time:
     /// declaring it again moves it to the new cycle. A cycle whose
     /// executors have all been dropped or moved is forgotten.
+    ///
+    /// In a child process created by `fork()` it does nothing (the runtime
+    /// is the parent's).
     pub fn hint_cycle(&self, order: impl IntoIterator<Item = ExecutorId>) -> CycleId {
+        if self.shared.check_process().is_err() {
+            return CycleId(0);
+        }
         let order: Vec<ExecutorId> = order.into_iter().collect();
         let id = self.shared.registry.lock().declare_cycle(&order);
         self.shared.generation.fetch_add(1, Ordering::Relaxed);
@@ -300,7 +310,7 @@ impl Runtime {
     /// allocation trap. Returns whether the bytes fit (always true with no
     /// cap).
     pub fn make_room(&self, bytes: usize) -> bool {
-        self.shared.make_room(bytes, None)
+        self.shared.check_process().is_ok() && self.shared.make_room(bytes, None)
     }
 
     /// Evicts every idle executor now (writing the dirty ones). Returns how
@@ -309,8 +319,11 @@ impl Runtime {
     /// # Errors
     ///
     /// [`Error::SpillWrite`](crate::Error::SpillWrite) for the first write
-    /// that fails (that executor stays in memory).
+    /// that fails (that executor stays in memory);
+    /// [`Error::Forked`](crate::Error::Forked) in a child process created
+    /// by `fork()`.
     pub fn evict_all(&self) -> Result<usize> {
+        self.shared.check_process()?;
         self.shared.evict_all()
     }
 
@@ -320,8 +333,12 @@ impl Runtime {
         self.shared.writes.last_error()
     }
 
-    /// Number of executors currently in memory.
+    /// Number of executors currently in memory (0 in a child process
+    /// created by `fork()`, where the runtime is the parent's).
     pub fn resident_count(&self) -> usize {
+        if self.shared.check_process().is_err() {
+            return 0;
+        }
         self.shared
             .registry
             .lock()
@@ -392,6 +409,17 @@ impl Monitor {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
+        if self.shared.check_process().is_err() {
+            // A child created by `fork()`: the threads are the parent's
+            // (they do not exist here, so there is nothing to join) and so
+            // are the spill files, which dropping the last reference would
+            // remove. Leave all of it alone.
+            std::mem::forget(self.shared.clone());
+            std::mem::forget(self.registration.take());
+            std::mem::forget(std::mem::take(&mut self.threads));
+            std::mem::forget(std::mem::take(&mut self.prefetchers));
+            return;
+        }
         builder::stop(
             &self.shared,
             &mut self.registration,

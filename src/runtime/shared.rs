@@ -59,6 +59,8 @@ pub(crate) struct Shared {
     /// taken while it is held.
     heads: std::sync::Mutex<BTreeMap<u64, u64>>,
     started: Instant,
+    /// The process that started the runtime (see [`Shared::check_process`]).
+    owner: u32,
 }
 
 impl Shared {
@@ -91,7 +93,18 @@ impl Shared {
             wanted: std::sync::Mutex::new(super::ranked::RankedList::default()),
             heads: std::sync::Mutex::new(BTreeMap::new()),
             started: Instant::now(),
+            owner: std::process::id(),
         })
+    }
+
+    /// `Err(Error::Forked)` in a child process created by `fork()` (where
+    /// the workers do not exist and the spill files are the parent's).
+    pub(crate) fn check_process(&self) -> crate::Result<()> {
+        if std::process::id() == self.owner {
+            Ok(())
+        } else {
+            Err(crate::Error::Forked { owner: self.owner })
+        }
     }
 
     /// The next logical time.
