@@ -79,10 +79,9 @@ impl<T: Send + 'static> Handle<T> {
             .ok_or_else(|| Error::UnknownExecutor {
                 executor: slot.label.clone(),
             })?;
-        if let Err(e) = shared.check_process() {
-            // The parent's executor: left as it is (see `Drop`).
-            return Err(e);
-        }
+        // In a fork child the executor is the parent's: left as it is
+        // (see `Drop`).
+        shared.check_process()?;
         let v = match shared.acquire(&slot, true) {
             Ok(v) => v,
             Err(e) => {
