@@ -211,3 +211,41 @@ fn stress_under_a_hard_limit() {
     // about 250 MiB at start, under 450 MiB of address space.
     check("stress_under_a_hard_limit", Some(450 << 20));
 }
+
+/// Scale: a batch of one task on each of 100,000 executors, and one of
+/// 200,000 tasks on a single executor, each a fraction of a second here.
+/// Before, the first cost a registry scan per task in the prefetcher
+/// (minutes with one worker) and the second a scan of the batch's queue
+/// per task; the watchdog (100 times what they take now) catches such a
+/// regression.
+#[test]
+fn batches_scale_in_executors_and_in_tasks() {
+    const T: &str = "batches_scale_in_executors_and_in_tasks";
+    if is_child(T) {
+        let rt = Runtime::builder().workers(1).build().unwrap();
+        let hs: Vec<_> = (0..100_000u64).map(|i| rt.insert(i).unwrap()).collect();
+        let mut b = rt.batch();
+        for h in &hs {
+            b.read(h, |v: &u64| *v);
+        }
+        let sum: u64 = b.run().unwrap().into_iter().sum();
+        println!("SUM={sum}");
+        drop(hs);
+        drop(rt);
+        let rt = Runtime::builder().workers(2).build().unwrap();
+        let a = rt.insert(0u64).unwrap();
+        let mut b = rt.batch();
+        for _ in 0..200_000 {
+            b.write(&a, |v: &mut u64| {
+                *v += 1;
+                *v
+            });
+        }
+        let last = b.run().unwrap().pop().unwrap();
+        println!("LAST={last}");
+        return;
+    }
+    let out = child_ok(T, None, Duration::from_secs(120), &[]);
+    assert_eq!(out.num("SUM"), 100_000 * 99_999 / 2);
+    assert_eq!(out.num("LAST"), 200_000);
+}

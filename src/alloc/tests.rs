@@ -44,7 +44,7 @@ fn purge_and_conf_queries_work() {
 }
 
 #[test]
-fn the_reserve_serves_evictions_only() {
+fn the_reserve_serves_evictions_and_the_headroom_lock_scopes() {
     reserve::init();
     let layout = Layout::from_size_align(64, 8).unwrap();
     let failing = || std::ptr::null_mut::<u8>();
@@ -56,6 +56,30 @@ fn the_reserve_serves_evictions_only() {
             trap::hard(64, &failing, layout).is_null(),
             "a lock-holding scope was served from the reserve"
         );
+    }
+    {
+        // Under an address-space limit, the headroom is given up for it
+        // and the allocation retried; the next hard trap takes it back.
+        headroom::keep(Some(1 << 30));
+        assert_eq!(headroom::missing(), 0);
+        let sentinel = std::ptr::NonNull::<u8>::dangling().as_ptr();
+        let after_release = || {
+            if headroom::missing() > 0 {
+                sentinel
+            } else {
+                std::ptr::null_mut()
+            }
+        };
+        let p = {
+            let _bypass = BypassGuard::new();
+            trap::hard(64, &after_release, layout)
+        };
+        assert!(!p.is_null(), "the headroom was not given up");
+        assert_eq!(headroom::missing(), 32 << 20);
+        assert!(headroom::restore());
+        assert_eq!(headroom::missing(), 0);
+        headroom::forget();
+        assert_eq!(headroom::missing(), 0);
     }
     // Inside an eviction it is served, and freed when the eviction ends.
     let _bypass = BypassGuard::new();

@@ -3,7 +3,7 @@
 
 use std::any::Any;
 use std::cell::Cell;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -299,7 +299,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         let sh = self.shared;
         let base = sh.reserve_seqs(n as u64);
         let mut results: Vec<Option<Result<R>>> = (0..n).map(|_| None).collect();
-        let mut queue = VecDeque::with_capacity(n);
+        let mut queue = Queue::default();
         for (i, (slot, write, f)) in self.tasks.into_iter().enumerate() {
             let slot = match slot {
                 Ok(slot) => slot,
@@ -319,10 +319,22 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
             let seq = base + i as u64;
             {
                 let mut g = slot.lock();
+                while g.pending.len() == g.pending.capacity() {
+                    // Grown outside the slot's lock, where the trap may
+                    // evict (under it, an allocation cannot trap).
+                    let want = g.pending.capacity().saturating_mul(2).max(8);
+                    drop(g);
+                    let mut bigger = VecDeque::with_capacity(want);
+                    g = slot.lock();
+                    if g.pending.capacity() < want && g.pending.len() < want {
+                        bigger.extend(g.pending.drain(..));
+                        g.pending = bigger;
+                    }
+                }
                 g.pending.push_back(seq);
                 sh.sync_pending(&slot, &g);
             }
-            queue.push_back(Task {
+            queue.push(Task {
                 index: i,
                 seq,
                 slot,
@@ -350,8 +362,70 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
     }
 }
 
+/// A batch's tasks not started yet: each executor's in submission order,
+/// and the executors by their first such task. A worker takes the first
+/// task whose executor is free, looking past the busy executors only (one
+/// per worker at most), not past every task queued behind them: with
+/// thousands of tasks on one busy executor, a scan of the tasks made each
+/// step cost the whole queue.
+struct Queue<R> {
+    by_executor: HashMap<u64, VecDeque<Task<R>>>,
+    /// The index of each executor's first task, to the executor.
+    fronts: BTreeMap<usize, u64>,
+    len: usize,
+}
+
+impl<R> Default for Queue<R> {
+    fn default() -> Self {
+        Queue {
+            by_executor: HashMap::new(),
+            fronts: BTreeMap::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<R> Queue<R> {
+    /// Adds a task (in submission order).
+    fn push(&mut self, t: Task<R>) {
+        let id = t.slot.id;
+        let q = self.by_executor.entry(id).or_default();
+        if q.is_empty() {
+            self.fronts.insert(t.index, id);
+        }
+        q.push_back(t);
+        self.len += 1;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Takes the first task whose executor is not in `busy`.
+    fn take_free(&mut self, busy: &HashSet<u64>) -> Option<Task<R>> {
+        let (&first, &id) = self.fronts.iter().find(|(_, id)| !busy.contains(id))?;
+        self.fronts.remove(&first);
+        let q = self.by_executor.get_mut(&id)?;
+        let t = q.pop_front()?;
+        match q.front() {
+            Some(next) => {
+                self.fronts.insert(next.index, id);
+            }
+            None => {
+                self.by_executor.remove(&id);
+            }
+        }
+        self.len -= 1;
+        Some(t)
+    }
+}
+
 struct BatchInner<R> {
-    queue: VecDeque<Task<R>>,
+    queue: Queue<R>,
     busy: HashSet<u64>,
     results: Vec<Option<Result<R>>>,
     remaining: usize,
@@ -379,22 +453,11 @@ impl<R: Send + 'static> Job for BatchState<R> {
             if g.queue.is_empty() {
                 return Step::Exhausted;
             }
-            let mut blocked: HashSet<u64> = HashSet::new();
-            let mut pick = None;
-            for (i, t) in g.queue.iter().enumerate() {
-                let id = t.slot.id;
-                if g.busy.contains(&id) || blocked.contains(&id) {
-                    blocked.insert(id);
-                    continue;
-                }
-                pick = Some(i);
-                break;
-            }
-            let Some(i) = pick else { return Step::Blocked };
-            let Some(t) = g.queue.remove(i) else {
+            let inner = &mut *g;
+            let Some(t) = inner.queue.take_free(&inner.busy) else {
                 return Step::Blocked;
             };
-            g.busy.insert(t.slot.id);
+            inner.busy.insert(t.slot.id);
             t
         };
         let id = task.slot.id;

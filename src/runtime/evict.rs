@@ -95,6 +95,7 @@ impl Shared {
             EvictStep::DropClean => {
                 let v = g.value.take();
                 slot.set_state(&mut g, State::Evicted);
+                self.evicted_mark.fetch_add(1, Ordering::Relaxed);
                 drop(g);
                 drop_user_value(v);
                 self.count_eviction(trap, true);
@@ -140,6 +141,7 @@ impl Shared {
                         g.file_gen = gen;
                         g.dirty = false;
                         slot.set_state(&mut g, State::Evicted);
+                        self.evicted_mark.fetch_add(1, Ordering::Relaxed);
                         drop(g);
                         drop_user_value(v);
                         Counters::add(&self.counters.bytes_written, written);
@@ -298,7 +300,7 @@ impl Shared {
     /// Evicts every idle executor now (writing the dirty ones). Returns how
     /// many were evicted, or the first write that failed.
     pub(crate) fn evict_all(&self) -> Result<usize> {
-        let slots: Vec<Arc<Slot>> = self.registry.lock().slots.values().cloned().collect();
+        let slots = self.registry.snapshot();
         let mut n = 0;
         for s in slots {
             match self.evict_slot(&s, false) {

@@ -253,6 +253,10 @@ impl Shared {
             if let Some(p) = g.pending.iter().position(|&s| s == seq) {
                 g.pending.remove(p);
             }
+            if g.pending.is_empty() && g.pending.capacity() > 64 {
+                // A long batch is done with it: give the memory back.
+                g.pending = std::collections::VecDeque::new();
+            }
             self.sync_pending(slot, &g);
         }
         if slot.cycle_id.load(Ordering::Relaxed) != crate::executor::NONE {

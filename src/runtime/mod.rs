@@ -228,10 +228,13 @@ impl Runtime {
         };
         let resident = value.is_some();
         let slot = Arc::new(Slot::new(id, label, value, lineage, size, sh.tick()));
-        sh.registry.lock().slots.insert(id, slot.clone());
+        let n = sh.registry.insert(id, slot.clone());
+        sh.room_to_rank(n);
         sh.generation.fetch_add(1, Ordering::Relaxed);
         if resident {
             sh.make_room(0, None);
+        } else {
+            sh.evicted_mark.fetch_add(1, Ordering::Relaxed);
         }
         Ok(Handle {
             slot: Some(slot),
@@ -298,7 +301,8 @@ impl Runtime {
             return CycleId(0);
         }
         let order: Vec<ExecutorId> = order.into_iter().collect();
-        let id = self.shared.registry.lock().declare_cycle(&order);
+        let ids = Vec::with_capacity(order.len());
+        let id = self.shared.registry.lock().declare_cycle(&order, ids);
         self.shared.generation.fetch_add(1, Ordering::Relaxed);
         id
     }

@@ -53,9 +53,14 @@ impl Shared {
         let mut rebuilt = false;
         loop {
             if cache.stale(now) {
-                if rebuilt {
+                let mark = self.evicted_mark.load(Ordering::Relaxed);
+                if rebuilt || (cache.is_empty() && cache.empty_at == Some(mark)) {
+                    // Nothing became evicted since a scan found nothing to
+                    // load: a scan per dispatch cost the whole registry
+                    // (100,000 one-task executors took minutes).
                     return in_window;
                 }
+                cache.empty_at = None;
                 let reg = self.registry.lock();
                 let steady = reg
                     .slots
@@ -68,6 +73,9 @@ impl Shared {
                     .map(|s| (self.rank(s, &reg), s.clone()));
                 cache.rebuild(now, steady, false);
                 drop(reg);
+                if cache.is_empty() {
+                    cache.empty_at = Some(mark);
+                }
                 rebuilt = true;
                 continue;
             }
@@ -135,6 +143,7 @@ impl Shared {
             self.loading_bytes.fetch_sub(size, Ordering::Relaxed);
             let mut g = slot.lock();
             slot.set_state(&mut g, State::Evicted);
+            self.evicted_mark.fetch_add(1, Ordering::Relaxed);
             drop(g);
             self.keep_wanted(rank, slot);
             return false;

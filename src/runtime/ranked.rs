@@ -7,8 +7,9 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use crate::alloc::BypassGuard;
 use crate::executor::Slot;
 
 /// An executor and its rank, ordered by the rank only (stored so that the
@@ -46,6 +47,9 @@ pub(crate) struct RankedList {
     /// The runtime's clock when the list was built, and its length then.
     built_at: u64,
     built_len: u64,
+    /// The owner's marker (see `Shared::evicted_mark`) when a rebuild
+    /// found nothing, while the list stays empty.
+    pub(crate) empty_at: Option<u64>,
 }
 
 impl RankedList {
@@ -84,6 +88,13 @@ impl RankedList {
         self.built_len = self.heap.len() as u64;
     }
 
+    /// Room for `n` entries without allocating. Locked lists are used in
+    /// bypass scopes, where an allocation cannot trap: the owner grows them
+    /// outside the lock, through [`grow`].
+    fn has_room(&self, n: usize) -> bool {
+        self.heap.capacity() >= n
+    }
+
     /// Adds `s` at rank `r` (O(log n)).
     pub(crate) fn push(&mut self, r: u64, s: Arc<Slot>) {
         let k = self.key(r);
@@ -99,6 +110,26 @@ impl RankedList {
     /// The next pick and its rank, left in the list.
     pub(crate) fn peek(&self) -> Option<(u64, &Arc<Slot>)> {
         self.heap.peek().map(|Entry(k, s)| (self.key(*k), s))
+    }
+}
+
+/// Makes room for `n` entries in `list`, allocating outside its lock (in
+/// the caller's context, where the trap may evict) and moving the entries
+/// over under it.
+pub(crate) fn grow(list: &Mutex<RankedList>, n: usize) {
+    let locked = || {
+        let bypass = BypassGuard::new();
+        (list.lock().unwrap_or_else(|e| e.into_inner()), bypass)
+    };
+    if locked().0.has_room(n) {
+        return;
+    }
+    let mut fresh: Vec<Entry> = Vec::with_capacity(n.saturating_mul(2));
+    let (mut l, _bypass) = locked();
+    if !l.has_room(n) && l.heap.len() <= fresh.capacity() {
+        // Within `fresh`'s capacity: no allocation under the lock.
+        fresh.extend(std::mem::take(&mut l.heap).into_vec());
+        l.heap = BinaryHeap::from(fresh);
     }
 }
 

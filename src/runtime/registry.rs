@@ -58,13 +58,15 @@ impl Inner {
     }
 
     /// Declares a new cycle over `order` (ids not in the registry are
-    /// skipped). An executor named twice takes its last position.
-    pub(crate) fn declare_cycle(&mut self, order: &[u64]) -> CycleId {
+    /// skipped). An executor named twice takes its last position. `ids`
+    /// is an empty vector with room for `order`, allocated by the caller
+    /// before it took the lock (where an allocation cannot trap).
+    pub(crate) fn declare_cycle(&mut self, order: &[u64], mut ids: Vec<u64>) -> CycleId {
         self.next_cycle += 1;
         let id = self.next_cycle;
         let mut len = 0u64;
         let mut members = 0u64;
-        let mut ids = Vec::with_capacity(order.len());
+        ids.clear();
         for eid in order {
             let Some(s) = self.slots.get(eid).cloned() else {
                 continue;
@@ -167,6 +169,42 @@ impl std::ops::DerefMut for RegistryGuard<'_> {
 }
 
 impl Registry {
+    /// Adds an executor; returns how many the registry holds. The table
+    /// grows outside the lock: under the lock an allocation cannot trap
+    /// (the eviction would need this lock), so under an address-space
+    /// limit a table doubling there could only fail.
+    pub(crate) fn insert(&self, id: u64, slot: Arc<Slot>) -> usize {
+        let mut reg = self.lock();
+        while reg.slots.len() >= reg.slots.capacity() {
+            let want = reg.slots.capacity().saturating_mul(2).max(64);
+            drop(reg);
+            let mut bigger = HashMap::with_capacity(want);
+            reg = self.lock();
+            if reg.slots.capacity() < want && reg.slots.len() < want {
+                // Within `bigger`'s capacity: no allocation here.
+                bigger.extend(reg.slots.drain());
+                reg.slots = bigger;
+            }
+        }
+        reg.slots.insert(id, slot);
+        reg.slots.len()
+    }
+
+    /// Every executor, in a vector allocated outside the lock (see
+    /// [`Registry::insert`]).
+    pub(crate) fn snapshot(&self) -> Vec<Arc<Slot>> {
+        let mut out = Vec::new();
+        loop {
+            let n = self.lock().slots.len();
+            out.reserve(n + 16);
+            let reg = self.lock();
+            if reg.slots.len() <= out.capacity() {
+                out.extend(reg.slots.values().cloned());
+                return out;
+            }
+        }
+    }
+
     /// Locks the registry (blocking).
     pub(crate) fn lock(&self) -> RegistryGuard<'_> {
         let bypass = BypassGuard::new();

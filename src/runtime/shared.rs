@@ -61,6 +61,10 @@ pub(crate) struct Shared {
     started: Instant,
     /// The process that started the runtime (see [`Shared::check_process`]).
     owner: u32,
+    /// Bumped whenever an executor becomes `Evicted` (evicted, inserted
+    /// lazily, or given back by a prefetcher): while it stays put, a scan
+    /// for executors to load that found none would find none again.
+    pub(crate) evicted_mark: AtomicU64,
 }
 
 impl Shared {
@@ -94,7 +98,16 @@ impl Shared {
             heads: std::sync::Mutex::new(BTreeMap::new()),
             started: Instant::now(),
             owner: std::process::id(),
+            evicted_mark: AtomicU64::new(0),
         })
+    }
+
+    /// Keeps the ranked lists able to hold `executors` (and the entries
+    /// added between rebuilds) without allocating under their locks.
+    pub(crate) fn room_to_rank(&self, executors: usize) {
+        let n = executors.saturating_add(executors / 2).saturating_add(64);
+        super::ranked::grow(&self.victims, n);
+        super::ranked::grow(&self.wanted, n);
     }
 
     /// `Err(Error::Forked)` in a child process created by `fork()` (where
