@@ -93,6 +93,29 @@ fn injected_write_faults_lose_nothing() {
     assert!(out.value("EVICTIONS").unwrap().parse::<u64>().unwrap() > 0);
 }
 
+/// `evict_all` on a full spill directory reports the failed write every
+/// time it is called: it used to return `Ok(0)` once failed writes had
+/// started to hold further ones back, with dirty executors still resident.
+#[test]
+fn evict_all_reports_a_full_disk_every_time() {
+    let fs = Tmpfs::mount("size=4m");
+    let rt = Runtime::builder().spill_dir(fs.path()).build().unwrap();
+    let hs: Vec<_> = (0..4u64)
+        .map(|i| rt.insert(vec![i; 1 << 20]).unwrap())
+        .collect();
+    for call in 0..5 {
+        let r = rt.evict_all();
+        assert!(
+            matches!(r, Err(outcore::Error::SpillWrite { .. })),
+            "call {call}: {r:?} with {} of 4 resident",
+            rt.resident_count()
+        );
+    }
+    for (i, h) in hs.iter().enumerate() {
+        assert_eq!(rt.read(h, |v: &Vec<u64>| v[7]).unwrap(), i as u64);
+    }
+}
+
 #[test]
 fn a_read_only_spill_directory_is_a_clear_error_at_build_time() {
     let fs = Tmpfs::mount("size=1m,ro");

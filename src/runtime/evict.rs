@@ -76,8 +76,10 @@ impl Shared {
         }
     }
 
-    /// Evicts `slot` if it is resident and idle.
-    pub(crate) fn evict_slot(&self, slot: &Slot, trap: bool) -> Evicted {
+    /// Evicts `slot` if it is resident and idle. `asked`: the application
+    /// asked for it ([`Shared::evict_all`]), so a write is tried even while
+    /// failed writes hold the others back.
+    pub(crate) fn evict_slot(&self, slot: &Slot, trap: bool, asked: bool) -> Evicted {
         // What this eviction frees is not the size of whatever executor
         // this thread is loading or writing to.
         let _scope = alloc::EvictScope::new();
@@ -103,9 +105,10 @@ impl Shared {
             }
             EvictStep::Write => {
                 let now = self.epoch_ms();
-                if !self
-                    .writes
-                    .may_write(now, slot.write_retry_at.load(Ordering::Relaxed))
+                if !asked
+                    && !self
+                        .writes
+                        .may_write(now, slot.write_retry_at.load(Ordering::Relaxed))
                 {
                     return Evicted::Skipped;
                 }
@@ -291,7 +294,7 @@ impl Shared {
             let Some(v) = self.next_victim(above, &skip) else {
                 return false;
             };
-            if !matches!(self.evict_slot(&v, false), Evicted::Freed(_)) {
+            if !matches!(self.evict_slot(&v, false, false), Evicted::Freed(_)) {
                 skip.push(v.id);
             }
         }
@@ -303,7 +306,7 @@ impl Shared {
         let slots = self.registry.snapshot();
         let mut n = 0;
         for s in slots {
-            match self.evict_slot(&s, false) {
+            match self.evict_slot(&s, false, true) {
                 Evicted::Freed(_) => n += 1,
                 Evicted::Skipped | Evicted::Busy => {}
                 Evicted::Failed(source) => {
@@ -339,7 +342,7 @@ impl Evictor for Shared {
                     break;
                 }
             };
-            match self.evict_slot(&v, true) {
+            match self.evict_slot(&v, true, false) {
                 Evicted::Freed(n) => freed = freed.saturating_add(n.max(1)),
                 other => {
                     busy |= matches!(other, Evicted::Busy);
