@@ -36,11 +36,15 @@ size_t outcore_cap(void);
 
 /* Provided by liboutcore_shim.so. A runtime registers its eviction entry
  * point here when it starts (used when the executable does not export
- * outcore_evict dynamically). */
+ * outcore_evict dynamically). NULL withdraws it, and makes the shim look
+ * outcore_evict up again by name: call it before unloading (dlclose) a
+ * library the registered function lives in. The runtime withdraws its
+ * own when its last instance is dropped. */
 void outcore_shim_register(size_t (*evict)(size_t bytes));
 
 /* Provided by liboutcore_shim.so. A runtime registers its usage query here
- * too, so that OUTCORE_MEM_CAP budgets C and Rust allocations together. */
+ * too, so that OUTCORE_MEM_CAP budgets C and Rust allocations together.
+ * NULL withdraws it, as above. */
 void outcore_shim_register_usage(size_t (*usage)(void));
 
 /* Provided by liboutcore_shim.so: usable bytes of live C allocations, as

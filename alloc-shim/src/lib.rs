@@ -220,10 +220,16 @@ fn init() -> bool {
     unsafe {
         let cap = libc::getenv(c"OUTCORE_MEM_CAP".as_ptr());
         if !cap.is_null() {
-            CAP.store(
-                parse_size(core::ffi::CStr::from_ptr(cap).to_bytes()),
-                Ordering::Relaxed,
-            );
+            let text = core::ffi::CStr::from_ptr(cap).to_bytes();
+            let bytes = parse_size(text);
+            if bytes == 0 {
+                let mut b = linebuf::LineBuf::new();
+                b.push(b"outcore-shim: OUTCORE_MEM_CAP='");
+                b.push(text);
+                b.push(b"' is not a size (like 512MiB, 2GiB, 1.5G or 4096); no cap\n");
+                b.write_stderr();
+            }
+            CAP.store(bytes, Ordering::Relaxed);
         }
         let st = libc::getenv(c"OUTCORE_SHIM_STATS".as_ptr());
         if !st.is_null() && *st != 0 && *st != b'0' as c_char {
@@ -238,8 +244,41 @@ fn init() -> bool {
     ok
 }
 
-/// Parses `512MiB`, `2G`, `1.5GiB`, `300MB`, `4096`; 0 when malformed.
+/// The smallest of `RLIMIT_AS` and the machine's memory plus swap, read
+/// when an allocation fails (no allocation: two system calls). A larger
+/// request fails without asking the runtime to evict: evicting every
+/// executor could not make it fit.
+fn hopeless_above() -> usize {
+    let mut limit = usize::MAX;
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid, writable rlimit struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) } == 0 && r.rlim_cur != libc::RLIM_INFINITY
+    {
+        limit = usize::try_from(r.rlim_cur).unwrap_or(usize::MAX);
+    }
+    // SAFETY: an all-zero sysinfo is a valid value of this plain C struct.
+    let mut si: libc::sysinfo = unsafe { core::mem::zeroed() };
+    // SAFETY: `si` is a valid, writable sysinfo struct.
+    if unsafe { libc::sysinfo(&mut si) } == 0 {
+        let unit = u64::from(si.mem_unit.max(1));
+        let total = (si.totalram as u64)
+            .saturating_add(si.totalswap as u64)
+            .saturating_mul(unit);
+        if total > 0 {
+            limit = limit.min(usize::try_from(total).unwrap_or(usize::MAX));
+        }
+    }
+    limit
+}
+
+/// Parses sizes as the runtime does (`MemoryCap::parse`): `512MiB`, `2G`,
+/// `1.5GiB`, `300MB`, `1TB`, `4096`, `2 MiB`, any case, spaces around;
+/// 0 when malformed.
 fn parse_size(s: &[u8]) -> usize {
+    let s = s.trim_ascii();
     let mut i = 0;
     let mut whole: u64 = 0;
     let mut frac: u64 = 0;
@@ -258,16 +297,27 @@ fn parse_size(s: &[u8]) -> usize {
             i += 1;
         }
     }
-    let unit = &s[i..];
-    let mult: u64 = match unit {
-        b"" | b"B" | b"b" => 1,
-        b"K" | b"k" | b"KiB" | b"kib" => 1 << 10,
-        b"M" | b"m" | b"MiB" | b"mib" => 1 << 20,
-        b"G" | b"g" | b"GiB" | b"gib" => 1 << 30,
-        b"T" | b"t" | b"TiB" | b"tib" => 1 << 40,
-        b"KB" | b"kb" => 1_000,
-        b"MB" | b"mb" => 1_000_000,
-        b"GB" | b"gb" => 1_000_000_000,
+    if i == 0 {
+        return 0;
+    }
+    let unit = s[i..].trim_ascii();
+    let mut lower = [0u8; 3];
+    if unit.len() > lower.len() {
+        return 0;
+    }
+    for (d, c) in lower.iter_mut().zip(unit) {
+        *d = c.to_ascii_lowercase();
+    }
+    let mult: u64 = match &lower[..unit.len()] {
+        b"" | b"b" => 1,
+        b"k" | b"kib" => 1 << 10,
+        b"m" | b"mib" => 1 << 20,
+        b"g" | b"gib" => 1 << 30,
+        b"t" | b"tib" => 1 << 40,
+        b"kb" => 1_000,
+        b"mb" => 1_000_000,
+        b"gb" => 1_000_000_000,
+        b"tb" => 1_000_000_000_000,
         _ => return 0,
     };
     whole
@@ -446,7 +496,7 @@ fn after(p: *mut c_void, size: usize, retry: impl Fn() -> *mut c_void) -> *mut c
 #[inline(never)]
 fn after_slow(p: *mut c_void, size: usize, retry: impl Fn() -> *mut c_void) -> *mut c_void {
     let mut p = p;
-    if p.is_null() && size != 0 {
+    if p.is_null() && size != 0 && size <= hopeless_above() {
         for _ in 0..4 {
             if !reclaim(size.saturating_mul(2)) {
                 break;
@@ -456,12 +506,12 @@ fn after_slow(p: *mut c_void, size: usize, retry: impl Fn() -> *mut c_void) -> *
                 break;
             }
         }
-        if p.is_null() {
-            FAILURES.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: errno is thread-local and always writable.
-            unsafe { *libc::__errno_location() = libc::ENOMEM };
-            return p;
-        }
+    }
+    if p.is_null() && size != 0 {
+        FAILURES.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: errno is thread-local and always writable.
+        unsafe { *libc::__errno_location() = libc::ENOMEM };
+        return p;
     }
     if CAP.load(Ordering::Relaxed) != 0 {
         USED.fetch_add(usable(p), Ordering::Relaxed);
@@ -671,14 +721,24 @@ macro_rules! aligned {
                 return core::ptr::null_mut();
             };
             before(size);
-            // SAFETY: errno is thread-local and always writable.
+            // SAFETY: errno is thread-local and always readable and
+            // writable. It is cleared to tell the next allocator's EINVAL
+            // from an older value, and the caller's value is put back on
+            // success (no function sets errno to 0 for its caller).
+            let saved = unsafe { *libc::__errno_location() };
+            // SAFETY: as above.
             unsafe { *libc::__errno_location() = 0 };
             // SAFETY: forwarding to the next allocator.
             let p = unsafe { f(align, size) };
             // SAFETY: errno is thread-local and always readable.
-            if p.is_null() && unsafe { *libc::__errno_location() } == libc::EINVAL {
+            let e = unsafe { *libc::__errno_location() };
+            if p.is_null() && e == libc::EINVAL {
                 // The next allocator refused the request itself.
                 return invalid(libc::EINVAL);
+            }
+            if e == 0 {
+                // SAFETY: as above.
+                unsafe { *libc::__errno_location() = saved };
             }
             // SAFETY: same as above.
             after(p, size, || unsafe { f(align, size) })
@@ -720,24 +780,39 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 }
 
 /// Lets a runtime register its eviction entry point directly (for programs
-/// that do not export `outcore_evict` dynamically). Idempotent.
+/// that do not export `outcore_evict` dynamically). Idempotent. NULL
+/// withdraws it, and forgets the entry point found by name, so that a
+/// library holding the runtime can be unloaded (`dlclose`): the next
+/// failing allocation looks it up again.
 #[no_mangle]
 pub extern "C" fn outcore_shim_register(evict: Option<EvictFn>) {
-    if let Some(f) = evict {
-        REGISTERED.store(f as usize, Ordering::Release);
-        // A runtime is here: results must be checked for null so failed
-        // allocations can be retried after an eviction.
-        MODE.fetch_or(2, Ordering::Relaxed);
+    match evict {
+        Some(f) => {
+            REGISTERED.store(f as usize, Ordering::Release);
+            // A runtime is here: results must be checked for null so
+            // failed allocations can be retried after an eviction.
+            MODE.fetch_or(2, Ordering::Relaxed);
+        }
+        None => {
+            REGISTERED.store(0, Ordering::Release);
+            EVICT.store(0, Ordering::Release);
+        }
     }
 }
 
 /// Lets a runtime register its usage query (`outcore_usage`) directly, so
 /// that `OUTCORE_MEM_CAP` budgets C and Rust allocations together in
-/// programs that do not export it dynamically. Idempotent.
+/// programs that do not export it dynamically. Idempotent. NULL withdraws
+/// it (see [`outcore_shim_register`]).
 #[no_mangle]
 pub extern "C" fn outcore_shim_register_usage(usage: Option<UsageFn>) {
-    if let Some(f) = usage {
-        REGISTERED_USAGE.store(f as usize, Ordering::Release);
+    match usage {
+        Some(f) => REGISTERED_USAGE.store(f as usize, Ordering::Release),
+        None => {
+            REGISTERED_USAGE.store(0, Ordering::Release);
+            USAGE.store(0, Ordering::Release);
+            FUTILE_AT.store(usize::MAX, Ordering::Relaxed);
+        }
     }
 }
 
@@ -759,7 +834,9 @@ mod linebuf;
 
 extern "C" fn print_stats() {
     let mut b = linebuf::LineBuf::new();
-    b.push(b"outcore-shim: calls ");
+    b.push(b"outcore-shim[");
+    b.num(u64::from(std::process::id()));
+    b.push(b"]: calls ");
     b.num(CALLS.load(Ordering::Relaxed));
     b.push(b", bytes ");
     b.num(BYTES.load(Ordering::Relaxed));

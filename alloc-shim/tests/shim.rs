@@ -414,8 +414,8 @@ fn c_usage_over_the_cap_evicts_nothing() {
 fn a_missing_entry_point_is_looked_up_once() {
     let so = shim();
     let dir = tempfile::tempdir().unwrap();
-    let bin = dir.path().join("enomem");
-    cc("tests/enomem.c", &bin);
+    let bin = dir.path().join("enomem_limit");
+    cc("tests/enomem_limit.c", &bin);
     let out = run(Command::new(&bin)
         .env("LD_PRELOAD", &so)
         .env("OUTCORE_SHIM_STATS", "1"));
@@ -423,4 +423,141 @@ fn a_missing_entry_point_is_looked_up_once() {
     assert!(out.status.success(), "{err}");
     assert!(err.contains("failures 3,"), "{err}");
     assert!(err.contains("lookups 1,"), "{err}");
+}
+
+#[test]
+fn hopeless_c_allocation_child() {
+    if is_child("hopeless_c_allocation_child") {
+        let rt = Runtime::builder().build().unwrap();
+        let hs: Vec<_> = (0..4)
+            .map(|i| rt.insert(PodVec::from(vec![i as f32; 1 << 20])).unwrap())
+            .collect();
+        // SAFETY: a plain C malloc of 64 TiB (more than any machine like
+        // this one has); it must fail.
+        let p = unsafe { std::hint::black_box(libc::malloc(std::hint::black_box(1 << 46))) };
+        println!("NULL={}", p.is_null());
+        println!("EVICTIONS={}", rt.stats().evictions);
+        print_sums(&rt, &hs, 1 << 20);
+    }
+}
+
+/// A C request larger than the machine (or than RLIMIT_AS) fails at once,
+/// as the runtime refuses such a Rust request: it used to evict every
+/// executor first.
+#[test]
+fn a_hopeless_c_allocation_evicts_nothing() {
+    let so = shim();
+    let out = child("hopeless_c_allocation_child", Some(&so), None, &[]);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(value(&out, "NULL").as_deref(), Some("true"));
+    assert_eq!(
+        value(&out, "EVICTIONS").as_deref(),
+        Some("0"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(value(&out, "SUMS").as_deref(), Some("ok"));
+}
+
+#[test]
+fn errno_child() {
+    if is_child("errno_child") {
+        // SAFETY: plain C calls; errno is thread-local.
+        let kept = unsafe {
+            *libc::__errno_location() = 1234;
+            let p = std::hint::black_box(libc::aligned_alloc(64, 64));
+            let q = std::hint::black_box(libc::memalign(64, 64));
+            let e = *libc::__errno_location();
+            libc::free(p);
+            libc::free(q);
+            !p.is_null() && !q.is_null() && e == 1234
+        };
+        println!("ERRNO_KEPT={kept}");
+    }
+}
+
+/// A successful `aligned_alloc` or `memalign` leaves `errno` as it was
+/// (it used to be set to 0, which no C library function does).
+#[test]
+fn successful_aligned_allocations_leave_errno_alone() {
+    let so = shim();
+    for stats in ["0", "1"] {
+        let out = child(
+            "errno_child",
+            Some(&so),
+            None,
+            &[("OUTCORE_SHIM_STATS", stats)],
+        );
+        assert!(out.status.success(), "{}", out.stderr);
+        assert_eq!(
+            value(&out, "ERRNO_KEPT").as_deref(),
+            Some("true"),
+            "stats={stats}"
+        );
+    }
+}
+
+#[test]
+fn empty_child() {
+    if is_child("empty_child") {
+        // SAFETY: a small C allocation, so the shim starts.
+        unsafe { libc::free(std::hint::black_box(libc::malloc(64))) };
+    }
+}
+
+/// `OUTCORE_MEM_CAP` is read as the runtime reads sizes (any case, a
+/// space, TB); what is not a size is said on stderr instead of meaning
+/// "no cap" silently.
+#[test]
+fn the_shim_reads_sizes_as_the_runtime_does() {
+    let so = shim();
+    for (text, bytes) in [
+        ("2 MiB", 2u64 << 20),
+        ("2MIB", 2 << 20),
+        (" 4mib ", 4 << 20),
+        ("1TB", 1_000_000_000_000),
+        ("1.5G", 3 << 29),
+    ] {
+        let out = child(
+            "empty_child",
+            Some(&so),
+            None,
+            &[("OUTCORE_MEM_CAP", text), ("OUTCORE_SHIM_STATS", "1")],
+        );
+        assert!(
+            out.stderr.contains(&format!("cap {bytes}\n")),
+            "{text}: {}",
+            out.stderr
+        );
+        assert!(!out.stderr.contains("not a size"), "{}", out.stderr);
+    }
+    let out = child(
+        "empty_child",
+        Some(&so),
+        None,
+        &[("OUTCORE_MEM_CAP", "lots"), ("OUTCORE_SHIM_STATS", "1")],
+    );
+    assert!(
+        out.stderr
+            .contains("outcore-shim: OUTCORE_MEM_CAP='lots' is not a size"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("cap 0\n"), "{}", out.stderr);
+}
+
+/// A program that registered an eviction entry point (from a library it
+/// will unload) can withdraw it with NULL: it used to be ignored, and the
+/// shim called into the unloaded library (a segfault).
+#[test]
+fn a_registered_entry_point_can_be_withdrawn() {
+    let so = shim();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("withdraw");
+    cc("tests/withdraw.c", &bin);
+    let out = run(Command::new(&bin).env("LD_PRELOAD", &so));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("AFTER=0"), "{text}");
+    assert!(!text.contains("FIRST=0"), "{text}");
 }

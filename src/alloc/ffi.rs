@@ -40,6 +40,26 @@ type RegisterFn = unsafe extern "C" fn(Option<extern "C" fn(usize) -> usize>);
 
 type RegisterUsageFn = unsafe extern "C" fn(Option<extern "C" fn() -> usize>);
 
+/// If the shim is loaded, takes [`outcore_evict`] and [`outcore_usage`]
+/// back from it: the last runtime is gone, and the library holding this
+/// code may be unloaded next (`dlclose`), which would leave the shim
+/// calling into unmapped code.
+pub(crate) fn withdraw_from_shim() {
+    // SAFETY: dlsym with NUL-terminated names; RTLD_DEFAULT searches the
+    // whole process. The shim exports both functions with exactly these C
+    // signatures, and takes NULL to withdraw.
+    unsafe {
+        let f = libc::dlsym(libc::RTLD_DEFAULT, c"outcore_shim_register".as_ptr());
+        if !f.is_null() {
+            std::mem::transmute::<*mut libc::c_void, RegisterFn>(f)(None);
+        }
+        let f = libc::dlsym(libc::RTLD_DEFAULT, c"outcore_shim_register_usage".as_ptr());
+        if !f.is_null() {
+            std::mem::transmute::<*mut libc::c_void, RegisterUsageFn>(f)(None);
+        }
+    }
+}
+
 /// If the shim is loaded, hands it [`outcore_evict`] and [`outcore_usage`]
 /// directly.
 pub(crate) fn announce_to_shim() {

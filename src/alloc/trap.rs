@@ -109,6 +109,7 @@ impl Drop for Registration {
         recompute_cap();
         if !any_registered() {
             headroom::forget();
+            super::ffi::withdraw_from_shim();
         }
     }
 }
