@@ -684,3 +684,42 @@ fn a_long_queue_on_one_executor_grows_at_the_hard_limit() {
     // The queue grew outside the executor's lock, where the trap evicts.
     assert_eq!(num(&out, "HEADROOM_RELEASES"), 0, "{}", out.stdout);
 }
+
+/// Under `RLIMIT_AS`, threads cost their stacks only: the C library's
+/// malloc (which a thread's start uses) used to give each new thread an
+/// arena reserving 64 MiB of address space, so a few threads took most of
+/// a limit of a few hundred MiB.
+#[test]
+fn threads_cost_little_address_space_under_a_limit() {
+    const T: &str = "threads_cost_little_address_space_under_a_limit";
+    const THREADS: usize = 8;
+    if is_child(T) {
+        let before = common::vm_size();
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(THREADS + 1));
+        let hs: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let b = barrier.clone();
+                std::thread::spawn(move || {
+                    // SAFETY: a small C allocation, freed at once.
+                    unsafe { libc::free(std::hint::black_box(libc::malloc(100))) };
+                    b.wait();
+                    b.wait();
+                })
+            })
+            .collect();
+        barrier.wait();
+        println!("GROWTH={}", common::vm_size() - before);
+        barrier.wait();
+        for h in hs {
+            h.join().expect("thread");
+        }
+        return;
+    }
+    let out = ok(T, Some(HARD_LIMIT));
+    // The stacks (2 MiB each and a guard page), not 64 MiB per thread.
+    let growth = num(&out, "GROWTH");
+    assert!(
+        growth < (THREADS as u64) * (4 << 20),
+        "{growth} bytes for {THREADS} threads"
+    );
+}

@@ -67,6 +67,7 @@ mod files;
 mod input;
 pub mod kmeans;
 pub mod npy;
+mod par;
 pub mod ranks;
 pub mod timeline;
 pub mod train;

@@ -101,7 +101,8 @@ static mut MALLOC_CONF: *const libc::c_char = std::ptr::null();
 
 /// Runs from `.init_array`, before `main` and before any Rust allocation:
 /// when the address space is limited, turn `retain` off so that memory
-/// freed after an eviction is unmapped and counts against the limit no more.
+/// freed after an eviction is unmapped and counts against the limit no more,
+/// and keep the C library's malloc to one arena.
 extern "C" fn choose_malloc_conf() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -112,11 +113,26 @@ extern "C" fn choose_malloc_conf() {
     // Large blocks (partitions of tens of MiB) live in the ordinary arenas,
     // where freed pages can be reused (see `keep_dirty_pages`), not in the
     // oversize arena, which returns them to the system on every free.
-    let conf = if ok && lim.rlim_cur != libc::RLIM_INFINITY {
+    let limited = ok && lim.rlim_cur != libc::RLIM_INFINITY;
+    let conf = if limited {
         c"oversize_threshold:0,retain:false"
     } else {
         c"oversize_threshold:0"
     };
+    if limited {
+        // The C library's malloc, which it uses for itself (a thread's
+        // start asks it for a few bytes), gives each new thread an arena
+        // of its own, and each arena reserves 64 MiB of address space: the
+        // runtime's threads alone took most of a few hundred MiB limit
+        // (and the trap cannot evict what C code reserved). One arena
+        // serves all threads instead.
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: mallopt with a valid parameter; glibc is initialised
+        // before the executable's constructors run.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 1);
+        }
+    }
     // SAFETY: single-threaded start-up; jemalloc has not read the variable
     // yet (it does so on its first allocation).
     unsafe {

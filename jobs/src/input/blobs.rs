@@ -68,21 +68,12 @@ impl Blobs {
         if per >= n {
             return self.points(first, n, out);
         }
-        let pieces: Vec<Vec<f32>> = std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..n)
-                .step_by(per)
-                .map(|s| {
-                    let len = per.min(n - s);
-                    sc.spawn(move || {
-                        let mut v = Vec::with_capacity(len * self.dims);
-                        self.points(first + s as u64, len, &mut v);
-                        v
-                    })
-                })
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .collect()
+        let mut pieces: Vec<Vec<f32>> = (0..n).step_by(per).map(|_| Vec::new()).collect();
+        let work: Vec<_> = (0..n).step_by(per).zip(pieces.iter_mut()).collect();
+        crate::par::for_each(work, threads, |(s, v)| {
+            let len = per.min(n - s);
+            v.reserve_exact(len * self.dims);
+            self.points(first + s as u64, len, v);
         });
         out.reserve(n * self.dims);
         for p in &pieces {

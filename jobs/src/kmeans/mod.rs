@@ -1537,17 +1537,14 @@ fn distances_to(s: &[f32], d: usize, centres: &[usize], threads: usize) -> Vec<f
     let m = centres.len();
     let mut out = vec![0f32; n * m];
     let per = n.div_ceil(threads.max(1)).max(1);
-    std::thread::scope(|sc| {
-        for (r, block) in out.chunks_mut(per * m).enumerate() {
-            sc.spawn(move || {
-                for (j, o) in block.chunks_exact_mut(m).enumerate() {
-                    let i = r * per + j;
-                    let x = &s[i * d..(i + 1) * d];
-                    for (t, &c) in centres.iter().enumerate() {
-                        o[t] = sq_dist(x, &s[c * d..(c + 1) * d]);
-                    }
-                }
-            });
+    let blocks: Vec<_> = out.chunks_mut(per * m.max(1)).enumerate().collect();
+    crate::par::for_each(blocks, threads, |(r, block)| {
+        for (j, o) in block.chunks_exact_mut(m).enumerate() {
+            let i = r * per + j;
+            let x = &s[i * d..(i + 1) * d];
+            for (t, &c) in centres.iter().enumerate() {
+                o[t] = sq_dist(x, &s[c * d..(c + 1) * d]);
+            }
         }
     });
     out
