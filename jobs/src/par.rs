@@ -36,7 +36,7 @@ mod tests {
     fn every_item_once_whatever_the_thread_count() {
         for threads in [0, 1, 3, 8] {
             let sum = AtomicU64::new(0);
-            let mut hits = vec![0u8; 100];
+            let mut hits = [0u8; 100];
             let items: Vec<(usize, &mut u8)> = hits.iter_mut().enumerate().collect();
             for_each(items, threads, |(i, h)| {
                 *h += 1;
