@@ -723,3 +723,45 @@ fn threads_cost_little_address_space_under_a_limit() {
         "{growth} bytes for {THREADS} threads"
     );
 }
+
+/// A request larger than the address-space limit fails at once, evicting
+/// nothing, and its line says so: it used to say "nothing left to evict,
+/// 0 executor(s) pinned" with every executor resident and evictable.
+#[test]
+fn a_request_over_the_limit_is_refused_with_a_true_line() {
+    const T: &str = "a_request_over_the_limit_is_refused_with_a_true_line";
+    if is_child(T) {
+        let rt = Runtime::builder().prefetch(false).build().expect("runtime");
+        let hs: Vec<_> = (0..4)
+            .map(|i| rt.insert(Part::new(i, PART_BYTES / 4)).expect("insert"))
+            .collect();
+        let mut v: Vec<u8> = Vec::new();
+        println!(
+            "REFUSED={}",
+            v.try_reserve(HARD_LIMIT as usize + (1 << 30)).is_err()
+        );
+        println!("EVICTIONS={}", rt.stats().evictions);
+        drop(hs);
+        return;
+    }
+    let out = ok(T, Some(HARD_LIMIT));
+    assert_eq!(out.value("REFUSED").as_deref(), Some("true"));
+    assert_eq!(num(&out, "EVICTIONS"), 0);
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("outcore:"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{}", out.stderr);
+    assert!(
+        lines[0].contains("refused without evicting"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].contains(&format!("limit of {HARD_LIMIT} bytes")),
+        "{}",
+        lines[0]
+    );
+    assert!(!lines[0].contains("nothing left to evict"), "{}", lines[0]);
+}

@@ -233,6 +233,11 @@ pub(super) fn set_limits(limit: usize, machine: usize) {
     update_hopeless();
 }
 
+/// The hard limit (see [`LIMIT`]).
+pub(super) fn hard_limit() -> usize {
+    LIMIT.load(Ordering::Relaxed)
+}
+
 /// Physical memory plus swap (see [`MACHINE`]).
 pub(super) fn machine_memory() -> usize {
     MACHINE.load(Ordering::Relaxed)

@@ -297,9 +297,10 @@ fn grow_failed(
 
 /// A request larger than the cap or the hard limit: no eviction can make it
 /// fit, so it is attempted once, accounted only if it succeeds, and a
-/// failure is returned at once, with no eviction. The out-of-memory line is
-/// printed only when the request is one this machine could hold: a larger
-/// one is a probe (a `try_reserve` the caller handles), refused silently.
+/// failure is returned at once, with no eviction. A line says so when the
+/// request is one this machine could hold (the program may abort on it); a
+/// larger one is a probe (a `try_reserve` the caller handles), refused
+/// silently.
 #[cold]
 #[inline(never)]
 fn grow_hopeless(size: usize, delta: usize, attempt: impl Fn() -> *mut u8) -> *mut u8 {
@@ -307,7 +308,7 @@ fn grow_hopeless(size: usize, delta: usize, attempt: impl Fn() -> *mut u8) -> *m
     if p.is_null() {
         COUNTERS.refusals.fetch_add(1, Ordering::Relaxed);
         if size <= account::machine_memory() && !account::bypassing() {
-            trap::diagnose(size);
+            trap::diagnose_refusal(size);
         }
     } else if account::account(delta as isize).is_some() {
         account::raise_peak();

@@ -429,6 +429,29 @@ pub(crate) fn evict_external(bytes: usize) -> usize {
     }
 }
 
+/// Writes one line to stderr without allocating, for a request refused
+/// without eviction: larger than the hard limit, or than the cap and what
+/// the limit leaves (see `grow_hopeless`).
+pub(super) fn diagnose_refusal(size: usize) {
+    let mut buf = LineBuf::new();
+    buf.push(b"outcore: out of memory: allocation of ");
+    buf.num(size as u64);
+    buf.push(b" bytes refused without evicting: no eviction can make it fit under the limit of ");
+    buf.num(account::hard_limit() as u64);
+    buf.push(b" bytes (");
+    buf.num(account::current_usage() as u64);
+    buf.push(b" bytes in use, cap ");
+    match account::soft_cap() {
+        Some(c) => {
+            buf.num(c as u64);
+            buf.push(b" bytes)");
+        }
+        None => buf.push(b"none)"),
+    }
+    buf.push(b"\n");
+    buf.write_stderr();
+}
+
 /// Writes one line to stderr without allocating: the request, the usage,
 /// the cap and the pinned executors.
 pub(super) fn diagnose(size: usize) {
