@@ -978,3 +978,37 @@ fn kmeans_other_flags_out_of_range() {
     let e = t.fails(&args, &[t.output(), t.labels(), t.stats()]);
     assert_mentions(&e, "/nonexistent-dir/spill");
 }
+
+/// Under `ulimit -v`, a cap that does not fit (or no cap) is warned about
+/// with the start lines: only the allocation trap would evict, and the
+/// data may be read many times over. A cap that fits, or no limit, gets no
+/// such line.
+#[test]
+fn a_cap_over_the_address_space_limit_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("c.npy");
+    let run = |limit: Option<&str>, cap: &str| {
+        let limit = limit.map_or(String::new(), |l| format!("ulimit -v {l}; "));
+        let o = std::process::Command::new("sh")
+            .args(["-c", &format!("{limit}exec \"$@\""), "sh"])
+            .arg(env!("CARGO_BIN_EXE_outcore"))
+            .args(["kmeans", "--synthetic", "16MiB", "--dims", "16", "--k", "4"])
+            .args(["--epochs", "1", "--mem-cap", cap, "--output"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{cap}: {err}");
+        err
+    };
+    const WARNING: &str = "under an address-space limit of";
+    for cap in ["4GiB", "none"] {
+        let err = run(Some("1500000"), cap);
+        assert!(err.contains(WARNING), "{cap}: {err}");
+        assert!(err.contains("--mem-cap auto"), "{cap}: {err}");
+    }
+    for (limit, cap) in [(Some("1500000"), "64MiB"), (Some("1500000"), "auto"), (None, "4GiB")] {
+        let err = run(limit, cap);
+        assert!(!err.contains(WARNING), "{limit:?} {cap}: {err}");
+    }
+}

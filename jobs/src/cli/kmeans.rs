@@ -12,8 +12,8 @@ use serde::Serialize;
 
 use super::progress::Feedback;
 use super::{
-    file_source, named, plural, positive, runtime, synthetic_source, warn_dims, warn_failed_writes,
-    Given, MemoryArgs, Phases, RankStats,
+    cap_over_limit, file_source, named, plural, positive, runtime, synthetic_source, warn_dims,
+    warn_failed_writes, Given, MemoryArgs, Phases, RankStats,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -413,6 +413,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         ));
     }
     intro.extend(small_cap);
+    intro.extend(cap_over_limit(&rt, ranks).filter(|_| ranks.is_root()));
     let passes = match cfg.algorithm {
         Algorithm::MiniBatch => cfg.epochs,
         Algorithm::Lloyd => cfg.iterations,

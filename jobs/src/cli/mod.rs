@@ -417,6 +417,36 @@ fn runtime(
     Ok((rt, part_bytes))
 }
 
+/// The `RLIMIT_AS` in force (`ulimit -v`), when finite.
+fn address_space_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit struct.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } == 0;
+    (ok && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+}
+
+/// A warning for the start lines when the cap does not fit under the
+/// address-space limit: then only the allocation trap evicts, at the limit,
+/// one allocation at a time, and the run reads its data many times over
+/// (17 GiB for 256 MiB of data with no cap under 400 MiB).
+fn cap_over_limit(rt: &Runtime, ranks: &Ranks) -> Option<String> {
+    let limit = address_space_limit()?;
+    let fits = MemoryCap::Auto.resolve_shared(ranks.on_node())?;
+    let what = match rt.cap() {
+        Some(c) if c > fits => format!("the cap of {}", format_bytes(c)),
+        Some(_) => return None,
+        None => "no cap".to_string(),
+    };
+    Some(format!(
+        "outcore: warning: {what} under an address-space limit of {} (ulimit -v): only the allocation trap evicts, at the limit, and the data may be read many times over (--mem-cap auto, {} here, fits under it)",
+        format_bytes(limit),
+        format_bytes(fits)
+    ))
+}
+
 /// Default partitions under a cap: this many would fill it. Between the
 /// executors kept in memory across sweeps and the cap sit the few being
 /// worked on, loaded ahead or just used (about six with two workers), so

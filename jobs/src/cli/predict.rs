@@ -14,7 +14,8 @@ use serde::Serialize;
 
 use super::progress::Feedback;
 use super::{
-    file_source, named, runtime, warn_dims, warn_failed_writes, Given, MemoryArgs, Phases,
+    cap_over_limit, file_source, named, runtime, warn_dims, warn_failed_writes, Given, MemoryArgs,
+    Phases,
 };
 
 /// Flags of `outcore predict`.
@@ -145,6 +146,9 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers()
     ));
+    if let Some(w) = cap_over_limit(&rt, &outcore_jobs::ranks::Ranks::single()) {
+        fb.line(&w);
+    }
     fb.stage("labelling", rows);
     let mut labels = NpyWriter::<i32>::create(&a.labels, &[rows])?;
     let mut dists = match &a.distances {

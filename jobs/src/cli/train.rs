@@ -12,8 +12,8 @@ use serde::Serialize;
 
 use super::progress::Feedback;
 use super::{
-    file_source, named, plural, positive, runtime, synthetic_source, warn_dims, warn_failed_writes,
-    Given, MemoryArgs, Phases, RankStats,
+    cap_over_limit, file_source, named, plural, positive, runtime, synthetic_source, warn_dims,
+    warn_failed_writes, Given, MemoryArgs, Phases, RankStats,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -313,6 +313,9 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers()
     );
+    if let Some(w) = cap_over_limit(&rt, ranks) {
+        say!("{w}");
+    }
     phases.add_reads(job.input_reads.clone());
     phases.set(match solver {
         Solver::Lbfgs => "iteration 1",
