@@ -786,3 +786,98 @@ fn a_forked_child_leaves_the_parents_executors_alone() {
         assert_eq!(out.num(&format!("VALUE_{i}")), i + 300, "{}", out.stdout);
     }
 }
+
+/// An executor whose `Serialize` builds a temporary copy of its data (as
+/// some hand-written ones do), and whose `Deserialize` reads it back.
+#[derive(Debug, Clone, PartialEq)]
+struct Copying {
+    data: Vec<u64>,
+}
+
+impl Serialize for Copying {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let bytes: Vec<u8> = self.data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        s.serialize_bytes(&bytes)
+    }
+}
+
+impl<'de> Deserialize<'de> for Copying {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Copying, D::Error> {
+        let b: serde_bytes_like::Bytes = Deserialize::deserialize(d)?;
+        Ok(Copying {
+            data: b
+                .0
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect(),
+        })
+    }
+}
+
+/// Reads a byte string (bincode's `serialize_bytes`) into a vector.
+mod serde_bytes_like {
+    pub struct Bytes(pub Vec<u8>);
+
+    impl<'de> serde::Deserialize<'de> for Bytes {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+            struct V;
+            impl<'de> serde::de::Visitor<'de> for V {
+                type Value = Bytes;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("bytes")
+                }
+                fn visit_bytes<E>(self, v: &[u8]) -> Result<Bytes, E> {
+                    Ok(Bytes(v.to_vec()))
+                }
+                fn visit_byte_buf<E>(self, v: Vec<u8>) -> Result<Bytes, E> {
+                    Ok(Bytes(v))
+                }
+            }
+            d.deserialize_byte_buf(V)
+        }
+    }
+}
+
+/// A soft cap under an address-space limit, with executors whose
+/// `Serialize` allocates a copy of their data while the trap evicts them:
+/// the copy found no room in the address space and the process aborted.
+/// The C library's per-thread arenas took 64 MiB each of it (at 600 MiB),
+/// and the pages jemalloc kept for reuse under the cap were budgeted
+/// against physical memory only (at 450 MiB).
+#[test]
+fn a_copying_serialize_under_a_soft_cap_and_a_hard_limit() {
+    const T: &str = "a_copying_serialize_under_a_soft_cap_and_a_hard_limit";
+    if is_child(T) {
+        let rt = Runtime::builder()
+            .mem_cap(MemoryCap::Bytes(256 << 20))
+            .build()
+            .unwrap();
+        let hs: Vec<_> = (0..16)
+            .map(|i| {
+                rt.insert(Copying {
+                    data: vec![i as u64; 4 << 20],
+                })
+                .unwrap()
+            })
+            .collect();
+        for sweep in 0..3u64 {
+            let mut b = rt.batch();
+            for h in &hs {
+                b.write(h, |v: &mut Copying| {
+                    for x in v.data.iter_mut() {
+                        *x += 1;
+                    }
+                    v.data[0]
+                });
+            }
+            let r = b.run().unwrap();
+            for (i, x) in r.iter().enumerate() {
+                assert_eq!(*x, i as u64 + sweep + 1);
+            }
+        }
+        println!("DONE=1");
+        return;
+    }
+    let out = common::child_ok(T, Some(450 << 20), Duration::from_secs(240), &[]);
+    assert_eq!(out.value("DONE").as_deref(), Some("1"), "{}", out.stderr);
+}

@@ -1007,7 +1007,11 @@ fn a_cap_over_the_address_space_limit_is_warned_about() {
         assert!(err.contains(WARNING), "{cap}: {err}");
         assert!(err.contains("--mem-cap auto"), "{cap}: {err}");
     }
-    for (limit, cap) in [(Some("1500000"), "64MiB"), (Some("1500000"), "auto"), (None, "4GiB")] {
+    for (limit, cap) in [
+        (Some("1500000"), "64MiB"),
+        (Some("1500000"), "auto"),
+        (None, "4GiB"),
+    ] {
         let err = run(limit, cap);
         assert!(!err.contains(WARNING), "{limit:?} {cap}: {err}");
     }

@@ -265,18 +265,29 @@ pub(crate) use crate::executor::drop_user_value;
 
 /// How many freed pages jemalloc may keep for reuse under `cap`: what the
 /// memory limit (cgroup or physical memory) leaves above the cap, less
-/// 1/32 of it for code, stacks and the page cache; at least twice the low
-/// watermark's gap (kept pages are taken again by the next loads). Without
-/// a cap, unlimited (pages then decay as jemalloc decides).
+/// 1/32 of it for code, stacks and the page cache, and no more than what
+/// the address-space limit leaves above the cap and what the process maps
+/// besides its heap (as `MemoryCap::Auto` counts it: kept pages stay
+/// mapped, and a temporary an eviction needs must find room); at least
+/// twice the low watermark's gap (kept pages are taken again by the next
+/// loads). Without a cap, unlimited (pages then decay as jemalloc decides).
 pub(crate) fn dirty_budget(cap: Option<u64>, l: &crate::cap::Limits) -> usize {
     let Some(cap) = cap else { return usize::MAX };
     let gap = cap - super::evict::low_watermark(cap);
     let floor = 2 * gap;
-    let room = [l.cgroup, l.physical]
+    let memory = [l.cgroup, l.physical]
         .into_iter()
         .flatten()
         .min()
-        .map_or(floor, |m| m.saturating_sub(cap).saturating_sub(m / 32));
+        .map(|m| m.saturating_sub(cap).saturating_sub(m / 32));
+    let address_space = l
+        .rlimit_as
+        .map(|v| v.saturating_sub(cap).saturating_sub((v / 4).max(256 << 20)));
+    let room = [memory, address_space]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(floor);
     usize::try_from(room.max(floor)).unwrap_or(usize::MAX)
 }
 
@@ -312,5 +323,12 @@ mod tests {
             dirty_budget(Some(GIB), &Limits::default()) as u64,
             2 * (GIB - crate::runtime::evict::low_watermark(GIB))
         );
+        // Under an address-space limit of 4 GiB, a 1 GiB cap: what the
+        // limit leaves, less what `MemoryCap::Auto` sets aside (1 GiB).
+        let limited = Limits {
+            rlimit_as: Some(4 * GIB),
+            ..free
+        };
+        assert_eq!(dirty_budget(Some(GIB), &limited) as u64, 2 * GIB);
     }
 }
