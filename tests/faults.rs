@@ -212,7 +212,9 @@ fn stress_under_a_hard_limit() {
         println!("THRESHOLD={}", outcore::flush_threshold());
         return;
     }
-    let out = run_child("stress_under_a_hard_limit", Some(480 << 20), TIMEOUT);
+    // 128 MiB of executors and the threads' blocks, beside a start-up of
+    // about 55 MiB.
+    let out = run_child("stress_under_a_hard_limit", Some(285 << 20), TIMEOUT);
     assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
     assert!(
         out.value("HARD").unwrap().parse::<u64>().unwrap() > 0,

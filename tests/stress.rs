@@ -208,8 +208,8 @@ fn stress_under_a_hard_limit() {
         return stress(MemoryCap::None, 2 << 20);
     }
     // 24 executors of 8 MiB (192 MiB) beside a test process that maps
-    // about 250 MiB at start, under 450 MiB of address space.
-    check("stress_under_a_hard_limit", Some(450 << 20));
+    // about 55 MiB at start, under 255 MiB of address space.
+    check("stress_under_a_hard_limit", Some(255 << 20));
 }
 
 /// Scale: a batch of one task on each of 100,000 executors, and one of
