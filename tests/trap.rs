@@ -765,3 +765,41 @@ fn a_request_over_the_limit_is_refused_with_a_true_line() {
     );
     assert!(!lines[0].contains("nothing left to evict"), "{}", lines[0]);
 }
+
+/// A request larger than the soft cap but within the limit is tried once
+/// without evicting; when it fails, its line says that, not that it could
+/// never fit under the limit.
+#[test]
+fn a_request_over_the_cap_that_fails_says_so() {
+    const T: &str = "a_request_over_the_cap_that_fails_says_so";
+    if is_child(T) {
+        let rt = Runtime::builder()
+            .mem_cap(MemoryCap::Bytes(32 << 20))
+            .prefetch(false)
+            .build()
+            .expect("runtime");
+        let hs: Vec<_> = (0..2)
+            .map(|i| rt.insert(Part::new(i, PART_BYTES / 4)).expect("insert"))
+            .collect();
+        let mut v: Vec<u8> = Vec::new();
+        println!("REFUSED={}", v.try_reserve(200 << 20).is_err());
+        drop(hs);
+        return;
+    }
+    let out = ok(T, Some(HARD_LIMIT));
+    assert_eq!(
+        out.value("REFUSED").as_deref(),
+        Some("true"),
+        "{}",
+        out.stderr
+    );
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("outcore:"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("209715200 bytes, more than the cap, failed without evicting"),
+        "{line}"
+    );
+}

@@ -38,8 +38,9 @@ size_t outcore_cap(void);
  * point here when it starts (used when the executable does not export
  * outcore_evict dynamically). NULL withdraws it, and makes the shim look
  * outcore_evict up again by name: call it before unloading (dlclose) a
- * library the registered function lives in. The runtime withdraws its
- * own when its last instance is dropped. */
+ * library the registered function lives in, while no other thread
+ * allocates (an allocation failing at that moment may still be calling
+ * it). The runtime withdraws its own when its last instance is dropped. */
 void outcore_shim_register(size_t (*evict)(size_t bytes));
 
 /* Provided by liboutcore_shim.so. A runtime registers its usage query here

@@ -222,7 +222,11 @@ fn init() -> bool {
         if !cap.is_null() {
             let text = core::ffi::CStr::from_ptr(cap).to_bytes();
             let bytes = parse_size(text);
-            if bytes == 0 {
+            let off = matches!(
+                text.trim_ascii(),
+                b"0" | b"none" | b"off" | b"unlimited" | b"NONE" | b"OFF"
+            );
+            if bytes == 0 && !off {
                 let mut b = linebuf::LineBuf::new();
                 b.push(b"outcore-shim: OUTCORE_MEM_CAP='");
                 b.push(text);
@@ -291,9 +295,12 @@ fn parse_size(s: &[u8]) -> usize {
     }
     if i < s.len() && s[i] == b'.' {
         i += 1;
-        while i < s.len() && s[i].is_ascii_digit() && frac_div < 1_000_000 {
-            frac = frac * 10 + u64::from(s[i] - b'0');
-            frac_div *= 10;
+        while i < s.len() && s[i].is_ascii_digit() {
+            // Digits past the sixth change nothing a byte count shows.
+            if frac_div < 1_000_000 {
+                frac = frac * 10 + u64::from(s[i] - b'0');
+                frac_div *= 10;
+            }
             i += 1;
         }
     }
@@ -736,12 +743,13 @@ macro_rules! aligned {
                 // The next allocator refused the request itself.
                 return invalid(libc::EINVAL);
             }
-            if e == 0 {
+            // SAFETY: same as above.
+            let p = after(p, size, || unsafe { f(align, size) });
+            if !p.is_null() {
                 // SAFETY: as above.
                 unsafe { *libc::__errno_location() = saved };
             }
-            // SAFETY: same as above.
-            after(p, size, || unsafe { f(align, size) })
+            p
         }
     };
 }

@@ -517,6 +517,9 @@ fn the_shim_reads_sizes_as_the_runtime_does() {
         (" 4mib ", 4 << 20),
         ("1TB", 1_000_000_000_000),
         ("1.5G", 3 << 29),
+        ("1.50000001G", 3 << 29),
+        ("none", 0),
+        ("0", 0),
     ] {
         let out = child(
             "empty_child",

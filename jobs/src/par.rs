@@ -6,9 +6,11 @@
 use std::sync::Mutex;
 
 /// Calls `f` on every item, on up to `threads` threads (the caller is one
-/// of them), each taking the next item in order until none is left.
-/// A panic in `f` reaches the caller when every thread has stopped.
+/// of them, and there are no more threads than items), each taking the
+/// next item in order until none is left. A panic in `f` reaches the
+/// caller, with its message, when every thread has stopped.
 pub(crate) fn for_each<T: Send>(items: Vec<T>, threads: usize, f: impl Fn(T) + Sync) {
+    let threads = threads.min(items.len()).max(1);
     let queue = Mutex::new(items.into_iter());
     let work = || loop {
         let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
@@ -18,12 +20,22 @@ pub(crate) fn for_each<T: Send>(items: Vec<T>, threads: usize, f: impl Fn(T) + S
         }
     };
     std::thread::scope(|sc| {
-        for _ in 1..threads.max(1) {
-            if std::thread::Builder::new().spawn_scoped(sc, work).is_err() {
-                break;
+        let mut helpers = Vec::with_capacity(threads - 1);
+        for _ in 1..threads {
+            match std::thread::Builder::new().spawn_scoped(sc, work) {
+                Ok(h) => helpers.push(h),
+                Err(_) => break,
             }
         }
-        work();
+        let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+        for h in helpers {
+            if let Err(p) = h.join() {
+                std::panic::resume_unwind(p);
+            }
+        }
+        if let Err(p) = mine {
+            std::panic::resume_unwind(p);
+        }
     });
 }
 
@@ -45,5 +57,25 @@ mod tests {
             assert!(hits.iter().all(|&h| h == 1), "threads {threads}");
             assert_eq!(sum.load(Ordering::Relaxed), 4950);
         }
+    }
+
+    #[test]
+    fn no_more_threads_than_items_and_panics_keep_their_message() {
+        let seen = std::sync::Mutex::new(std::collections::HashSet::new());
+        for_each(vec![1, 2], 64, |_| {
+            seen.lock().unwrap().insert(std::thread::current().id());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        });
+        assert!(seen.lock().unwrap().len() <= 2);
+        let r = std::panic::catch_unwind(|| {
+            for_each(vec![1, 2, 3], 2, |i| {
+                if i == 3 {
+                    panic!("item {i} failed");
+                }
+            })
+        });
+        let p = r.expect_err("the panic reaches the caller");
+        let msg = p.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert_eq!(msg, "item 3 failed");
     }
 }

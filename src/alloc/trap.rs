@@ -94,23 +94,55 @@ pub(crate) fn register(evictor: Arc<dyn Evictor>, limits: (usize, usize)) -> Opt
         fruitless_at: AtomicU64::new(u64::MAX),
         forks: FORKS.load(Ordering::Acquire),
     });
+    let _lifecycle = Lifecycle::lock();
     let slot = REGISTRY.insert(entry).ok()?;
     recompute_cap();
     headroom::keep(crate::cap::rlimit_as());
+    super::ffi::announce_to_shim();
     Some(Registration { slot })
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        let _lifecycle = Lifecycle::lock();
         // Waits until no trap can still be looking at the entry (a
         // store-buffer pattern, hence SeqCst: see `slots.rs` and README.md,
         // "Memory orderings").
         drop(REGISTRY.remove(self.slot));
         recompute_cap();
-        if !any_registered() {
+        // The last runtime of this process (not counting a parent's,
+        // inherited across a `fork()`).
+        if !with_entries(|_| true) {
             headroom::forget();
             super::ffi::withdraw_from_shim();
         }
+    }
+}
+
+/// Held while a runtime registers or unregisters: the last one going must
+/// not give up the headroom or withdraw from the shim after a new one has
+/// come (a check, then an action). A spin lock, reset in a `fork()` child
+/// (a `std` mutex held by another thread at the fork would stay locked
+/// there). Never taken by the allocator's paths.
+struct Lifecycle(());
+
+static LIFECYCLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl Lifecycle {
+    fn lock() -> Lifecycle {
+        while LIFECYCLE
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+        Lifecycle(())
+    }
+}
+
+impl Drop for Lifecycle {
+    fn drop(&mut self) {
+        LIFECYCLE.store(false, Ordering::Release);
     }
 }
 
@@ -138,6 +170,7 @@ fn install_fork_handler() {
 /// parent's executors).
 extern "C" fn reset_after_fork() {
     FORKS.fetch_add(1, Ordering::AcqRel);
+    LIFECYCLE.store(false, Ordering::Release);
     REGISTRY.reset_readers();
     EPOCH.fetch_add(1, Ordering::SeqCst);
     TOKEN.store(0, Ordering::SeqCst);
@@ -436,8 +469,16 @@ pub(super) fn diagnose_refusal(size: usize) {
     let mut buf = LineBuf::new();
     buf.push(b"outcore: out of memory: allocation of ");
     buf.num(size as u64);
-    buf.push(b" bytes refused without evicting: no eviction can make it fit under the limit of ");
-    buf.num(account::hard_limit() as u64);
+    if size > account::hard_limit() {
+        buf.push(
+            b" bytes refused without evicting: no eviction can make it fit under the limit of ",
+        );
+        buf.num(account::hard_limit() as u64);
+    } else {
+        // Larger than the cap: tried once, as it is, without evicting.
+        buf.push(b" bytes, more than the cap, failed without evicting under the limit of ");
+        buf.num(account::hard_limit() as u64);
+    }
     buf.push(b" bytes (");
     buf.num(account::current_usage() as u64);
     buf.push(b" bytes in use, cap ");

@@ -170,7 +170,6 @@ impl Builder {
         .ok_or_else(|| {
             Error::Runtime("too many runtimes alive in this process (64 at most)".into())
         })?;
-        alloc::announce_to_shim();
         let mut guard = StartGuard {
             shared: shared.clone(),
             registration: Some(registration),

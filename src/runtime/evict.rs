@@ -97,7 +97,7 @@ impl Shared {
             EvictStep::DropClean => {
                 let v = g.value.take();
                 slot.set_state(&mut g, State::Evicted);
-                self.evicted_mark.fetch_add(1, Ordering::Relaxed);
+                self.evicted_mark.fetch_add(1, Ordering::Release);
                 drop(g);
                 drop_user_value(v);
                 self.count_eviction(trap, true);
@@ -144,7 +144,7 @@ impl Shared {
                         g.file_gen = gen;
                         g.dirty = false;
                         slot.set_state(&mut g, State::Evicted);
-                        self.evicted_mark.fetch_add(1, Ordering::Relaxed);
+                        self.evicted_mark.fetch_add(1, Ordering::Release);
                         drop(g);
                         drop_user_value(v);
                         Counters::add(&self.counters.bytes_written, written);

@@ -234,7 +234,7 @@ impl Runtime {
         if resident {
             sh.make_room(0, None);
         } else {
-            sh.evicted_mark.fetch_add(1, Ordering::Relaxed);
+            sh.evicted_mark.fetch_add(1, Ordering::Release);
         }
         Ok(Handle {
             slot: Some(slot),

@@ -53,7 +53,7 @@ impl Shared {
         let mut rebuilt = false;
         loop {
             if cache.stale(now) {
-                let mark = self.evicted_mark.load(Ordering::Relaxed);
+                let mark = self.evicted_mark.load(Ordering::Acquire);
                 if rebuilt || (cache.is_empty() && cache.empty_at == Some(mark)) {
                     // Nothing became evicted since a scan found nothing to
                     // load: a scan per dispatch cost the whole registry
@@ -143,7 +143,7 @@ impl Shared {
             self.loading_bytes.fetch_sub(size, Ordering::Relaxed);
             let mut g = slot.lock();
             slot.set_state(&mut g, State::Evicted);
-            self.evicted_mark.fetch_add(1, Ordering::Relaxed);
+            self.evicted_mark.fetch_add(1, Ordering::Release);
             drop(g);
             self.keep_wanted(rank, slot);
             return false;

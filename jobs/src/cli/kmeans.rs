@@ -413,7 +413,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         ));
     }
     intro.extend(small_cap);
-    intro.extend(cap_over_limit(&rt, ranks).filter(|_| ranks.is_root()));
+    intro.extend(cap_over_limit(&rt).filter(|_| ranks.is_root()));
     let passes = match cfg.algorithm {
         Algorithm::MiniBatch => cfg.epochs,
         Algorithm::Lloyd => cfg.iterations,

@@ -432,16 +432,20 @@ fn address_space_limit() -> Option<u64> {
 /// address-space limit: then only the allocation trap evicts, at the limit,
 /// one allocation at a time, and the run reads its data many times over
 /// (17 GiB for 256 MiB of data with no cap under 400 MiB).
-fn cap_over_limit(rt: &Runtime, ranks: &Ranks) -> Option<String> {
+fn cap_over_limit(rt: &Runtime) -> Option<String> {
     let limit = address_space_limit()?;
-    let fits = MemoryCap::Auto.resolve_shared(ranks.on_node())?;
+    // What the limit leaves for a cap, as `MemoryCap::Auto` counts it (the
+    // other limits, memory and cgroup, are not what this warns about).
+    let fits = limit
+        .saturating_sub((limit / 4).max(256 << 20))
+        .max(16 << 20);
     let what = match rt.cap() {
         Some(c) if c > fits => format!("the cap of {}", format_bytes(c)),
         Some(_) => return None,
         None => "no cap".to_string(),
     };
     Some(format!(
-        "outcore: warning: {what} under an address-space limit of {} (ulimit -v): only the allocation trap evicts, at the limit, and the data may be read many times over (--mem-cap auto, {} here, fits under it)",
+        "outcore: warning: {what} under an address-space limit of {} (ulimit -v): only the allocation trap evicts, at the limit, and the data may be read many times over (a cap of {} or less fits under it, as does --mem-cap auto)",
         format_bytes(limit),
         format_bytes(fits)
     ))

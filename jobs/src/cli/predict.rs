@@ -146,7 +146,7 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers()
     ));
-    if let Some(w) = cap_over_limit(&rt, &outcore_jobs::ranks::Ranks::single()) {
+    if let Some(w) = cap_over_limit(&rt) {
         fb.line(&w);
     }
     fb.stage("labelling", rows);

@@ -313,7 +313,7 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers()
     );
-    if let Some(w) = cap_over_limit(&rt, ranks) {
+    if let Some(w) = cap_over_limit(&rt) {
         say!("{w}");
     }
     phases.add_reads(job.input_reads.clone());
