@@ -2,25 +2,8 @@
  * withdraws it with NULL (as a library holding a runtime must before it
  * is unloaded): the shim must not call it afterwards. */
 #include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/resource.h>
 
-/* Through a volatile pointer: the compiler may drop a malloc whose block
- * is only freed. */
-static void *(*volatile alloc)(size_t) = malloc;
-
-/* Address space mapped now, in bytes. */
-static size_t vm_size(void) {
-    unsigned long pages = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f) {
-        if (fscanf(f, "%lu", &pages) != 1)
-            pages = 0;
-        fclose(f);
-    }
-    return (size_t)pages * 4096;
-}
+#include "limited.h"
 
 static int calls;
 
@@ -31,15 +14,10 @@ static size_t fake_evict(size_t bytes) {
 }
 
 static void fail_once(void) {
-    /* Room for one block of 64 MiB, held, and not for a second one. */
-    struct rlimit tight = {vm_size() + ((size_t)96 << 20), RLIM_INFINITY};
-    struct rlimit open = {RLIM_INFINITY, RLIM_INFINITY};
-    setrlimit(RLIMIT_AS, &tight);
-    void *held = alloc((size_t)64 << 20);
+    void *held = limit_to_one_block();
     void *p = alloc((size_t)64 << 20);
-    setrlimit(RLIMIT_AS, &open);
+    unlimit(held);
     free(p);
-    free(held);
 }
 
 int main(void) {

@@ -473,24 +473,28 @@ pub(super) fn diagnose_refusal(size: usize) {
         buf.push(
             b" bytes refused without evicting: no eviction can make it fit under the limit of ",
         );
-        buf.num(account::hard_limit() as u64);
     } else {
         // Larger than the cap: tried once, as it is, without evicting.
         buf.push(b" bytes, more than the cap, failed without evicting under the limit of ");
-        buf.num(account::hard_limit() as u64);
     }
+    buf.num(account::hard_limit() as u64);
     buf.push(b" bytes (");
+    push_usage(&mut buf);
+    buf.push(b")\n");
+    buf.write_stderr();
+}
+
+/// "N bytes in use, cap C bytes" (or "cap none").
+fn push_usage(buf: &mut LineBuf) {
     buf.num(account::current_usage() as u64);
     buf.push(b" bytes in use, cap ");
     match account::soft_cap() {
         Some(c) => {
             buf.num(c as u64);
-            buf.push(b" bytes)");
+            buf.push(b" bytes");
         }
-        None => buf.push(b"none)"),
+        None => buf.push(b"none"),
     }
-    buf.push(b"\n");
-    buf.write_stderr();
 }
 
 /// Writes one line to stderr without allocating: the request, the usage,
@@ -500,16 +504,8 @@ pub(super) fn diagnose(size: usize) {
     buf.push(b"outcore: out of memory: allocation of ");
     buf.num(size as u64);
     buf.push(b" bytes failed with ");
-    buf.num(account::current_usage() as u64);
-    buf.push(b" bytes in use (cap ");
-    match account::soft_cap() {
-        Some(c) => {
-            buf.num(c as u64);
-            buf.push(b" bytes");
-        }
-        None => buf.push(b"none"),
-    }
-    buf.push(b"); nothing left to evict, ");
+    push_usage(&mut buf);
+    buf.push(b"; nothing left to evict, ");
     buf.num(pinned_total() as u64);
     buf.push(b" executor(s) pinned by running tasks");
     with_entries(|e| {
