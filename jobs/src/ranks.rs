@@ -103,6 +103,34 @@ impl Shards {
     }
 }
 
+/// A 64-bit hash of `value`'s `Debug` text (FNV-1a): the same settings
+/// give the same hash on every rank, whatever the platform.
+pub fn hash_of(value: &impl std::fmt::Debug) -> u64 {
+    format!("{value:?}")
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325, |h: u64, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+/// `all` holds every rank's `n` values in rank order: the first value in
+/// which a rank differs from rank 0, as an error (see [`Ranks::agree`]).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+fn check_agreement(names: &[&str], n: usize, all: &[u64]) -> Result<()> {
+    let first = all.get(..n).unwrap_or_default();
+    for (r, theirs) in all.chunks(n.max(1)).enumerate().skip(1) {
+        if let Some(i) = (0..n).find(|&i| theirs.get(i) != first.get(i)) {
+            let name = names.get(i).copied().unwrap_or("a value");
+            return Err(Error::Input(format!(
+                "the ranks disagree on {name}: rank 0 has {}, rank {r} has {} (every rank must be given the same data and flags)",
+                first.get(i).copied().unwrap_or_default(),
+                theirs.get(i).copied().unwrap_or_default()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The processes a job runs on: one, or the ranks of `MPI_COMM_WORLD`.
 pub struct Ranks {
     inner: Inner,
@@ -240,6 +268,28 @@ impl Ranks {
             }
             #[cfg(feature = "mpi")]
             Inner::Mpi(w) => w.broadcast(values),
+        }
+    }
+
+    /// Checks that every rank holds the same `values` (what it read of the
+    /// data and the settings it was given): ranks that disagree would
+    /// exchange vectors of different lengths (a fatal MPI error, with no
+    /// message of ours) or, worse, compute a different result without an
+    /// error. Collective: every rank calls it with as many values, named
+    /// by `names` (one per value) in the error.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Input`] on every rank when any rank's values differ from
+    /// rank 0's, naming the first such rank and value.
+    pub fn agree(&self, names: &[&str], values: &[u64]) -> Result<()> {
+        match &self.inner {
+            Inner::Single => {
+                let _ = (names, values);
+                Ok(())
+            }
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => check_agreement(names, values.len(), &w.all_gather_u64(values)),
         }
     }
 
@@ -466,6 +516,13 @@ mod mpi_impl {
             self.world.process_at_rank(0).broadcast_into(values);
         }
 
+        /// Every rank's `values` (as many on every rank), in rank order.
+        pub fn all_gather_u64(&self, values: &[u64]) -> Vec<u64> {
+            let mut all = vec![0u64; values.len() * self.size];
+            self.world.all_gather_into(values, &mut all[..]);
+            all
+        }
+
         pub fn barrier(&self) {
             self.world.barrier();
         }
@@ -473,6 +530,31 @@ mod mpi_impl {
         pub fn abort(&self, code: i32) -> ! {
             self.world.abort(code)
         }
+    }
+}
+
+#[cfg(test)]
+mod agreement_tests {
+    use super::check_agreement;
+
+    #[test]
+    fn the_first_rank_and_value_that_differ_are_named() {
+        let names = ["the rows", "the dimensions"];
+        assert!(check_agreement(&names, 2, &[10, 3, 10, 3, 10, 3]).is_ok());
+        let e = check_agreement(&names, 2, &[10, 3, 10, 3, 8, 3])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the ranks disagree on the rows: rank 0 has 10, rank 2 has 8"),
+            "{e}"
+        );
+        let e = check_agreement(&names, 2, &[10, 3, 10, 4])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("on the dimensions: rank 0 has 3, rank 1 has 4"),
+            "{e}"
+        );
     }
 }
 

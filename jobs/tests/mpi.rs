@@ -412,6 +412,41 @@ fn one_failing_rank_ends_every_rank_with_one_line() {
         .collect();
     assert_eq!(ours.len(), 1, "{err}");
     assert!(ours[0].contains("give --shards"), "{err}");
+
+    // Fewer tasks than processes: more shards would not help, smaller
+    // tasks do (the advice used to be more shards).
+    let (code, err) = watched(
+        dir.path(),
+        120,
+        &[
+            "mpirun",
+            "-np",
+            "3",
+            "--oversubscribe",
+            BIN,
+            "kmeans",
+            "--synthetic",
+            "1MiB",
+            "--dims",
+            "16",
+            "--k",
+            "4",
+            "--task-points",
+            "100000",
+            "--workers",
+            "1",
+        ],
+    );
+    assert_ne!(code, Some(0), "{err}");
+    let ours: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("outcore: error"))
+        .collect();
+    assert_eq!(ours.len(), 1, "{err}");
+    assert!(
+        ours[0].contains("give a smaller --task-points (at most 5461)"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -462,4 +497,83 @@ fn ranks_on_two_simulated_nodes_over_tcp_give_the_same_bytes() {
             == std::fs::read(single.join("c.npy")).unwrap(),
         "the centroids differ between two nodes and one process"
     );
+}
+
+/// Ranks given different data (a stale copy of the file on one node) or
+/// different flags stop with one line that says so. They used to stop
+/// with an MPI error of their own (a truncated message) or, with Lloyd and
+/// fewer rows on one rank, to finish with a different result.
+#[test]
+fn ranks_that_disagree_on_the_data_stop_with_one_line() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let x = gen(dir.path(), "2MiB", 16);
+    let fewer = dir.path().join("fewer.npy");
+    let (v, rows, dims) = outcore_jobs::npy::read_matrix(&x).unwrap();
+    outcore_jobs::npy::write_array(
+        &fewer,
+        &[rows as u64 - 100, dims as u64],
+        &v[..(rows - 100) * dims],
+    )
+    .unwrap();
+    for (what, rank1, want) in [
+        (
+            "rows",
+            format!("--input {} --k 4", fewer.display()),
+            "on the rows: rank 0 has",
+        ),
+        (
+            "k",
+            format!("--input {} --k 5", x.display()),
+            "on k: rank 0 has 4, rank 1 has 5",
+        ),
+        (
+            "settings",
+            format!("--input {} --k 4 --seed 9", x.display()),
+            "on the settings",
+        ),
+    ] {
+        for algorithm in ["lloyd", "minibatch"] {
+            let script = format!(
+                "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then set -- {rank1}; else set -- --input {} --k 4; fi; exec {BIN} kmeans \"$@\" --algorithm {algorithm} --shards 2 --workers 1 --output c.npy",
+                x.display()
+            );
+            let (code, err) = watched(
+                dir.path(),
+                120,
+                &["mpirun", "-np", "2", "--oversubscribe", "sh", "-c", &script],
+            );
+            assert_ne!(code, Some(0), "{what} {algorithm}: {err}");
+            let ours: Vec<&str> = err
+                .lines()
+                .filter(|l| l.starts_with("outcore: error"))
+                .collect();
+            assert_eq!(ours.len(), 1, "{what} {algorithm}: {err}");
+            assert!(ours[0].contains(want), "{what} {algorithm}: {err}");
+            assert!(!dir.path().join("c.npy").exists());
+        }
+    }
+    // Training, with one more class on rank 1 (as a different labels
+    // file would give).
+    let script = format!(
+        "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then c=5; else c=4; fi; exec {BIN} train --synthetic 2MiB --dims 16 --classes $c --max-iter 2 --partitions 8 --workers 1 --output m.npy"
+    );
+    let (code, err) = watched(
+        dir.path(),
+        120,
+        &["mpirun", "-np", "2", "--oversubscribe", "sh", "-c", &script],
+    );
+    assert_ne!(code, Some(0), "train: {err}");
+    let ours: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("outcore: error"))
+        .collect();
+    assert_eq!(ours.len(), 1, "train: {err}");
+    assert!(
+        ours[0].contains("on the classes: rank 0 has 4, rank 1 has 5"),
+        "train: {err}"
+    );
+    assert!(!dir.path().join("m.npy").exists());
 }

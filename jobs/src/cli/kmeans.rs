@@ -314,7 +314,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         let sh = kmeans::shards(rows, &cfg);
         if sh.count() < processes {
             return Err(Error::Input(format!(
-                "{processes} processes, but the data makes only {} shards ({} tasks of --task-points {}; --shards {shards}{}): give {} at least {processes} (the results depend on --shards, not on the number of processes)",
+                "{processes} processes, but the data makes only {} shards ({} tasks of --task-points {}; --shards {shards}{}): give {} (the results depend on --shards, not on the number of processes)",
                 sh.count(),
                 sh.task_count(),
                 a.task_points,
@@ -322,9 +322,17 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                     Algorithm::MiniBatch => format!(", --batch-tasks {}", a.batch_tasks),
                     Algorithm::Lloyd => String::new(),
                 },
-                match cfg.algorithm {
-                    Algorithm::MiniBatch => "--shards and --batch-tasks",
-                    Algorithm::Lloyd => "--shards",
+                if sh.task_count() < processes as u64 {
+                    format!(
+                        "a smaller --task-points (at most {})",
+                        (rows / processes as u64).max(1)
+                    )
+                } else {
+                    match cfg.algorithm {
+                        Algorithm::MiniBatch => "--shards and --batch-tasks at least {processes}",
+                        Algorithm::Lloyd => "--shards at least {processes}",
+                    }
+                    .replace("{processes}", &processes.to_string())
                 }
             )));
         }

@@ -196,6 +196,10 @@ pub fn load_on(
     progress: impl FnMut(u64, u64),
 ) -> Result<Dataset> {
     let (rows, dims) = src.shape()?;
+    ranks.agree(
+        &["the rows", "the dimensions", "k", "the settings (a hash)"],
+        &[rows, dims as u64, cfg.k as u64, crate::ranks::hash_of(cfg)],
+    )?;
     let segments = super::segments(rows, dims, cfg, ranks, part_bytes)?;
     load_segments(rt, src, weights, Some(&segments), part_bytes, progress)
 }

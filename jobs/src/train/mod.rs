@@ -584,6 +584,20 @@ pub fn load_on(
         None => max_label as usize + 1,
     };
     let (rows, dims) = src.shape()?;
+    ranks.agree(
+        &[
+            "the rows",
+            "the dimensions",
+            "the classes",
+            "the settings (a hash)",
+        ],
+        &[
+            rows,
+            dims as u64,
+            classes as u64,
+            crate::ranks::hash_of(cfg),
+        ],
+    )?;
     check_model_fits(rt, classes, rows, dims, max_label)?;
     let range = if ranks.size() > 1 && cfg.solver == Solver::Sgd {
         // Local SGD's model depends on the shard executors: the ranks
@@ -594,9 +608,10 @@ pub fn load_on(
         let s = Shards::new(rows.div_ceil(per), usize::MAX);
         if s.count() < ranks.size() {
             return Err(Error::Input(format!(
-                "{} processes, but the data makes only {} shards of {per} rows: at least one shard per process is needed",
+                "{} processes, but the data makes only {} shards of {per} rows: at least one shard per process is needed (a --partitions of {} or more makes enough)",
                 ranks.size(),
-                s.count()
+                s.count(),
+                ranks.size()
             )));
         }
         let t = s.tasks_of_rank(ranks.rank(), ranks.size());
