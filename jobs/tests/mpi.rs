@@ -59,6 +59,19 @@ fn outcore(dir: &Path, n: usize, args: &[&str]) -> String {
     err
 }
 
+/// Runs `cmd` in `dir` under the watchdog and expects it to fail with
+/// exactly one line of ours (`outcore: error ...`), which it returns.
+fn one_error_line(dir: &Path, what: &str, cmd: &[&str]) -> String {
+    let (code, err) = watched(dir, 120, cmd);
+    assert_ne!(code, Some(0), "{what}: {err}");
+    let ours: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("outcore: error"))
+        .collect();
+    assert_eq!(ours.len(), 1, "{what}: {err}");
+    ours[0].to_string()
+}
+
 fn stats(p: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
@@ -348,104 +361,43 @@ fn one_failing_rank_ends_every_rank_with_one_line() {
     let n = bytes.len();
     bytes[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
     std::fs::write(&x, bytes).unwrap();
-    let (code, err) = watched(
-        dir.path(),
-        120,
+    let kmeans = |what: &str, args: &[&str]| {
+        let mut cmd = vec!["mpirun", "-np", "3", "--oversubscribe", BIN, "kmeans"];
+        cmd.extend(args);
+        cmd.extend(["--k", "4", "--workers", "1"]);
+        one_error_line(dir.path(), what, &cmd)
+    };
+    let line = kmeans(
+        "NaN",
         &[
-            "mpirun",
-            "-np",
-            "3",
-            "--oversubscribe",
-            BIN,
-            "kmeans",
             "--input",
             x.to_str().unwrap(),
-            "--k",
-            "4",
             "--shards",
             "3",
-            "--workers",
-            "1",
             "--output",
             "c.npy",
         ],
     );
-    assert_ne!(code, Some(0), "{err}");
-    let ours: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("outcore: error"))
-        .collect();
-    assert_eq!(ours.len(), 1, "{err}");
     assert!(
-        ours[0].starts_with("outcore: error: rank 2 of 3: ") && ours[0].contains("is NaN"),
-        "{err}"
+        line.starts_with("outcore: error: rank 2 of 3: ") && line.contains("is NaN"),
+        "{line}"
     );
     assert!(!dir.path().join("c.npy").exists());
 
     // More processes than shards: rank 0 says so, once, and all exit.
-    let (code, err) = watched(
-        dir.path(),
-        120,
-        &[
-            "mpirun",
-            "-np",
-            "3",
-            "--oversubscribe",
-            BIN,
-            "kmeans",
-            "--synthetic",
-            "1MiB",
-            "--dims",
-            "16",
-            "--k",
-            "4",
-            "--shards",
-            "2",
-            "--workers",
-            "1",
-        ],
-    );
-    assert_ne!(code, Some(0), "{err}");
-    let ours: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("outcore: error"))
-        .collect();
-    assert_eq!(ours.len(), 1, "{err}");
-    assert!(ours[0].contains("give --shards"), "{err}");
+    let synthetic = ["--synthetic", "1MiB", "--dims", "16"];
+    let line = kmeans("shards", &[&synthetic[..], &["--shards", "2"]].concat());
+    assert!(line.contains("give --shards"), "{line}");
 
     // Fewer tasks than processes: more shards would not help, smaller
     // tasks do (the advice used to be more shards).
-    let (code, err) = watched(
-        dir.path(),
-        120,
-        &[
-            "mpirun",
-            "-np",
-            "3",
-            "--oversubscribe",
-            BIN,
-            "kmeans",
-            "--synthetic",
-            "1MiB",
-            "--dims",
-            "16",
-            "--k",
-            "4",
-            "--task-points",
-            "100000",
-            "--workers",
-            "1",
-        ],
+    let line = kmeans(
+        "tasks",
+        &[&synthetic[..], &["--task-points", "100000"]].concat(),
     );
-    assert_ne!(code, Some(0), "{err}");
-    let ours: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("outcore: error"))
-        .collect();
-    assert_eq!(ours.len(), 1, "{err}");
     assert!(
-        ours[0].contains("give a smaller --task-points (at most 5461)"),
-        "{err}"
+        line.contains("give a smaller --task-points (at most 5461)"),
+        "{line}"
     );
 }
 
@@ -540,18 +492,12 @@ fn ranks_that_disagree_on_the_data_stop_with_one_line() {
                 "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then set -- {rank1}; else set -- --input {} --k 4; fi; exec {BIN} kmeans \"$@\" --algorithm {algorithm} --shards 2 --workers 1 --output c.npy",
                 x.display()
             );
-            let (code, err) = watched(
+            let line = one_error_line(
                 dir.path(),
-                120,
+                &format!("{what} {algorithm}"),
                 &["mpirun", "-np", "2", "--oversubscribe", "sh", "-c", &script],
             );
-            assert_ne!(code, Some(0), "{what} {algorithm}: {err}");
-            let ours: Vec<&str> = err
-                .lines()
-                .filter(|l| l.starts_with("outcore: error"))
-                .collect();
-            assert_eq!(ours.len(), 1, "{what} {algorithm}: {err}");
-            assert!(ours[0].contains(want), "{what} {algorithm}: {err}");
+            assert!(line.contains(want), "{what} {algorithm}: {line}");
             assert!(!dir.path().join("c.npy").exists());
         }
     }
@@ -560,20 +506,14 @@ fn ranks_that_disagree_on_the_data_stop_with_one_line() {
     let script = format!(
         "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then c=5; else c=4; fi; exec {BIN} train --synthetic 2MiB --dims 16 --classes $c --max-iter 2 --partitions 8 --workers 1 --output m.npy"
     );
-    let (code, err) = watched(
+    let line = one_error_line(
         dir.path(),
-        120,
+        "train",
         &["mpirun", "-np", "2", "--oversubscribe", "sh", "-c", &script],
     );
-    assert_ne!(code, Some(0), "train: {err}");
-    let ours: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("outcore: error"))
-        .collect();
-    assert_eq!(ours.len(), 1, "train: {err}");
     assert!(
-        ours[0].contains("on the classes: rank 0 has 4, rank 1 has 5"),
-        "train: {err}"
+        line.contains("on the classes: rank 0 has 4, rank 1 has 5"),
+        "train: {line}"
     );
     assert!(!dir.path().join("m.npy").exists());
 }
