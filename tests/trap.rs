@@ -427,23 +427,12 @@ fn cyclic_sweeps_load_only_what_does_not_fit() {
 }
 
 /// Maps address space nobody uses (`PROT_NONE`, straight from the kernel,
-/// not through the allocator) until none is left, to within a page.
+/// not through the allocator) until none is left, to within a page. The
+/// mappings live until exit.
 fn exhaust_address_space() {
     let mut size: usize = 1 << 34;
     while size >= 4096 {
-        // SAFETY: an anonymous mapping with no address hint; the result is
-        // checked, and the mapping is never touched (it lives until exit).
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
+        if map_unused(size) == libc::MAP_FAILED {
             size /= 2;
         }
     }
