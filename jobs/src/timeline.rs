@@ -32,7 +32,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use outcore::{Monitor, Runtime};
+use outcore::{Monitor, Runtime, Stats};
 
 use crate::error::{Error, Result};
 use crate::input::InputReads;
@@ -65,6 +65,9 @@ struct State {
     entered: Vec<String>,
     /// Whether the sampler must stop.
     stop: bool,
+    /// The counters the last row shows, when given (see
+    /// [`Timeline::finish_at`]).
+    last: Option<Stats>,
 }
 
 /// A running timeline; see the module documentation.
@@ -105,7 +108,7 @@ impl Timeline {
         // the file however late the thread starts.
         let io = |e| Error::io(path, "cannot write", e);
         writeln!(sampler.out, "{HEADER}").map_err(io)?;
-        sampler.sample(phase).map_err(io)?;
+        sampler.sample(phase, None).map_err(io)?;
         let thread = std::thread::Builder::new()
             .name("outcore-timeline".into())
             .spawn(move || sampler.run(period))
@@ -140,6 +143,16 @@ impl Timeline {
     pub fn finish(mut self) -> Result<u64> {
         self.stop()?;
         Ok(self.inner.rows.load(Ordering::Relaxed))
+    }
+
+    /// [`Timeline::finish`], with the last row showing `stats`: the
+    /// totals a run reports, so that the two agree even while the runtime
+    /// still works in the background (a prefetch finishing).
+    pub fn finish_at(self, stats: &Stats) -> Result<u64> {
+        if let Ok(mut s) = self.inner.state.lock() {
+            s.last = Some(stats.clone());
+        }
+        self.finish()
     }
 
     fn stop(&mut self) -> Result<()> {
@@ -186,7 +199,7 @@ impl Sampler {
                 // Fell behind (a stalled machine): skip the missed ticks.
                 next = now;
             }
-            let (entered, phase, stop) = {
+            let (entered, phase, stop, last) = {
                 let inner = &self.inner;
                 let guard = inner
                     .state
@@ -196,14 +209,20 @@ impl Sampler {
                     .wake
                     .wait_timeout_while(guard, next - now, |s| !s.stop && s.entered.is_empty())
                     .map_err(|_| std::io::Error::other("poisoned"))?;
-                (std::mem::take(&mut s.entered), s.phase.clone(), s.stop)
+                let last = if s.stop { s.last.take() } else { None };
+                (
+                    std::mem::take(&mut s.entered),
+                    s.phase.clone(),
+                    s.stop,
+                    last,
+                )
             };
             let mut alive = true;
             for p in &entered {
-                alive = alive && self.sample(p)?;
+                alive = alive && self.sample(p, None)?;
             }
             if entered.is_empty() || stop {
-                alive = alive && self.sample(&phase)?;
+                alive = alive && self.sample(&phase, last.as_ref())?;
             }
             if stop || !alive {
                 return self.out.flush();
@@ -215,12 +234,13 @@ impl Sampler {
         }
     }
 
-    /// Writes one row, in phase `phase`; false when the runtime is gone
-    /// (nothing is written then, nor from then on).
-    fn sample(&mut self, phase: &str) -> std::io::Result<bool> {
+    /// Writes one row, in phase `phase`, with the counters `given` or read
+    /// now; false when the runtime is gone (nothing is written then, nor
+    /// from then on).
+    fn sample(&mut self, phase: &str, given: Option<&Stats>) -> std::io::Result<bool> {
         use std::fmt::Write as _;
         let t = self.start.elapsed().as_secs_f64();
-        let Some(s) = self.monitor.stats() else {
+        let Some(s) = given.cloned().or_else(|| self.monitor.stats()) else {
             return Ok(false);
         };
         let resident = self.monitor.resident_count().unwrap_or(0);

@@ -519,9 +519,9 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         let as_i32: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
         npy::write_array(p, &[labels.len() as u64], &as_i32)?;
     }
-    // The timeline ends where the totals are taken, so they agree.
-    phases.finish()?;
+    // The timeline ends with the totals, so the two agree.
     let s = rt.stats();
+    phases.finish(&s)?;
     let wall_seconds = wall.elapsed().as_secs_f64();
     let mine = RankStats::of(ranks.rank(), &rt, &s, ds.input_bytes_read(), wall_seconds);
     warn_failed_writes(&rt, &s);

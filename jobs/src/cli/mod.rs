@@ -135,10 +135,11 @@ impl Phases {
         }
     }
 
-    /// Writes the last sample and closes the file.
-    fn finish(self) -> Result<()> {
+    /// Writes the last sample, showing `stats` (the run's totals), and
+    /// closes the file.
+    fn finish(self, stats: &Stats) -> Result<()> {
         if let Some(t) = self.0 {
-            t.finish()?;
+            t.finish_at(stats)?;
         }
         Ok(())
     }

@@ -182,8 +182,8 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
         w.finish()?;
     }
     fb.done();
-    phases.finish()?;
     let s = rt.stats();
+    phases.finish(&s)?;
     warn_failed_writes(&rt, &s);
     let read = s.bytes_read + ds.input_bytes_read();
     let wall_seconds = wall.elapsed().as_secs_f64();

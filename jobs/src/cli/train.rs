@@ -390,8 +390,8 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     if let (Some(p), true) = (&a.output, ranks.is_root()) {
         npy::write_array(p, &[job.classes as u64, job.dims as u64 + 1], &out.model.w)?;
     }
-    phases.finish()?;
     let s = rt.stats();
+    phases.finish(&s)?;
     warn_failed_writes(&rt, &s);
     let wall_seconds = wall.elapsed().as_secs_f64();
     let mine = RankStats::of(ranks.rank(), &rt, &s, job.input_reads.bytes(), wall_seconds);
