@@ -232,6 +232,25 @@ pub(crate) fn rlimit_as() -> Option<u64> {
     (ok && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
 }
 
+/// The process's resident set in bytes (`/proc/self/statm`), as `top`
+/// and the OOM killer see it; `None` where it cannot be read.
+pub(crate) fn resident_set() -> Option<u64> {
+    use std::io::Read;
+    let mut buf = [0u8; 128];
+    let n = std::fs::File::open("/proc/self/statm")
+        .and_then(|mut f| f.read(&mut buf))
+        .ok()?;
+    let pages: u64 = std::str::from_utf8(&buf[..n])
+        .ok()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096))
+}
+
 fn physical_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     parse_meminfo(&text)

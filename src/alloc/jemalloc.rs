@@ -37,7 +37,7 @@ const DEFAULT_DIRTY_DECAY_MS: isize = 10_000;
 /// decay would return those pages to the system and the next load would
 /// fault every page in again (about 3,200 faults and a kernel zeroing per
 /// 12.6 MiB partition). Dirty pages come only from freed accounted memory,
-/// and `make_room` purges them once they exceed a budget ([`trim_dirty`]);
+/// and a load purges them once they exceed a budget ([`kept_pages`]);
 /// the trap and `evict_all` still purge. Called outside the allocator
 /// (registration), may allocate.
 pub(crate) fn keep_dirty_pages(keep: bool) {
@@ -57,22 +57,17 @@ pub(crate) fn keep_dirty_pages(keep: bool) {
     }
 }
 
-/// Purges jemalloc's freed pages when they exceed `budget` bytes (all
-/// arenas), so that kept pages (see [`keep_dirty_pages`]) never hold more
-/// than that beyond what is in use: in a memory cgroup sized just above the
-/// cap, more would push the job into swap. Reads jemalloc's statistics
-/// (refreshing them), so it is called outside the allocator, after
-/// evictions.
-pub(crate) fn trim_dirty(budget: usize) {
+/// The freed pages jemalloc keeps for reuse, in bytes (all arenas). Reads
+/// jemalloc's statistics (refreshing them), so it is called outside the
+/// allocator, after loads.
+pub(crate) fn kept_pages() -> usize {
     // SAFETY: "epoch" takes a u64 and "stats.arenas.4096.pdirty" (all
     // arenas) is a size_t; the names are NUL-terminated.
     let pages: usize = unsafe {
         let _ = tikv_jemalloc_ctl::raw::write(b"epoch\0", 1u64);
         tikv_jemalloc_ctl::raw::read(b"stats.arenas.4096.pdirty\0").unwrap_or(0)
     };
-    if pages.saturating_mul(page_size()) > budget {
-        purge();
-    }
+    pages.saturating_mul(page_size())
 }
 
 fn page_size() -> usize {

@@ -45,7 +45,7 @@ pub use account::{
     current_usage, flush_thread, flush_threshold, peak_usage, reset_peak, thread_net_allocated,
 };
 pub(crate) use account::{thread_own_net, BypassGuard, EvictScope, COUNTERS};
-pub(crate) use jemalloc::{purge, trim_dirty};
+pub(crate) use jemalloc::{kept_pages, purge};
 pub(crate) use trap::{register, Evictor, Freed, Registration};
 
 /// The outcore global allocator: jemalloc with accounting and an allocation

@@ -32,6 +32,13 @@ pub(crate) enum Evicted {
     Failed(io::Error),
 }
 
+/// The freed pages jemalloc may keep for reuse: what `cap` leaves above
+/// the bytes `used`, and no more than `limit` (what the memory and
+/// address-space limits allow, see `dirty_budget`).
+pub(crate) fn kept_budget(cap: usize, used: usize, limit: usize) -> usize {
+    cap.saturating_sub(used).min(limit)
+}
+
 /// The level proactive eviction brings usage down to: the cap less 1/32
 /// (at least 4 MiB, at most half the cap). The headroom is for the buffers
 /// of loads and for what tasks allocate, so that the trap stays the last
@@ -40,7 +47,21 @@ pub(crate) fn low_watermark(cap: u64) -> u64 {
     cap.saturating_sub((cap / 32).max(4 << 20).min(cap / 2))
 }
 
+/// The level proactive eviction brings the bytes in use down to: the low
+/// watermark less what is resident outside the accounting (`outside`, at
+/// most an eighth of the cap), so that the resident set, which `top` and
+/// the OOM killer judge, stays under the cap too.
+pub(crate) fn target(cap: u64, outside: usize) -> u64 {
+    low_watermark(cap).saturating_sub((outside as u64).min(cap / 8))
+}
+
 impl Shared {
+    /// [`target`] for this runtime's cap and what it last measured outside
+    /// the accounting.
+    pub(crate) fn eviction_target(&self, cap: u64) -> u64 {
+        target(cap, self.outside.load(Ordering::Relaxed))
+    }
+
     /// The trap's victim, not in `skip`, when `need` bytes must be freed
     /// now: the highest-ranked executor that frees `need` alone; if none
     /// does, the largest (then the highest-ranked), so that the request is
@@ -259,23 +280,39 @@ impl Shared {
 
     /// After a load has taken its memory (reusing pages the evictions that
     /// made room for it freed): purges the freed pages jemalloc still keeps
-    /// when they exceed the budget (what the memory limit leaves above the
-    /// cap) plus the loads still in flight, which will take theirs. Kept
-    /// pages count in the process's memory: in a memory cgroup sized just
-    /// above the cap, keeping them all pushed the job into swap (77,000
-    /// major faults in a 4 GiB run).
+    /// when they exceed what the cap leaves above the bytes in use (or the
+    /// budget the memory and address-space limits allow), or when the
+    /// process's resident set is within 1/64 of the cap (what tasks
+    /// allocate before the next load comes on top). Kept pages are resident:
+    /// `top`, a cgroup and the OOM killer count them, so the cap bounds the
+    /// bytes in use plus the pages kept. Kept up to what the memory limit
+    /// left above the cap, a 256 MiB quickstart held 516 MiB resident; in a
+    /// memory cgroup sized just above the cap, keeping them all pushed the
+    /// job into swap (77,000 major faults in a 4 GiB run).
     pub(crate) fn trim_after_load(&self) {
-        if self.cap.is_some() {
-            let in_flight = self.loading_bytes.load(Ordering::Relaxed);
-            alloc::trim_dirty(self.dirty_budget.saturating_add(in_flight));
+        let Some(cap) = self.cap else { return };
+        let kept = alloc::kept_pages();
+        let used = alloc::current_usage();
+        let rss = crate::cap::resident_set();
+        if let Some(rss) = rss {
+            let outside = usize::try_from(rss).unwrap_or(usize::MAX);
+            let outside = outside.saturating_sub(used).saturating_sub(kept);
+            self.outside.store(outside, Ordering::Relaxed);
+        }
+        let cap_bytes = usize::try_from(cap).unwrap_or(usize::MAX);
+        if kept > 0
+            && (kept > kept_budget(cap_bytes, used, self.dirty_budget)
+                || rss.is_some_and(|rss| rss > cap - cap / 64))
+        {
+            alloc::purge();
         }
     }
 
-    /// Evicts until `bytes` more fit under the low watermark, taking only
+    /// Evicts until `bytes` more fit under the eviction target, taking only
     /// victims ranked above `above` when given. Returns whether they fit.
     pub(crate) fn make_room(&self, bytes: usize, above: Option<u64>) -> bool {
         let Some(cap) = self.cap else { return true };
-        let cap = low_watermark(cap);
+        let cap = self.eviction_target(cap);
         let mut skip: Vec<u64> = Vec::new();
         // No purge afterwards: jemalloc reuses the freed extents for the
         // loads that follow (a load trims what is left: `trim_after_load`).

@@ -20,7 +20,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::evict::low_watermark;
 use super::shared::Shared;
 use crate::alloc;
 use crate::executor::{Slot, State, NONE};
@@ -134,7 +133,7 @@ impl Shared {
                 let in_flight = self.loading_bytes.load(Ordering::Relaxed);
                 self.pool.is_idle()
                     && alloc::current_usage().saturating_add(in_flight) as u64
-                        <= low_watermark(cap) / 10 * 9
+                        <= self.eviction_target(cap) / 10 * 9
             }
         }))
         .unwrap_or(false);

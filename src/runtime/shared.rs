@@ -50,6 +50,11 @@ pub(crate) struct Shared {
     /// Freed pages jemalloc may keep for reuse before a load purges them
     /// (see `trim_after_load`).
     pub(crate) dirty_budget: usize,
+    /// Resident bytes outside the accounting (code, stacks, the
+    /// allocator's bookkeeping, C allocations), last measured after a load:
+    /// proactive eviction leaves room for them under the cap (see
+    /// `evict::target`).
+    pub(crate) outside: AtomicUsize,
     /// Evicted executors ranked by one scan, for the prefetcher.
     pub(crate) wanted: std::sync::Mutex<super::ranked::RankedList>,
     /// The first pending task of every executor that has one (its
@@ -93,6 +98,7 @@ impl Shared {
             workers,
             writes: WriteHealth::from_env(),
             dirty_budget: dirty_budget(cap, &crate::cap::detect_limits()),
+            outside: AtomicUsize::new(0),
             victims: std::sync::Mutex::new(super::ranked::RankedList::default()),
             wanted: std::sync::Mutex::new(super::ranked::RankedList::default()),
             heads: std::sync::Mutex::new(BTreeMap::new()),
