@@ -12,7 +12,11 @@ pub type ExecutorId = u64;
 
 /// Everything that can go wrong in outcore. Messages name the executor, the
 /// file, the sizes and the cap involved.
-#[derive(Debug)]
+///
+/// `Debug` prints the same message as `Display`, so that
+/// `fn main() -> Result<(), outcore::Error>` (which prints the error with
+/// `Debug`) shows it as it reads, with the advice it gives. Match on the
+/// variant to tell errors apart.
 #[non_exhaustive]
 pub enum Error {
     /// A memory size or cap could not be parsed.
@@ -179,6 +183,14 @@ impl fmt::Display for Error {
             ),
             Error::Runtime(msg) => write!(f, "runtime: {msg}"),
         }
+    }
+}
+
+/// The message, as [`Display`](fmt::Display) writes it: this is what
+/// `main` and `unwrap` print.
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
     }
 }
 

@@ -2,6 +2,7 @@
 //! snapshot of them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use serde::Serialize;
 
@@ -24,11 +25,44 @@ pub(crate) struct Counters {
     pub direct_bytes_read: AtomicU64,
     pub tasks: AtomicU64,
     pub load_wait_nanos: AtomicU64,
+    pub oversized: AtomicU64,
+    /// The warning about the first executor larger than the cap.
+    oversized_warning: OnceLock<String>,
 }
 
 impl Counters {
     pub(crate) fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts a load that read `bytes` from its spill file (`direct` of
+    /// them with direct I/O), or `rebuilt` it from its lineage, made by a
+    /// prefetcher or not.
+    pub(crate) fn count_load(&self, bytes: u64, direct: u64, rebuilt: bool, prefetched: bool) {
+        Counters::add(&self.loads, 1);
+        Counters::add(&self.bytes_read, bytes);
+        Counters::add(&self.direct_bytes_read, direct);
+        if rebuilt {
+            Counters::add(&self.rebuilds, 1);
+        }
+        if prefetched {
+            Counters::add(&self.prefetches, 1);
+        }
+    }
+
+    /// Counts an executor taking `bytes` in memory, more than the cap
+    /// (see [`Stats::oversized`]); the first one also leaves a warning.
+    pub(crate) fn note_oversized(&self, executor: &str, bytes: usize, cap: u64) {
+        Counters::add(&self.oversized, 1);
+        if self.oversized_warning.get().is_none() {
+            let _ = self.oversized_warning.set(format!(
+                "{executor} takes {} in memory, more than the cap of {}: no eviction \
+                 makes it fit, so memory goes over the cap whenever it is in memory \
+                 (split it into smaller executors, or raise the cap)",
+                crate::units::format_bytes(bytes as u64),
+                crate::units::format_bytes(cap)
+            ));
+        }
     }
 }
 
@@ -99,14 +133,30 @@ pub struct Stats {
     pub headroom_releases: u64,
     /// Allocations that failed for good (null returned).
     pub alloc_failures: u64,
-    /// Requests refused at once, without eviction: larger than the cap or
-    /// the hard limit, so no eviction could make them fit (such as a
-    /// `try_reserve` that the program handles).
+    /// Requests refused without eviction: larger than the cap or the hard
+    /// limit, so no eviction could make them fit, tried once and failed
+    /// (such as a `try_reserve` that the program handles). Such a request
+    /// that the system grants is served, over the cap: only the peak shows
+    /// it (and [`oversized`](Stats::oversized), for an executor).
     pub refusals: u64,
+    /// Times an executor larger than the cap came into memory: inserted,
+    /// loaded or rebuilt while larger than the cap, or grown past it by a
+    /// task. No eviction can make such an executor fit, so each time
+    /// memory goes over the cap by at least its excess (which
+    /// [`peak_bytes`](Stats::peak_bytes) shows); the runtime still serves
+    /// it, as the allocator serves a single request over the cap that the
+    /// system grants. The first one leaves a line in
+    /// [`warnings`](Stats::warnings).
+    pub oversized: u64,
     /// Time spent evicting inside the trap, in seconds.
     pub trap_seconds: f64,
     /// Time threads spent waiting for another thread's trap, in seconds.
     pub wait_seconds: f64,
+    /// What the runtime found wrong in the way it is used, each kind said
+    /// once (the first executor larger than the cap: see
+    /// [`oversized`](Stats::oversized)), in plain sentences that name the
+    /// executor, its size and the cap. Empty when all is well.
+    pub warnings: Vec<String>,
 }
 
 impl Stats {
@@ -137,8 +187,10 @@ impl Stats {
             headroom_releases: g(&COUNTERS.headroom_releases),
             alloc_failures: g(&COUNTERS.failures),
             refusals: g(&COUNTERS.refusals),
+            oversized: g(&c.oversized),
             trap_seconds: g(&COUNTERS.trap_nanos) as f64 * 1e-9,
             wait_seconds: g(&COUNTERS.wait_nanos) as f64 * 1e-9,
+            warnings: c.oversized_warning.get().cloned().into_iter().collect(),
         }
     }
 

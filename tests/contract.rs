@@ -882,3 +882,59 @@ fn a_copying_serialize_under_a_soft_cap_and_a_hard_limit() {
     let out = common::child_ok(T, Some(450 << 20), Duration::from_secs(240), &[]);
     assert_eq!(out.value("DONE").as_deref(), Some("1"), "{}", out.stderr);
 }
+
+/// An executor larger than the cap is served (it is needed in memory to
+/// run a task on it) but not quietly: each time it comes into memory, or
+/// a task grows one past the cap, counts in `oversized`, and the first
+/// leaves one warning naming it, its size and the cap. Before, only
+/// `peak_bytes` showed it (`overshoots`, `refusals` and `soft_traps`
+/// stayed 0).
+#[test]
+fn an_executor_larger_than_the_cap_is_counted_and_warned_about() {
+    const T: &str = "an_executor_larger_than_the_cap_is_counted_and_warned_about";
+    if is_child(T) {
+        let rt = Runtime::builder()
+            .mem_cap(MemoryCap::Bytes(32 << 20))
+            .workers(1)
+            .prefetch(false)
+            .build()
+            .unwrap();
+        let small = rt.insert(PodVec::from(vec![1u8; 4 << 20])).unwrap();
+        rt.read(&small, |v: &PodVec<u8>| v.len()).unwrap();
+        println!("SMALL={}", rt.stats().oversized);
+        let big = rt
+            .insert_named(Some("big"), PodVec::from(vec![2u8; 48 << 20]))
+            .unwrap();
+        println!("INSERTED={}", rt.stats().oversized);
+        let n = rt.read(&big, |v: &PodVec<u8>| v.len()).unwrap();
+        println!("LEN={n}");
+        println!("READ={}", rt.stats().oversized);
+        drop(big);
+        // A task grows the small one past the cap.
+        rt.write(&small, |v: &mut PodVec<u8>| v.resize(40 << 20, 3))
+            .unwrap();
+        let s = rt.stats();
+        println!("GROWN={}", s.oversized);
+        println!("PEAK_OVER={}", s.peak_bytes > 32 << 20);
+        println!("WARNINGS={}", s.warnings.len());
+        for w in &s.warnings {
+            println!("WARNING={}", w.replace(' ', "_"));
+        }
+        println!("JSON_HAS={}", s.to_json().contains("\"oversized\":3"));
+        return;
+    }
+    let out = ok(T);
+    assert_eq!(out.num("SMALL"), 0);
+    assert_eq!(out.num("INSERTED"), 1, "{}", out.stdout);
+    assert_eq!(out.num("LEN"), 48 << 20);
+    assert_eq!(out.num("READ"), 2, "the read loaded it again");
+    assert_eq!(out.num("GROWN"), 3);
+    assert_eq!(out.value("PEAK_OVER").as_deref(), Some("true"));
+    assert_eq!(out.num("WARNINGS"), 1, "said once: {}", out.stdout);
+    let w = out.value("WARNING").unwrap().replace('_', " ");
+    assert!(
+        w.contains("executor #2 (big)") && w.contains("48.0 MiB") && w.contains("32.0 MiB"),
+        "{w}"
+    );
+    assert_eq!(out.value("JSON_HAS").as_deref(), Some("true"));
+}

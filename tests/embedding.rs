@@ -5,6 +5,8 @@
 //! This test binary deliberately does not include `common` (which installs
 //! `TrapAlloc`).
 
+use std::process::Command;
+
 use outcore::{Error, MemoryCap, PodVec, Runtime};
 
 #[global_allocator]
@@ -52,4 +54,42 @@ fn an_uncapped_runtime_works_with_any_allocator() {
     assert_eq!(sum, 2.0 * (1 << 16) as f32);
     // The allocator's queries report nothing: it is not installed.
     assert_eq!(outcore::current_usage(), 0);
+}
+
+/// Set in the child process that [`main_that_returns_the_error_shows_its_message`]
+/// starts.
+const CHILD_VAR: &str = "OUTCORE_EMBEDDING_CHILD";
+
+/// The child: a test that returns the error, as `main` would. A test's
+/// `Err` is printed by the same code as `main`'s (`Termination`, with
+/// `Debug`).
+#[test]
+fn returns_the_error_like_main() -> Result<(), Error> {
+    if std::env::var_os(CHILD_VAR).is_some() {
+        Runtime::builder()
+            .mem_cap(MemoryCap::Bytes(128 << 20))
+            .build()?;
+    }
+    Ok(())
+}
+
+/// `fn main() -> Result<(), outcore::Error>`, the README's pattern, prints
+/// the error's message with the line to add, not its variant's fields
+/// (it printed `Error: AllocatorNotInstalled { cap: 134217728 }`).
+#[test]
+fn main_that_returns_the_error_shows_its_message() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["returns_the_error_like_main", "--exact", "--nocapture"])
+        .args(["--test-threads=1"])
+        .env(CHILD_VAR, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let err = Error::AllocatorNotInstalled { cap: 128 << 20 };
+    let want = format!("Error: {err}");
+    assert!(stderr.contains(&want), "{stderr}");
+    assert!(stderr.contains("#[global_allocator]"), "{stderr}");
+    assert!(!stderr.contains("AllocatorNotInstalled"), "{stderr}");
+    assert_eq!(format!("{err:?}"), err.to_string());
 }

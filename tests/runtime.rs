@@ -216,6 +216,30 @@ fn a_handle_from_another_runtime_is_rejected() {
     assert!(msg.contains("(weights)"), "{msg}");
 }
 
+/// Once its runtime is dropped, a handle's state agrees with its other
+/// calls: `Removed`, as `into_inner` and any other runtime say it is
+/// unknown (it said `Resident`, and `Evicted` for an evicted one).
+#[test]
+fn a_handle_whose_runtime_is_gone_is_removed() {
+    let a = rt();
+    let other = rt();
+    let resident = a.insert_named(Some("kept"), 7u64).unwrap();
+    let evicted = a.insert(PodVec::from(vec![1u8; 4096])).unwrap();
+    let taken = a.insert(3u64).unwrap();
+    a.evict_all().unwrap();
+    a.read(&resident, |x: &u64| *x).unwrap();
+    assert_eq!(resident.state(), State::Resident);
+    assert_eq!(evicted.state(), State::Evicted);
+    drop(a);
+    assert_eq!(resident.state(), State::Removed);
+    assert_eq!(evicted.state(), State::Removed);
+    assert!(format!("{resident:?}").contains("Removed"), "{resident:?}");
+    let r = other.read(&resident, |x: &u64| *x);
+    assert!(matches!(r, Err(Error::UnknownExecutor { .. })), "{r:?}");
+    let r = taken.into_inner();
+    assert!(matches!(r, Err(Error::UnknownExecutor { .. })), "{r:?}");
+}
+
 /// A batch whose remaining tasks wait for a busy executor does not keep
 /// the other workers from another batch's free tasks: the second batch
 /// runs while the first one's task is still running.

@@ -501,10 +501,11 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     let changed = t.write || cx.dirty.get();
     if changed {
         let delta = crate::alloc::thread_own_net() - before;
-        let size = t.slot.size.load(Ordering::Relaxed) as i64;
+        let size = t.slot.size.load(Ordering::Relaxed);
         t.slot
             .size
-            .store((size + delta).max(0) as usize, Ordering::Relaxed);
+            .store((size as i64 + delta).max(0) as usize, Ordering::Relaxed);
+        sh.note_size(&t.slot, size);
     }
     Counters::add(&sh.counters.tasks, 1);
     let panicked = out.is_err();

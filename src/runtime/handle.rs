@@ -23,11 +23,16 @@ impl<T> Handle<T> {
         self.slot.as_ref().map_or(0, |s| s.id)
     }
 
-    /// The executor's current state.
+    /// The executor's current state: [`State::Removed`] once its runtime
+    /// is dropped (the calls that take the handle then return
+    /// [`Error::UnknownExecutor`]).
     pub fn state(&self) -> State {
-        self.slot
-            .as_ref()
-            .map_or(State::Removed, |s| s.state_hint())
+        match &self.slot {
+            // The same test `into_inner` makes: the runtime's shared state
+            // is gone.
+            Some(s) if self.shared.strong_count() > 0 => s.state_hint(),
+            _ => State::Removed,
+        }
     }
 
     /// Bytes the executor takes in memory, as last measured.
@@ -115,7 +120,7 @@ impl<T> Drop for Handle<T> {
 impl<T> std::fmt::Debug for Handle<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.slot {
-            Some(s) => write!(f, "Handle({}, {:?})", s.label, s.state_hint()),
+            Some(s) => write!(f, "Handle({}, {:?})", s.label, self.state()),
             None => f.write_str("Handle(removed)"),
         }
     }

@@ -96,17 +96,15 @@ impl Shared {
                 // Counted before the value is published: a task that uses
                 // it (and whatever its caller reads next) sees the load in
                 // the counters.
-                Counters::add(&self.counters.loads, 1);
-                Counters::add(&self.counters.bytes_read, read.bytes);
-                Counters::add(&self.counters.direct_bytes_read, read.direct_bytes);
-                if rebuild.is_some() {
-                    Counters::add(&self.counters.rebuilds, 1);
-                }
-                if prefetch {
-                    Counters::add(&self.counters.prefetches, 1);
-                }
+                self.counters.count_load(
+                    read.bytes,
+                    read.direct_bytes,
+                    rebuild.is_some(),
+                    prefetch,
+                );
                 slot.set_state(&mut g, State::Resident);
                 drop(g);
+                self.note_size(slot, 0);
                 self.generation.fetch_add(1, Ordering::Relaxed);
                 self.trim_after_load();
                 Ok(())
@@ -116,6 +114,18 @@ impl Shared {
                 slot.set_state(&mut g, State::Damaged);
                 Err(self.load_error(slot, file_gen, source))
             }
+        }
+    }
+
+    /// Counts `slot` in [`Stats::oversized`](crate::Stats::oversized) when
+    /// its size, just measured, is over the cap and `before` was not: 0
+    /// for an executor that has just come into memory, its size before the
+    /// task for one a task changed.
+    pub(crate) fn note_size(&self, slot: &Slot, before: usize) {
+        let Some(cap) = self.cap else { return };
+        let size = slot.size.load(Ordering::Relaxed);
+        if size as u64 > cap && before as u64 <= cap {
+            self.counters.note_oversized(&slot.label, size, cap);
         }
     }
 

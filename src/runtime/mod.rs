@@ -232,6 +232,7 @@ impl Runtime {
         sh.room_to_rank(n);
         sh.generation.fetch_add(1, Ordering::Relaxed);
         if resident {
+            sh.note_size(&slot, 0);
             sh.make_room(0, None);
         } else {
             sh.evicted_mark.fetch_add(1, Ordering::Release);
