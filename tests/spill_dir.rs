@@ -176,6 +176,8 @@ fn a_killed_runtimes_children_do_not_keep_its_spill_directory() {
     const T: &str = "a_killed_runtimes_children_do_not_keep_its_spill_directory";
     if is_child(T) {
         let _rt = child_runtime();
+        // Outlives this process (killed): the test kills it, init reaps it.
+        #[allow(clippy::zombie_processes)]
         let sleeper = Command::new("sleep")
             .arg("300")
             .stdout(Stdio::null())

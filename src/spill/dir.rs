@@ -260,7 +260,7 @@ fn same_dir(fd: i32, path: &Path) -> bool {
 
 /// Locks the directory just created at `path`. `None` when a sweeper got
 /// there first (it holds the lock, or removed the directory already).
-/// Where the filesystem cannot lock directories (NFS refuses an exclusive
+/// Where the filesystem cannot lock directories (NFS may refuse an exclusive
 /// lock on a descriptor not open for writing), the directory stays
 /// unlocked: there every sweeper's lock fails too, so none removes it.
 fn lock_new(path: &Path) -> io::Result<Option<LockFd>> {
@@ -433,5 +433,57 @@ extern "C" fn unlock_in_child() {
     if null >= 0 {
         // SAFETY: the descriptor opened above.
         unsafe { libc::close(null) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_names_made_here_count_as_this_hosts() {
+        assert!(is_pid_and_random(b"123-abcz27"));
+        // A host whose name extends this one's: "<tag>-5-1234abcd".
+        assert!(!is_pid_and_random(b"5-1234abcd-123-abc"));
+        assert!(!is_pid_and_random(b"123-"));
+        assert!(!is_pid_and_random(b"-abc"));
+        assert!(!is_pid_and_random(b"123-ABC"));
+        assert!(!is_pid_and_random(b"123abc"));
+        let tag = host_tag();
+        let name = random_name();
+        assert_eq!(name.len(), 16);
+        assert_ne!(name, random_name());
+        assert!(is_pid_and_random(format!("1-{name}").as_bytes()));
+        assert!(!tag.contains('/'));
+    }
+
+    #[test]
+    fn a_dead_directory_of_this_host_is_removed_and_others_are_not() {
+        let parent = tempfile::tempdir().unwrap();
+        let tag = host_tag();
+        let dead = parent.path().join(format!("{PREFIX}{tag}-1-deadrun"));
+        let other_host = parent.path().join(format!("{PREFIX}elsewhere-0-1-deadrun"));
+        let extended = parent.path().join(format!("{PREFIX}{tag}-x-1-deadrun"));
+        let old = parent.path().join(format!("{PREFIX}AbC123"));
+        for d in [&dead, &other_host, &extended, &old] {
+            std::fs::create_dir(d).unwrap();
+            std::fs::write(d.join("exec-00000001.spill"), b"x").unwrap();
+        }
+        // A symbolic link named like a dead directory: not followed.
+        let target = parent.path().join("target");
+        std::fs::create_dir(&target).unwrap();
+        std::fs::write(target.join("keep"), b"x").unwrap();
+        let link = parent.path().join(format!("{PREFIX}{tag}-2-deadlink"));
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let live = PrivateDir::create(parent.path()).unwrap();
+        assert!(!dead.exists());
+        for d in [&other_host, &extended, &old, &target] {
+            assert!(d.is_dir(), "{}", d.display());
+        }
+        assert!(target.join("keep").exists());
+        assert!(std::fs::symlink_metadata(&link).is_ok());
+        let path = live.path().to_path_buf();
+        drop(live);
+        assert!(!path.exists());
     }
 }
