@@ -45,6 +45,16 @@ pub enum Error {
         /// The underlying error.
         source: io::Error,
     },
+    /// The directory given for spill files is one where other users could
+    /// remove, rename or replace them: a symbolic link, a directory owned
+    /// by another user than this one or root, or one writable by everyone
+    /// without the sticky bit.
+    SpillDirUnsafe {
+        /// The directory.
+        dir: PathBuf,
+        /// Why it is refused.
+        reason: String,
+    },
     /// Writing an executor to its spill file failed (the executor stays in
     /// memory, intact). The source keeps the I/O error's kind, so a full
     /// disk ([`io::ErrorKind::StorageFull`]) can be told apart.
@@ -136,6 +146,9 @@ impl fmt::Display for Error {
             ),
             Error::SpillDir { dir, source } => {
                 write!(f, "spill directory {}: {source}", dir.display())
+            }
+            Error::SpillDirUnsafe { dir, reason } => {
+                write!(f, "spill directory {} refused: it {reason}", dir.display())
             }
             Error::SpillWrite {
                 executor,

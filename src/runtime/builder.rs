@@ -117,9 +117,13 @@ impl Builder {
         self
     }
 
-    /// Where spill files go: a private subdirectory is created inside
-    /// `dir` (default: the system temporary directory). It is removed when
-    /// the runtime is dropped.
+    /// Where spill files go: a private subdirectory (mode 0700, with an
+    /// unpredictable name) is created inside `dir` (default: the system
+    /// temporary directory). It is removed when the runtime is dropped,
+    /// and by the next runtime of the same host when its process was
+    /// killed. `dir` must not be a symbolic link, be owned by another user
+    /// than this one or root, or be writable by everyone without the
+    /// sticky bit.
     pub fn spill_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.spill_dir = Some(dir.into());
         self
@@ -143,6 +147,8 @@ impl Builder {
     ///   [`TrapAlloc`](crate::TrapAlloc) is not the global allocator;
     /// - [`Error::SpillDir`] when the spill directory is missing or not
     ///   writable;
+    /// - [`Error::SpillDirUnsafe`] when other users could tamper with the
+    ///   spill directory (see [`Builder::spill_dir`]);
     /// - [`Error::Runtime`] when threads cannot be started.
     pub fn build(self) -> Result<Runtime> {
         let cap = self.cap.resolve();

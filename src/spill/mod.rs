@@ -49,13 +49,13 @@
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::pod::RawRead;
 use crate::Checksum;
 
@@ -630,43 +630,24 @@ fn read_from<T: DeserializeOwned, R: Read + Seek>(
 #[derive(Debug)]
 pub(crate) struct SpillStore {
     dir: PathBuf,
-    _tmp: tempfile::TempDir,
+    _private: dir::PrivateDir,
 }
 
 impl SpillStore {
-    /// Creates a private directory (mode 0700) inside `parent`, or inside
-    /// the system temporary directory. It is removed on drop.
+    /// Creates a private directory (mode 0700, locked while the store
+    /// lives: see [`dir`]) inside `parent`, or inside the system temporary
+    /// directory, after checking that other users cannot tamper with it.
+    /// It is removed on drop. Directories left by runtimes of this host
+    /// that died (killed) are removed.
     pub(crate) fn new(parent: Option<&Path>) -> Result<SpillStore> {
-        let mut b = tempfile::Builder::new();
-        b.prefix("outcore-spill-");
         let parent_dir = parent
             .map(Path::to_path_buf)
             .unwrap_or_else(std::env::temp_dir);
-        let meta = std::fs::metadata(&parent_dir).map_err(|source| Error::SpillDir {
-            dir: parent_dir.clone(),
-            source,
-        })?;
-        if !meta.is_dir() {
-            return Err(Error::SpillDir {
-                dir: parent_dir,
-                source: io::Error::other("not a directory"),
-            });
-        }
-        let tmp = b
-            .tempdir_in(&parent_dir)
-            .map_err(|source| Error::SpillDir {
-                dir: parent_dir.clone(),
-                source,
-            })?;
-        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o700)).map_err(
-            |source| Error::SpillDir {
-                dir: tmp.path().to_path_buf(),
-                source,
-            },
-        )?;
+        dir::check_parent(&parent_dir, parent.is_some())?;
+        let private = dir::PrivateDir::create(&parent_dir)?;
         Ok(SpillStore {
-            dir: tmp.path().to_path_buf(),
-            _tmp: tmp,
+            dir: private.path().to_path_buf(),
+            _private: private,
         })
     }
 
@@ -683,5 +664,6 @@ impl SpillStore {
 
 #[cfg(all(target_pointer_width = "64", target_endian = "little"))]
 mod aio;
+pub(crate) mod dir;
 #[cfg(test)]
 mod tests;
