@@ -361,12 +361,21 @@ pub fn check_room(path: &Path, bytes: u64) -> Result<()> {
             path: path.to_path_buf(),
             reason: format!(
                 "{} to write, but its filesystem has {} free",
-                outcore::format_bytes(bytes),
-                outcore::format_bytes(free)
+                large_size(bytes),
+                large_size(free)
             ),
         });
     }
     Ok(())
+}
+
+/// A size as `format_bytes` writes it, in TiB from 1 TiB on.
+fn large_size(bytes: u64) -> String {
+    if bytes >= 1 << 40 {
+        format!("{:.1} TiB", bytes as f64 / (1u64 << 40) as f64)
+    } else {
+        outcore::format_bytes(bytes)
+    }
 }
 
 /// Writes `bytes` to `path` as the other outputs are: through a
