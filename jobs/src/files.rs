@@ -5,11 +5,14 @@
 //! [`AtomicFile`]: the bytes are written to a temporary file in the
 //! target's directory, which is renamed over the target only once it is
 //! complete. A run that fails or is interrupted leaves no file that looks
-//! valid, and no temporary file either (it is removed when dropped).
+//! valid, and no temporary file either (it is removed when dropped; when
+//! a signal ends the run, the command line's handler removes the
+//! temporary files registered here with [`remove_partial_outputs`]).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use serde::Serialize;
 use tempfile::NamedTempFile;
@@ -45,6 +48,42 @@ pub(crate) fn open_input(path: &Path) -> Result<(File, u64)> {
 pub(crate) struct AtomicFile {
     out: Sink,
     path: PathBuf,
+    /// The temporary file's entry in [`PARTIAL`], dropped after `out`
+    /// (so after the file is removed or renamed).
+    _partial: Option<Partial>,
+}
+
+/// The temporary files of the outputs being written, for
+/// [`remove_partial_outputs`]; `closed` once it has run.
+static PARTIAL: Mutex<(Vec<PathBuf>, bool)> = Mutex::new((Vec::new(), false));
+
+/// A temporary file listed in [`PARTIAL`] while it lives.
+#[derive(Debug)]
+struct Partial(PathBuf);
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if let Ok(mut p) = PARTIAL.lock() {
+            if let Some(i) = p.0.iter().position(|q| *q == self.0) {
+                p.0.swap_remove(i);
+            }
+        }
+    }
+}
+
+/// Removes the temporary files of the outputs being written, and makes
+/// any later output fail to start: for a signal handler's thread, before
+/// the process exits (destructors do not run then). An output complete
+/// and renamed into place stays.
+pub fn remove_partial_outputs() {
+    let mut p = match PARTIAL.lock() {
+        Ok(p) => p,
+        Err(e) => e.into_inner(),
+    };
+    for f in p.0.drain(..) {
+        let _ = std::fs::remove_file(f);
+    }
+    p.1 = true;
 }
 
 #[derive(Debug)]
@@ -88,6 +127,7 @@ impl AtomicFile {
     /// directory cannot hold a new file. Opening a FIFO waits for its
     /// reader, as a shell redirection does.
     pub(crate) fn create(path: &Path) -> Result<AtomicFile> {
+        let mut partial = None;
         let out = match target(path)? {
             Target::Stdout => Sink::Stdout(BufWriter::with_capacity(1 << 16, std::io::stdout())),
             Target::InPlace => {
@@ -97,14 +137,16 @@ impl AtomicFile {
                     .map_err(|e| Error::io(path, "cannot write", e))?;
                 Sink::InPlace(BufWriter::with_capacity(1 << 20, f))
             }
-            Target::Replace(real) => Sink::Temp(BufWriter::with_capacity(
-                1 << 20,
-                temp_next_to(&real, path)?,
-            )),
+            Target::Replace(real) => {
+                let (tmp, p) = temp_next_to(&real, path)?;
+                partial = Some(p);
+                Sink::Temp(BufWriter::with_capacity(1 << 20, tmp))
+            }
         };
         Ok(AtomicFile {
             out,
             path: path.to_path_buf(),
+            _partial: partial,
         })
     }
 
@@ -152,19 +194,34 @@ fn target_path(path: &Path) -> PathBuf {
 }
 
 /// A temporary file, mode 0666 less the umask (the kernel applies it), in
-/// the directory of `real`; errors name `shown`.
-fn temp_next_to(real: &Path, shown: &Path) -> Result<NamedTempFile> {
+/// the directory of `real`, and its entry in [`PARTIAL`]; errors name
+/// `shown`. Made under [`PARTIAL`]'s lock, so a signal's cleanup either
+/// sees it or comes first and makes this fail.
+fn temp_next_to(real: &Path, shown: &Path) -> Result<(NamedTempFile, Partial)> {
     use std::os::unix::fs::PermissionsExt;
     let dir = match real.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    tempfile::Builder::new()
+    let mut list = match PARTIAL.lock() {
+        Ok(p) => p,
+        Err(e) => e.into_inner(),
+    };
+    if list.1 {
+        return Err(Error::Output {
+            path: shown.to_path_buf(),
+            reason: "not written: the run was interrupted".into(),
+        });
+    }
+    let tmp = tempfile::Builder::new()
         .prefix(".outcore-partial-")
         .suffix(".tmp")
         .permissions(std::fs::Permissions::from_mode(0o666))
         .tempfile_in(dir)
-        .map_err(|e| Error::io(shown, "cannot write", plain(e)))
+        .map_err(|e| Error::io(shown, "cannot write", plain(e)))?;
+    list.0.push(tmp.path().to_path_buf());
+    let entry = Partial(tmp.path().to_path_buf());
+    Ok((tmp, entry))
 }
 
 /// A `tempfile` error without the temporary file's name that `tempfile`
@@ -272,6 +329,52 @@ pub fn check_writable(path: &Path) -> Result<()> {
             Ok(())
         }
         Target::Replace(real) => temp_next_to(&real, path).map(drop),
+    }
+}
+
+/// Checks that `bytes` more fit on the filesystem that is to hold `path`
+/// (a regular file, new or replaced; `-`, devices and FIFOs are not
+/// checked), before any of them is written: a run that cannot finish its
+/// output is refused at once instead of filling the disk. The space free
+/// to an unprivileged user counts.
+pub fn check_room(path: &Path, bytes: u64) -> Result<()> {
+    let Target::Replace(real) = target(path)? else {
+        return Ok(());
+    };
+    let dir = match real.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return Ok(());
+    };
+    // SAFETY: statvfs is plain data, valid when zeroed.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a writable struct,
+    // both live for the call.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Ok(());
+    }
+    let free = (st.f_bavail as u64).saturating_mul(st.f_frsize as u64);
+    if bytes > free {
+        return Err(Error::Output {
+            path: path.to_path_buf(),
+            reason: format!(
+                "{} to write, but its filesystem has {} free",
+                large_size(bytes),
+                large_size(free)
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// A size as `format_bytes` writes it, in TiB from 1 TiB on.
+fn large_size(bytes: u64) -> String {
+    if bytes >= 1 << 40 {
+        format!("{:.1} TiB", bytes as f64 / (1u64 << 40) as f64)
+    } else {
+        outcore::format_bytes(bytes)
     }
 }
 

@@ -73,7 +73,9 @@ pub mod timeline;
 pub mod train;
 
 pub use error::{Error, Result};
-pub use files::{check_outputs, check_writable, write_file, write_json};
+pub use files::{
+    check_outputs, check_room, check_writable, remove_partial_outputs, write_file, write_json,
+};
 pub use input::{BlockReader, InputReads, Labels, Partitioned, Source};
 
 /// Runs `batch` and hands each task's result to `each` in submission order

@@ -5,6 +5,7 @@
 
 mod cli;
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
@@ -26,7 +27,7 @@ fn main() -> ExitCode {
             }
             if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
                 // No subcommand: show the help, but as an error.
-                eprint!("{}", e.render());
+                let _ = write!(std::io::stderr(), "{}", e.render());
                 return ExitCode::from(2);
             }
             // Under mpirun every rank parses the same arguments: rank 0
@@ -35,15 +36,21 @@ fn main() -> ExitCode {
                 .iter()
                 .find_map(|v| std::env::var(v).ok());
             if rank.is_none_or(|r| r == "0") {
-                eprintln!("{}", condense(&e.to_string()));
+                tell(&condense(&e.to_string()));
             }
             return ExitCode::from(2);
         }
     };
+    // Before anything starts: a limit too small for the program itself
+    // would end the run in an allocation failure.
+    if let Some(line) = cli::address_space_too_small(&args.0) {
+        tell(&line);
+        return ExitCode::from(2);
+    }
     let ranks = match ranks() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("outcore: error: {e}");
+            tell(&format!("outcore: error: {e}"));
             return ExitCode::from(2);
         }
     };
@@ -64,18 +71,23 @@ fn main() -> ExitCode {
             if !ranks.is_root() {
                 std::thread::sleep(std::time::Duration::from_millis(300));
             }
-            eprintln!(
+            tell(&format!(
                 "outcore: error: rank {} of {}: {e}",
                 ranks.rank(),
                 ranks.size()
-            );
+            ));
             ranks.abort(2)
         }
         Err(e) => {
-            eprintln!("outcore: error: {e}");
+            tell(&format!("outcore: error: {e}"));
             ExitCode::from(2)
         }
     }
+}
+
+/// A line on stderr; lost, not a panic, when stderr is closed.
+fn tell(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// The MPI ranks this process is one of (built with the `mpi` feature and

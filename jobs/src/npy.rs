@@ -202,7 +202,10 @@ pub(crate) fn read_header(path: &Path, r: &mut impl Read) -> Result<Header> {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             bad(path, "truncated .npy header")
         } else {
-            bad(path, format!("malformed .npy header: {e}"))
+            bad(
+                path,
+                format!("malformed .npy header: {}", one_line(&e.to_string())),
+            )
         }
     })?;
     let unsupported = |what: String| {
@@ -242,6 +245,45 @@ pub(crate) fn read_header(path: &Path, r: &mut impl Read) -> Result<Header> {
     })
 }
 
+/// The header parser's message in one line: its multi-line syntax error
+/// (`... syntax error:  --> 1:11`, the text with a caret, `= expected
+/// value`) becomes `... syntax error at column 11 (expected value) in
+/// "<the header>"`.
+fn one_line(msg: &str) -> String {
+    let mut lines = msg.lines().map(str::trim).filter(|l| !l.is_empty());
+    let Some(first) = lines.next() else {
+        return String::new();
+    };
+    let rest: Vec<&str> = lines.collect();
+    if rest.is_empty() {
+        return first.to_string();
+    }
+    let (what, at) = match first.split_once("-->") {
+        Some((w, a)) => (w.trim().trim_end_matches(':'), a.trim()),
+        None => (first, ""),
+    };
+    let mut out = what.to_string();
+    if let Some((_, col)) = at.split_once(':') {
+        out.push_str(&format!(" at column {col}"));
+    }
+    if let Some(e) = rest.iter().find_map(|l| l.strip_prefix("= ")) {
+        out.push_str(&format!(" ({e})"));
+    }
+    // The header's text: the numbered line (`1 | {...}`).
+    if let Some(text) = rest
+        .iter()
+        .find_map(|l| {
+            l.split_once(" | ")
+                .filter(|(n, _)| n.trim().parse::<u32>().is_ok())
+        })
+        .map(|(_, t)| t.trim())
+    {
+        let cut: String = text.chars().take(120).collect();
+        out.push_str(&format!(" in {cut:?}"));
+    }
+    out
+}
+
 /// A reader of an array's data, from its first byte on.
 struct Stream(Box<dyn Read + Send>);
 
@@ -268,6 +310,63 @@ struct Array {
     /// `.npy` file, an uncompressed `.npz` member): it can then be read at
     /// any position.
     at: Option<u64>,
+    /// For an uncompressed `.npz` member, its CRC-32 and where it lies, to
+    /// check the blocks read by position against.
+    member: Option<MemberCrc>,
+}
+
+/// A stored (uncompressed) `.npz` member's CRC-32 as its archive records
+/// it, and where the member's bytes (its `.npy` image) lie in the file.
+/// Read in order, a member is checked as its last byte is read
+/// ([`CrcRead`]); read by position in blocks, when the blocks have covered
+/// all of it (`input::region`).
+#[derive(Clone, Debug)]
+pub(crate) struct MemberCrc {
+    /// The member in messages (`archive.npz[name]`).
+    pub(crate) label: PathBuf,
+    /// The CRC-32 recorded in the archive.
+    pub(crate) expected: u32,
+    /// Offset of the member's first byte in the file.
+    pub(crate) start: u64,
+    /// The member's length in bytes.
+    pub(crate) len: u64,
+}
+
+/// The error of a member whose bytes do not give the CRC-32 its archive
+/// records (the message does not name it; the caller does).
+pub(crate) fn crc_mismatch(expected: u32, got: u32) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!(
+            "bad CRC-32 (the archive records {expected:08x}, the member's bytes give {got:08x}): the archive is corrupt"
+        ),
+    )
+}
+
+/// A `.npz` member's bytes read in order, checked against the CRC-32 its
+/// archive records when the last of its `left` bytes is read: a mismatch
+/// fails that read.
+struct CrcRead {
+    inner: Box<dyn Read + Send>,
+    crc: flate2::Crc,
+    left: u64,
+    expected: u32,
+}
+
+impl Read for CrcRead {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let want = self.left.min(buf.len() as u64) as usize;
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.inner.read(&mut buf[..want])?;
+        self.crc.update(&buf[..n]);
+        self.left -= n as u64;
+        if self.left == 0 && self.crc.sum() != self.expected {
+            return Err(crc_mismatch(self.expected, self.crc.sum()));
+        }
+        Ok(n)
+    }
 }
 
 /// Whether `path` names a `.npz` archive (by its name, or by its first
@@ -293,6 +392,7 @@ fn open_array(path: &Path, key: Option<&str>) -> Result<Array> {
         stream: Stream(Box::new(reader)),
         header,
         total,
+        member: None,
     })
 }
 
@@ -336,13 +436,13 @@ fn open_member(path: &Path, key: Option<&str>) -> Result<Array> {
     let start = m
         .data_start()
         .ok_or_else(|| bad(&label, "unreadable archive member"))?;
-    let (method, packed, total) = (m.compression(), m.compressed_size(), m.size());
+    let (method, packed, total, crc) = (m.compression(), m.compressed_size(), m.size(), m.crc32());
     drop(m);
     let (mut file, _) = open_input(path)?;
     file.seek(SeekFrom::Start(start))
         .map_err(|e| Error::io(path, "cannot seek", e))?;
     let body = BufReader::with_capacity(1 << 20, file).take(packed);
-    let (mut stream, stored): (Box<dyn Read + Send>, bool) = match method {
+    let (stream, stored): (Box<dyn Read + Send>, bool) = match method {
         zip::CompressionMethod::Stored => (Box::new(body), true),
         zip::CompressionMethod::Deflated => {
             (Box::new(flate2::read::DeflateDecoder::new(body)), false)
@@ -354,10 +454,23 @@ fn open_member(path: &Path, key: Option<&str>) -> Result<Array> {
             ))
         }
     };
+    // The member's bytes, checked against its CRC-32 as they are read.
+    let mut stream: Box<dyn Read + Send> = Box::new(CrcRead {
+        inner: stream,
+        crc: flate2::Crc::new(),
+        left: total,
+        expected: crc,
+    });
     let header = read_header(&label, &mut stream)?;
     Ok(Array {
         file: path.to_path_buf(),
         at: stored.then_some(start + header.data_offset),
+        member: stored.then(|| MemberCrc {
+            label: label.clone(),
+            expected: crc,
+            start,
+            len: total,
+        }),
         label,
         stream: Stream(stream),
         header,
@@ -390,6 +503,7 @@ pub(crate) struct NpyRows {
     stream: Stream,
     stored: Stored,
     at: Option<u64>,
+    member: Option<MemberCrc>,
     rows: u64,
     cols: usize,
     done: u64,
@@ -428,6 +542,7 @@ impl NpyRows {
             label: a.label,
             stream: a.stream,
             at: a.at,
+            member: a.member,
             rows,
             cols: cols as usize,
             done: 0,
@@ -451,6 +566,11 @@ impl NpyRows {
         self.at.map(|at| (self.file.as_path(), at, self.stored))
     }
 
+    /// For an uncompressed `.npz` member, its CRC-32 and where it lies.
+    pub(crate) fn member(&self) -> Option<&MemberCrc> {
+        self.member.as_ref()
+    }
+
     /// Number of columns.
     pub(crate) fn cols(&self) -> usize {
         self.cols
@@ -463,10 +583,16 @@ impl NpyRows {
         }
         let count = n * self.cols;
         self.buf.resize(count * self.stored.size(), 0);
-        self.stream
-            .0
-            .read_exact(&mut self.buf)
-            .map_err(|e| bad(&self.label, format!("read failed: {e}")))?;
+        let failed = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::InvalidData => bad(&self.label, e.to_string()),
+            _ => bad(&self.label, format!("read failed: {e}")),
+        };
+        self.stream.0.read_exact(&mut self.buf).map_err(failed)?;
+        if self.done + n as u64 == self.rows {
+            // The member's last bytes (after its data, if any), for its
+            // CRC-32 to be checked.
+            std::io::copy(&mut self.stream.0, &mut std::io::sink()).map_err(failed)?;
+        }
         self.stored.floats(&self.buf, out);
         self.done += n as u64;
         Ok(())

@@ -370,9 +370,12 @@ mod mpi_impl {
             // Unwinding out of the thread that owns MPI: finalising would
             // wait for ranks that wait for this one. End the job instead.
             if std::thread::panicking() {
-                eprintln!(
+                use std::io::Write as _;
+                let _ = writeln!(
+                    std::io::stderr(),
                     "outcore: error: rank {} of {}: panicked; ending every rank",
-                    self.rank, self.size
+                    self.rank,
+                    self.size
                 );
                 self.world.abort(101);
             }

@@ -543,7 +543,107 @@ fn kmeans_input_is_a_directory() {
     let t = Scratch::new();
     let p = t.join("dir.npy");
     fs::create_dir(&p).unwrap();
-    t.kmeans_fails(&input_args(&p, &[]));
+    let e = t.kmeans_fails(&input_args(&p, &[]));
+    assert_mentions(&e, "dir.npy: is a directory");
+    // Without an extension, it was "not a .npy, .npz or .fvecs file; for
+    // raw float32 data give --dims".
+    let p = t.join("data");
+    fs::create_dir(&p).unwrap();
+    let e = t.kmeans_fails(&input_args(&p, &[]));
+    assert_mentions(&e, "data: is a directory");
+    assert!(!e.contains("--dims"), "{e}");
+}
+
+#[test]
+fn kmeans_npy_garbage_header_is_one_line() {
+    // The header parser's message took six lines.
+    let t = Scratch::new();
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    let text = "{'descr': <f4, shape: ((10, 3), }                       \n";
+    bytes.extend_from_slice(&(text.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(text.as_bytes());
+    bytes.extend_from_slice(&f32s(30));
+    let p = t.write("garbage.npy", &bytes);
+    let e = t.kmeans_fails(&input_args(&p, &[]));
+    assert_mentions(&e, "garbage.npy: malformed .npy header");
+}
+
+/// An `.npz` archive holding `x.npy`, `member`, stored as is (`deflate`
+/// false) or compressed.
+fn npz(member: &[u8], deflate: bool) -> Vec<u8> {
+    use std::io::Write;
+    let mut buf = std::io::Cursor::new(Vec::new());
+    let mut z = zip::ZipWriter::new(&mut buf);
+    let method = if deflate {
+        zip::CompressionMethod::Deflated
+    } else {
+        zip::CompressionMethod::Stored
+    };
+    let opts = zip::write::SimpleFileOptions::default().compression_method(method);
+    z.start_file("x.npy", opts).unwrap();
+    z.write_all(member).unwrap();
+    z.finish().unwrap();
+    buf.into_inner()
+}
+
+#[test]
+fn kmeans_npz_member_with_a_bad_crc_is_refused() {
+    // A flipped byte in a stored member: numpy says "Bad CRC-32"; the run
+    // exited 0 with a centroid of 5.4e34. The member is read by position
+    // in blocks (7 partitions here, and the initialisation's reads), whose
+    // CRC-32s are combined; the small one is a single block.
+    let t = Scratch::new();
+    for (rows, extra) in [(10, &[][..]), (20000, &["--partitions", "7"][..])] {
+        let npy = npy("<f4", false, &format!("({rows}, 3)"), &f32s(rows * 3));
+        let good = npz(&npy, false);
+        let at = good
+            .windows(npy.len())
+            .position(|w| w == &npy[..])
+            .expect("the member is stored as is");
+        let p = t.write("good.npz", &good);
+        let mut args = vec!["kmeans".to_string()];
+        args.extend(input_args(&p, extra));
+        let out = outcore(t.path(), &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        fs::remove_file(&p).unwrap();
+        let mut bad = good.clone();
+        // The exponent byte of a value in the middle of the data.
+        let mid = at + 128 + (npy.len() - 128) / 8 * 4 + 3;
+        bad[mid] ^= 0x40;
+        let p = t.write("flipped.npz", &bad);
+        let e = t.kmeans_fails_mid_run(&input_args(&p, extra));
+        assert_mentions(&e, "flipped.npz[x]: bad CRC-32");
+        fs::remove_file(&p).unwrap();
+    }
+
+    // A compressed member read in order (its CRC-32 changed in the
+    // archive's directory and local header).
+    let npy = ok_npy();
+    let good = npz(&npy, true);
+    let crc = {
+        let mut c = flate2::Crc::new();
+        c.update(&npy);
+        c.sum().to_le_bytes()
+    };
+    let mut bad = good.clone();
+    let mut hits = 0;
+    for i in 0..bad.len() - 4 {
+        if bad[i..i + 4] == crc {
+            bad[i] ^= 1;
+            hits += 1;
+        }
+    }
+    assert_eq!(
+        hits, 2,
+        "the CRC-32 is in the local header and the directory"
+    );
+    let p = t.write("deflated.npz", &bad);
+    let e = t.kmeans_fails_mid_run(&input_args(&p, &[]));
+    assert_mentions(&e, "deflated.npz[x]: bad CRC-32");
 }
 
 // ---------------------------------------------------------------------------
@@ -911,6 +1011,89 @@ fn gen_unwritable_output() {
     let e = t.fails(&gen_args("64KiB", "8", &d), &[]);
     assert_mentions(&e, "directory");
     assert!(fs::read_dir(&d).unwrap().next().is_none());
+}
+
+#[test]
+fn gen_larger_than_the_free_space_is_refused_at_once() {
+    // `gen --synthetic 99999TB` wrote until the disk was full. The child
+    // may write 64 MiB at most (`ulimit -f`), in case it is not refused.
+    use std::os::unix::process::CommandExt;
+    let t = Scratch::new();
+    let out_path = t.join("huge.npy");
+    let args = gen_args("99999TB", "8", &out_path);
+    let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
+    c.args(&args).current_dir(t.path());
+    // SAFETY: setrlimit and signal are async-signal-safe and touch only
+    // the child.
+    unsafe {
+        c.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 64 << 20,
+                rlim_max: 64 << 20,
+            };
+            libc::setrlimit(libc::RLIMIT_FSIZE, &lim);
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let out = c.output().unwrap();
+    let e = check_bad_input(&args, &out);
+    assert_mentions(&e, "huge.npy: ");
+    assert!(
+        e.contains("to write, but its filesystem has") && e.contains(" free"),
+        "{e}"
+    );
+    assert_eq!(listing(t.path()), BTreeSet::new(), "{e}");
+}
+
+#[test]
+fn an_address_space_limit_too_small_for_the_program_is_one_line() {
+    // Under about 55 MB of `ulimit -v` the run aborted after an
+    // `outcore: out of memory` line.
+    use std::os::unix::process::CommandExt;
+    let t = Scratch::new();
+    for (limit_mib, args) in [
+        (
+            40u64,
+            strs(&["kmeans", "--synthetic", "8MiB", "--dims", "8", "--k", "4"]),
+        ),
+        (
+            52,
+            strs(&[
+                "kmeans",
+                "--synthetic",
+                "8MiB",
+                "--dims",
+                "8",
+                "--k",
+                "4",
+                "--workers",
+                "1",
+            ]),
+        ),
+        (40, gen_args("8MiB", "8", &t.join("g.npy"))),
+    ] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
+        c.args(&args).current_dir(t.path());
+        // SAFETY: setrlimit is async-signal-safe and touches only the
+        // child.
+        unsafe {
+            c.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: limit_mib << 20,
+                    rlim_max: libc::RLIM_INFINITY,
+                };
+                libc::setrlimit(libc::RLIMIT_AS, &lim);
+                Ok(())
+            });
+        }
+        let out = c.output().unwrap();
+        let e = check_bad_input(&args, &out);
+        assert_mentions(&e, &format!("(ulimit -v {})", limit_mib << 10));
+        assert_mentions(&e, "too small for outcore itself");
+        assert_mentions(&e, "it needs at least");
+        assert_eq!(listing(t.path()), BTreeSet::new(), "{e}");
+    }
 }
 
 #[test]

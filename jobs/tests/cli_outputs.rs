@@ -440,3 +440,50 @@ fn a_cap_smaller_than_what_the_run_holds_at_once_is_warned_about() {
     let err = run("64MiB");
     assert!(!err.contains("warning"), "{err}");
 }
+
+#[test]
+fn a_failed_output_says_which_outputs_were_written() {
+    // `--stats /dev/full` failed with exit 2 after the centroids were
+    // written, and the line did not say so.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
+        .current_dir(dir.path())
+        .args(RUN)
+        .args(["--output", "c.npy", "--labels", "l.npy"])
+        .args(["--stats", "/dev/full"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    let e = errors[0];
+    assert!(e.starts_with("outcore: error: /dev/full: "), "{e}");
+    assert!(
+        e.contains(
+            "outputs written: --output c.npy, --labels l.npy; not written: --stats /dev/full"
+        ),
+        "{e}"
+    );
+    assert!(dir.path().join("c.npy").exists() && dir.path().join("l.npy").exists());
+}
+
+#[test]
+fn a_closed_stderr_does_not_lose_the_run() {
+    // `outcore kmeans ... 2>&1 | head -1`: the run panicked ("failed
+    // printing to stderr", exit 101) and its centroids were lost.
+    let dir = tempfile::tempdir().unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
+        .current_dir(dir.path())
+        .args(RUN)
+        .args(["--output", "c.npy", "--stats", "s.json"])
+        .stderr(writer)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", out.status);
+    for f in ["c.npy", "s.json"] {
+        assert!(dir.path().join(f).exists(), "{f} was not written");
+    }
+}

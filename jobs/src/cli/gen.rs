@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use outcore::format_bytes;
-use outcore_jobs::{check_writable, Result};
+use outcore_jobs::{check_room, check_writable, Result};
 
 use super::progress::Feedback;
 use super::synthetic_source;
@@ -34,11 +34,13 @@ pub(super) fn run(a: GenArgs) -> Result<()> {
     check_writable(&a.output)?;
     let src = synthetic_source(&a.synthetic, a.dims, a.true_k, a.seed)?;
     let (rows, dims) = src.shape()?;
+    // The data and a header of at most a few KiB.
+    check_room(&a.output, (rows * dims as u64 * 4).saturating_add(4096))?;
     let mut fb = Feedback::new();
     fb.stage("writing", rows);
     src.write_npy(&a.output, |done, _| fb.progress(done))?;
     fb.done();
-    eprintln!(
+    say!(
         "wrote {} ({rows} x {dims} float32) to {}",
         format_bytes(rows * dims as u64 * 4),
         a.output.display()

@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::progress::Feedback;
 use super::{
     cap_over_limit, file_source, named, plural, positive, runtime, synthetic_source, warn_dims,
-    warn_failed_writes, Given, MemoryArgs, Phases, RankStats,
+    warn_failed_writes, Given, MemoryArgs, Outputs, Phases, RankStats,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -28,7 +28,7 @@ pub(super) struct KmeansArgs {
     #[command(flatten)]
     data: DataArgs,
     #[command(flatten)]
-    mem: MemoryArgs,
+    pub(super) mem: MemoryArgs,
     /// Number of clusters. Default: 100, or the rows of an --init file.
     #[arg(long, value_name = "K")]
     k: Option<usize>,
@@ -512,26 +512,42 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     })?;
     fb.done();
     phases.set("output");
+    // Rank 0 writes the outputs.
+    let mut outs = Outputs::new(&[
+        ("--output", if ranks.is_root() { &a.output } else { &None }),
+        ("--labels", &a.labels),
+        ("--timeline", &a.mem.timeline),
+        (
+            "--stats",
+            if ranks.is_root() { &a.mem.stats } else { &None },
+        ),
+    ]);
     if let (Some(p), true) = (&a.output, ranks.is_root()) {
-        npy::write_array(p, &[k as u64, dims as u64], &out.centers.values)?;
+        outs.write(
+            "--output",
+            npy::write_array(p, &[k as u64, dims as u64], &out.centers.values),
+        )?;
     }
     if let (Some(p), Some(labels)) = (&a.labels, &out.labels) {
         let as_i32: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
-        npy::write_array(p, &[labels.len() as u64], &as_i32)?;
+        outs.write(
+            "--labels",
+            npy::write_array(p, &[labels.len() as u64], &as_i32),
+        )?;
     }
     // The timeline ends with the totals, so the two agree.
     let s = rt.stats();
-    phases.finish(&s)?;
+    outs.write("--timeline", phases.finish(&s))?;
     let wall_seconds = wall.elapsed().as_secs_f64();
     let mine = RankStats::of(ranks.rank(), &rt, &s, ds.input_bytes_read(), wall_seconds);
     warn_failed_writes(&rt, &s);
     // Every rank's figures, on rank 0 (the others are done).
-    let Some(per) = RankStats::gather(mine, ranks)? else {
+    let Some(per) = RankStats::gather(mine, ranks).map_err(|e| outs.failed(e))? else {
         return Ok(());
     };
     let tot = RankStats::total(&per);
     if let Some(p) = &a.mem.stats {
-        write_json(
+        let r = write_json(
             p,
             &KmeansStats {
                 algorithm: match cfg.algorithm {
@@ -581,7 +597,8 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 processes,
                 per_process: &per,
             },
-        )?;
+        );
+        outs.write("--stats", r)?;
     }
     let cap = rt
         .cap()

@@ -5,14 +5,24 @@
 //! before the library sees it, so that a bad value is reported by the flag
 //! the user typed.
 
-/// `eprintln!` on rank 0 only: the other ranks of an MPI run stay quiet
-/// (their errors still print).
+/// A line on stderr, on rank 0 only: the other ranks of an MPI run stay
+/// quiet (their errors still print, with [`tell!`]).
 macro_rules! say {
     ($($t:tt)*) => {
         if !$crate::cli::silent() {
-            eprintln!($($t)*);
+            tell!($($t)*);
         }
     };
+}
+
+/// A line on stderr that never fails the run: with stderr closed (the
+/// reader of a pipe gone, `2>&-`) it is lost, and the run still finishes
+/// and writes its outputs (`eprintln!` would panic).
+macro_rules! tell {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
 }
 
 mod gen;
@@ -328,6 +338,66 @@ fn plural(n: usize, what: &str) -> String {
     }
 }
 
+/// The outputs a run writes at its end, each with its flag: when one
+/// fails, the error says which of them were written and which not (a
+/// run's `--output` may be complete when its `--stats` fails).
+struct Outputs {
+    /// Flag and path of each output asked for, in the order written.
+    all: Vec<(&'static str, PathBuf)>,
+    /// The flags of those written.
+    written: Vec<&'static str>,
+}
+
+impl Outputs {
+    fn new(paths: &[(&'static str, &Option<PathBuf>)]) -> Outputs {
+        Outputs {
+            all: paths
+                .iter()
+                .filter_map(|&(f, p)| p.clone().map(|p| (f, p)))
+                .collect(),
+            written: Vec::new(),
+        }
+    }
+
+    /// The outcome of writing the output of `flag`: recorded when it
+    /// succeeded, an error saying which outputs exist when it failed.
+    fn write<T>(&mut self, flag: &'static str, r: Result<T>) -> Result<T> {
+        match r {
+            Ok(v) => {
+                self.written.push(flag);
+                Ok(v)
+            }
+            Err(e) => Err(self.failed(e)),
+        }
+    }
+
+    /// `e` with the outputs written and those not, when there are others
+    /// than the one it names.
+    fn failed(&self, e: Error) -> Error {
+        if self.all.len() < 2 {
+            return e;
+        }
+        let list = |done: bool| -> String {
+            let l: Vec<String> = self
+                .all
+                .iter()
+                .filter(|(f, _)| self.written.contains(f) == done)
+                .map(|(f, p)| format!("{f} {}", p.display()))
+                .collect();
+            if l.is_empty() {
+                "none".into()
+            } else {
+                l.join(", ")
+            }
+        };
+        Error::Input(format!(
+            "{e} (outputs written: {}; not written: {})",
+            list(true),
+            list(false)
+        ))
+    }
+}
+
 /// `v`, or an error naming `flag` when it is 0.
 /// The paths given, each with its flag, for [`check_outputs`].
 fn named<'a>(paths: &[(&'a str, &'a Option<PathBuf>)]) -> Vec<(&'a str, &'a Path)> {
@@ -418,6 +488,58 @@ fn runtime(
     Ok((rt, part_bytes))
 }
 
+/// The address space (`ulimit -v`) outcore needs for itself, before any
+/// data, with `workers` worker threads: 1.25 x (48 MiB + 5 MiB per
+/// worker). Under a smaller limit a run cannot start, or ends in an
+/// allocation failure. The least `ulimit -v` under which
+/// `outcore kmeans --synthetic 8MiB --dims 8 --k 4 --epochs 1` finished
+/// (x86-64 Linux, debug and release builds) was 50-53 MiB with one
+/// worker, 56-59 MiB with two, 70 with four, 91-92 with eight and 125
+/// with sixteen (`gen` of 8 MiB on two cores: 52 MiB; `--help` 17-21):
+/// the binary and its libraries, the allocator's arenas, the 16 MiB
+/// reserve for evictions, and each worker's stack and arena. A quarter
+/// on top is the margin: near the measured least, runs pass by a few
+/// hundred KiB, and evict in the allocation trap throughout.
+pub fn least_address_space(workers: usize) -> u64 {
+    let mib = 48 + 5 * workers as u64;
+    (mib + mib / 4) << 20
+}
+
+impl Cli {
+    /// The worker threads the run uses: `--workers`, or one per core.
+    fn workers(&self) -> usize {
+        let flag = match &self.cmd {
+            Cmd::Kmeans(a) => a.mem.workers,
+            Cmd::Predict(a) => a.mem.workers,
+            Cmd::Train(a) => a.mem.workers,
+            Cmd::Gen(_) | Cmd::Plot(_) => None,
+        };
+        flag.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .clamp(1, outcore::MAX_WORKERS)
+    }
+}
+
+/// One error line when the address-space limit (`ulimit -v`) is below
+/// what the program needs for itself ([`least_address_space`]): checked
+/// before anything starts, instead of an allocation failure later.
+pub fn address_space_too_small(cli: &Cli) -> Option<String> {
+    let limit = address_space_limit()?;
+    let workers = cli.workers();
+    let least = least_address_space(workers);
+    if limit >= least {
+        return None;
+    }
+    Some(format!(
+        "outcore: error: the address-space limit (ulimit -v {}) of {} is too small for outcore itself with {}: it needs at least {} (ulimit -v {}) before any data{}",
+        limit >> 10,
+        format_bytes(limit),
+        plural(workers, "worker thread"),
+        format_bytes(least),
+        least >> 10,
+        if workers > 1 { "; fewer --workers need less" } else { "" }
+    ))
+}
+
 /// The `RLIMIT_AS` in force (`ulimit -v`), when finite.
 fn address_space_limit() -> Option<u64> {
     let mut lim = libc::rlimit {
@@ -465,7 +587,7 @@ const PARTS_PER_CAP: u64 = 256;
 fn warn_failed_writes(rt: &Runtime, s: &Stats) {
     if s.failed_writes > 0 {
         let over = s.peak_bytes.saturating_sub(rt.cap().unwrap_or(u64::MAX));
-        eprintln!(
+        tell!(
             "outcore: warning: {} spill write(s) to {} failed ({}); those executors stayed in memory, {} over the cap at the peak; free space in the spill directory or choose another with --spill-dir",
             s.failed_writes,
             rt.spill_dir().display(),

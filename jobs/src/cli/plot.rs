@@ -71,7 +71,7 @@ pub(super) fn run(a: PlotArgs) -> Result<()> {
     })?;
     write_file(&a.output, &png)?;
     let last = &samples[samples.len() - 1];
-    eprintln!(
+    tell!(
         "wrote {}: {} samples over {:.1}s, peak accounted {}",
         a.output.display(),
         samples.len(),

@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::progress::Feedback;
 use super::{
     cap_over_limit, file_source, named, runtime, warn_dims, warn_failed_writes, Given, MemoryArgs,
-    Phases,
+    Outputs, Phases,
 };
 
 /// Flags of `outcore predict`.
@@ -50,7 +50,7 @@ pub(super) struct PredictArgs {
     #[arg(long, value_name = "FILE")]
     distances: Option<PathBuf>,
     #[command(flatten)]
-    mem: MemoryArgs,
+    pub(super) mem: MemoryArgs,
 }
 
 #[derive(Serialize)]
@@ -177,18 +177,24 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
         }
         Predictor::Model(m) => train::predict(&rt, &ds, m, put)?,
     }
-    labels.finish()?;
+    let mut outs = Outputs::new(&[
+        ("--labels", &Some(a.labels.clone())),
+        ("--distances", &a.distances),
+        ("--timeline", &a.mem.timeline),
+        ("--stats", &a.mem.stats),
+    ]);
+    outs.write("--labels", labels.finish())?;
     if let Some(w) = dists {
-        w.finish()?;
+        outs.write("--distances", w.finish())?;
     }
     fb.done();
     let s = rt.stats();
-    phases.finish(&s)?;
+    outs.write("--timeline", phases.finish(&s))?;
     warn_failed_writes(&rt, &s);
     let read = s.bytes_read + ds.input_bytes_read();
     let wall_seconds = wall.elapsed().as_secs_f64();
     if let Some(p) = &a.mem.stats {
-        write_json(
+        let r = write_json(
             p,
             &PredictStats {
                 by: match predictor {
@@ -209,9 +215,10 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
                 mem_cap_bytes: rt.cap(),
                 runtime: &s,
             },
-        )?;
+        );
+        outs.write("--stats", r)?;
     }
-    eprintln!(
+    tell!(
         "done in {wall_seconds:.1}s: {rows} rows labelled; peak {}; evictions {}, loads {}, read {}, written {}",
         format_bytes(s.peak_bytes),
         s.evictions,

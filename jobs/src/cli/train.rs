@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::progress::Feedback;
 use super::{
     cap_over_limit, file_source, named, plural, positive, runtime, synthetic_source, warn_dims,
-    warn_failed_writes, Given, MemoryArgs, Phases, RankStats,
+    warn_failed_writes, Given, MemoryArgs, Outputs, Phases, RankStats,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -56,7 +56,7 @@ pub(super) struct TrainArgs {
     #[arg(long, default_value_t = 42)]
     seed: u64,
     #[command(flatten)]
-    mem: MemoryArgs,
+    pub(super) mem: MemoryArgs,
     /// How the model is fitted: L-BFGS on scikit-learn's objective, or
     /// local SGD with model averaging.
     #[arg(long, value_enum, default_value_t = SolverArg::Lbfgs)]
@@ -387,16 +387,26 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         );
     }
     phases.set("output");
+    // Rank 0 writes the outputs.
+    let mut outs = Outputs::new(&[
+        ("--output", if ranks.is_root() { &a.output } else { &None }),
+        ("--timeline", &a.mem.timeline),
+        (
+            "--stats",
+            if ranks.is_root() { &a.mem.stats } else { &None },
+        ),
+    ]);
     if let (Some(p), true) = (&a.output, ranks.is_root()) {
-        npy::write_array(p, &[job.classes as u64, job.dims as u64 + 1], &out.model.w)?;
+        let shape = [job.classes as u64, job.dims as u64 + 1];
+        outs.write("--output", npy::write_array(p, &shape, &out.model.w))?;
     }
     let s = rt.stats();
-    phases.finish(&s)?;
+    outs.write("--timeline", phases.finish(&s))?;
     warn_failed_writes(&rt, &s);
     let wall_seconds = wall.elapsed().as_secs_f64();
     let mine = RankStats::of(ranks.rank(), &rt, &s, job.input_reads.bytes(), wall_seconds);
     // Every rank's figures, on rank 0 (the others are done).
-    let Some(per) = RankStats::gather(mine, ranks)? else {
+    let Some(per) = RankStats::gather(mine, ranks).map_err(|e| outs.failed(e))? else {
         return Ok(());
     };
     let tot = RankStats::total(&per);
@@ -409,7 +419,7 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             .map(|r| r.accuracy),
     };
     if let Some(p) = &a.mem.stats {
-        write_json(
+        let r = write_json(
             p,
             &TrainStats {
                 solver: match solver {
@@ -466,7 +476,8 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 processes: ranks.size(),
                 per_process: &per,
             },
-        )?;
+        );
+        outs.write("--stats", r)?;
     }
     say!(
         "done in {:.1}s: {}{} {}; evictions {}, loads {}, read {}, written {}",

@@ -87,11 +87,17 @@ impl Source {
         }
     }
 
-    /// Refuses an input that is not a regular file: partitions are read
-    /// again from it by position, which a pipe, a device or standard input
-    /// (`-`) cannot be. A missing file passes (opening it names the
+    /// Refuses an input that is not a regular file: a directory, or what
+    /// partitions cannot be read again from by position (a pipe, a device,
+    /// standard input `-`). A missing file passes (opening it names the
     /// error).
     pub fn check_regular(path: &Path) -> Result<()> {
+        if path.is_dir() {
+            return Err(Error::Input(format!(
+                "{}: is a directory; the input must be a file (.npy, .npz, .fvecs or raw float32)",
+                path.display()
+            )));
+        }
         let special = path.as_os_str() == "-"
             || std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir());
         if special {

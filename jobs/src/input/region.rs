@@ -9,8 +9,11 @@
 //! A file that changes under the run would silently change the data, so
 //! each read checks the file's size and modification time against those
 //! taken when it was opened, and a checksum of the block's bytes against
-//! the one taken at its first read.
+//! the one taken at its first read. An uncompressed `.npz` member is also
+//! checked against the CRC-32 its archive records, once: the CRC-32s of
+//! the blocks' first reads are combined when they cover the member.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::mem::MaybeUninit;
@@ -77,6 +80,87 @@ pub(crate) struct Region {
     in_place_refused: AtomicBool,
     /// Bytes read from the file so far.
     read_bytes: AtomicU64,
+    /// For an uncompressed `.npz` member: its CRC-32 check.
+    member: Option<MemberCheck>,
+}
+
+/// The CRC-32 check of an uncompressed `.npz` member read in blocks: the
+/// CRC-32 of each block's first read is kept, and combined in row order
+/// from row 0 on as the blocks arrive (reads of other block sizes, such
+/// as a pass in smaller tasks, are kept aside); when the chain reaches
+/// the last row, it is completed with the bytes after the data and
+/// compared with the archive's. Later reads are checked against each
+/// block's first-read checksum.
+#[derive(Debug)]
+struct MemberCheck {
+    crc: crate::npy::MemberCrc,
+    rows: u64,
+    /// CRC-32 of the member's bytes after the data (normally none).
+    tail: flate2::Crc,
+    chain: Mutex<Chain>,
+    /// The error, once the check failed: every later read fails with it
+    /// (a failed build may be tried again, and its block's first read is
+    /// done).
+    failed: OnceLock<String>,
+}
+
+/// The blocks combined so far, and those waiting for the chain to reach
+/// them.
+#[derive(Debug)]
+struct Chain {
+    /// CRC-32 of the member's bytes up to row `next` (its `.npy` header
+    /// first).
+    crc: flate2::Crc,
+    next: u64,
+    /// Blocks past `next` by first row: rows and CRC-32 (the longer of
+    /// two with the same first row).
+    waiting: BTreeMap<u64, (u64, flate2::Crc)>,
+}
+
+impl MemberCheck {
+    /// Records the CRC-32 of rows `first..first + n`; when the chain
+    /// covers the member, compares its CRC-32 with the archive's.
+    fn record(&self, first: u64, n: u64, crc: flate2::Crc) -> io::Result<()> {
+        self.check()?;
+        let mut c = match self.chain.lock() {
+            Ok(c) => c,
+            Err(e) => e.into_inner(),
+        };
+        if first < c.next || c.next >= self.rows {
+            return Ok(());
+        }
+        if c.waiting.get(&first).is_none_or(|(m, _)| *m < n) {
+            c.waiting.insert(first, (n, crc));
+        }
+        let chain = &mut *c;
+        while let Some((n, block)) = chain.waiting.remove(&chain.next) {
+            chain.crc.combine(&block);
+            chain.next += n;
+        }
+        // Blocks the chain went past are of no use.
+        let next = chain.next;
+        chain.waiting.retain(|&f, _| f > next);
+        if chain.next < self.rows {
+            return Ok(());
+        }
+        chain.crc.combine(&self.tail);
+        if chain.crc.sum() != self.crc.expected {
+            let e = crate::npy::crc_mismatch(self.crc.expected, chain.crc.sum());
+            let _ = self
+                .failed
+                .set(format!("{}: {e}", self.crc.label.display()));
+            return self.check();
+        }
+        Ok(())
+    }
+
+    /// The error of a failed check, if it failed.
+    fn check(&self) -> io::Result<()> {
+        match self.failed.get() {
+            Some(msg) => Err(io::Error::new(io::ErrorKind::InvalidData, msg.clone())),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Region {
@@ -109,7 +193,46 @@ impl Region {
             readers: [Mutex::new(None), Mutex::new(None)],
             in_place_refused: AtomicBool::new(false),
             read_bytes: AtomicU64::new(0),
+            member: None,
         }))
+    }
+
+    /// Checks the blocks read against the CRC-32 of `member`, the
+    /// uncompressed `.npz` member whose `rows` rows this region reads
+    /// (when every row is read; a share of them is not checked).
+    pub(crate) fn check_member(
+        mut self,
+        member: &crate::npy::MemberCrc,
+        rows: u64,
+    ) -> io::Result<Region> {
+        let data_end = self.offset + rows * self.record() as u64;
+        let end = member.start + member.len;
+        let crc_of = |from: u64, to: u64| -> io::Result<flate2::Crc> {
+            let mut crc = flate2::Crc::new();
+            let mut buf = vec![0u8; (to.saturating_sub(from)).min(1 << 20) as usize];
+            let mut at = from;
+            while at < to {
+                let n = (to - at).min(buf.len() as u64) as usize;
+                self.plain.read_exact_at(&mut buf[..n], at)?;
+                crc.update(&buf[..n]);
+                at += n as u64;
+            }
+            Ok(crc)
+        };
+        let head = crc_of(member.start, self.offset)?;
+        let tail = crc_of(data_end, end)?;
+        self.member = Some(MemberCheck {
+            crc: member.clone(),
+            rows,
+            tail,
+            chain: Mutex::new(Chain {
+                crc: head,
+                next: 0,
+                waiting: BTreeMap::new(),
+            }),
+            failed: OnceLock::new(),
+        });
+        Ok(self)
     }
 
     /// Bytes read from the file so far.
@@ -162,6 +285,9 @@ impl Region {
         first_sum: &OnceLock<u64>,
         in_place: bool,
     ) -> io::Result<(Vec<f32>, usize)> {
+        if let Some(m) = &self.member {
+            m.check()?;
+        }
         let now = Stamp::of(&self.plain.metadata()?);
         if now != self.stamp {
             return Err(self.changed(first, n, "its size or modification time changed"));
@@ -171,6 +297,9 @@ impl Region {
             Encoding::F32 if in_place => self.in_place(pos, n * self.dims)?,
             _ => None,
         };
+        // A member's block read for the first time: its CRC-32.
+        let crc_wanted = self.member.is_some() && first_sum.get().is_none();
+        let mut crc = None;
         let (values, skip, sum) = match (placed, self.encoding) {
             (Some(r), _) => r,
             (None, Encoding::F32) => {
@@ -192,6 +321,11 @@ impl Region {
                 let sum = self.read_exact_at(pos, &mut raw.spare_capacity_mut()[..len])?;
                 // SAFETY: `read_exact_at` initialised the first `len` bytes.
                 unsafe { raw.set_len(len) };
+                if crc_wanted {
+                    let mut c = flate2::Crc::new();
+                    c.update(&raw);
+                    crc = Some(c);
+                }
                 (self.convert(first, &raw)?, 0, sum)
             }
         };
@@ -208,6 +342,24 @@ impl Region {
             return Err(self.changed(first, n, "its bytes differ from the first read"));
         }
         if first_read {
+            if let Some(m) = &self.member {
+                let crc = match crc {
+                    Some(c) => c,
+                    None => {
+                        // Float32 rows: the values are the file's bytes.
+                        let v = &values[skip..skip + n * self.dims];
+                        // SAFETY: any f32 is 4 initialised bytes, and u8
+                        // has no alignment; the slice outlives `bytes`.
+                        let bytes = unsafe {
+                            std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), v.len() * 4)
+                        };
+                        let mut c = flate2::Crc::new();
+                        c.update(bytes);
+                        c
+                    }
+                };
+                m.record(first, n as u64, crc)?;
+            }
             if let Err(bad) = super::check_finite(&values[skip..], self.dims, first) {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -241,6 +393,12 @@ impl Region {
     /// are checked to be finite, as a block's are at its first read. The
     /// bytes read count whole pages ([`scattered_bytes`](Self::scattered_bytes)).
     pub(crate) fn read_rows(&self, rows: &[u64]) -> io::Result<Vec<f32>> {
+        if let Some(m) = &self.member {
+            m.check()?;
+        }
+        if let Some(m) = &self.member {
+            m.check()?;
+        }
         let now = Stamp::of(&self.plain.metadata()?);
         if now != self.stamp {
             return Err(io::Error::new(

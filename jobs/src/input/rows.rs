@@ -174,6 +174,14 @@ impl Rows {
             ),
         };
         Region::open(path, offset, self.dims(), encoding)
+            .and_then(|r| match (r, self) {
+                // An uncompressed `.npz` member: checked against its CRC-32.
+                (Some(r), Rows::Npy(n)) => match n.member() {
+                    Some(m) => r.check_member(m, n.rows()).map(Some),
+                    None => Ok(Some(r)),
+                },
+                (r, _) => Ok(r),
+            })
             .map_err(|e| Error::io(path, "cannot open", e))
     }
 
