@@ -403,7 +403,9 @@ def iteration(i, rng, args, cfgs, refs, slot, pending, tally, log):
     # Leftovers of earlier iterations, judged once a runtime run exited 0.
     if any(cfgs[r["config"]][3] and r["status"] == 0 for r in runs):
         judge_pending(i, pending, tally)
-    left = leftovers(slot)
+    # New leftovers only: earlier ones not judged yet (no runtime run
+    # exited 0 since) are still pending.
+    left = {p: b for p, b in leftovers(slot).items() if p not in pending}
     tally.add_after([r["ending"] for r in runs], left)
     if all(clean_ending(r) for r in runs):
         tally.clean_left[0] += len(left)
