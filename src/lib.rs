@@ -109,8 +109,8 @@ mod stats;
 mod units;
 
 pub use alloc::{
-    current_usage, flush_thread, flush_threshold, peak_usage, reset_peak, thread_net_allocated,
-    TrapAlloc,
+    current_usage, flush_thread, flush_threshold, peak_usage, reset_peak, set_process_name,
+    thread_net_allocated, TrapAlloc,
 };
 pub use cap::{parse_size, MemoryCap};
 pub use checksum::Checksum;

@@ -5,9 +5,18 @@
 //! [`AtomicFile`]: the bytes are written to a temporary file in the
 //! target's directory, which is renamed over the target only once it is
 //! complete. A run that fails or is interrupted leaves no file that looks
-//! valid, and no temporary file either (it is removed when dropped; when
-//! a signal ends the run, the command line's handler removes the
-//! temporary files registered here with [`remove_partial_outputs`]).
+//! valid, and no temporary file either.
+//!
+//! On Linux the temporary file is made with `O_TMPFILE`: it has no name
+//! while it is written, so the kernel frees it whatever ends the process,
+//! a SIGKILL or an abort included. On commit it is synced, linked under a
+//! hidden name (`.outcore-partial-*.tmp`, through `/proc/self/fd`) and at
+//! once renamed over the target; only that instant has a name to leave.
+//! Where `O_TMPFILE` is refused (a filesystem or kernel without it, no
+//! `/proc`) the temporary file is named from the start: it is removed
+//! when dropped, and when a signal ends the run the command line's
+//! handler removes those registered here with [`remove_partial_outputs`];
+//! a SIGKILL leaves it.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -36,9 +45,10 @@ pub(crate) fn open_input(path: &Path) -> Result<(File, u64)> {
 ///
 /// Bytes go to a temporary file next to the target (same directory, so the
 /// final rename stays on one filesystem), created with mode 0666 less the
-/// umask, as other tools' outputs are; [`AtomicFile::commit`] syncs it and
-/// renames it over the target. Dropped without a commit, the temporary
-/// file is removed and the target is untouched. A symlink to a regular
+/// umask, as other tools' outputs are, and without a name where the
+/// system allows (see the module's documentation); [`AtomicFile::commit`]
+/// syncs it and renames it over the target. Dropped without a commit, the
+/// temporary file is gone and the target is untouched. A symlink to a regular
 /// file is followed: the file it points to is replaced, the link stays.
 ///
 /// Two targets are written in place instead: `-` (standard output) and an
@@ -48,13 +58,15 @@ pub(crate) fn open_input(path: &Path) -> Result<(File, u64)> {
 pub(crate) struct AtomicFile {
     out: Sink,
     path: PathBuf,
-    /// The temporary file's entry in [`PARTIAL`], dropped after `out`
+    /// A named temporary file's entry in [`PARTIAL`], dropped after `out`
     /// (so after the file is removed or renamed).
     _partial: Option<Partial>,
 }
 
-/// The temporary files of the outputs being written, for
-/// [`remove_partial_outputs`]; `closed` once it has run.
+/// The named temporary files of the outputs being written, for
+/// [`remove_partial_outputs`]; `closed` once it has run. Its lock also
+/// covers naming an unnamed one on commit, so a signal's cleanup comes
+/// before (the output is refused) or after (it is complete).
 static PARTIAL: Mutex<(Vec<PathBuf>, bool)> = Mutex::new((Vec::new(), false));
 
 /// A temporary file listed in [`PARTIAL`] while it lives.
@@ -88,7 +100,10 @@ pub fn remove_partial_outputs() {
 
 #[derive(Debug)]
 enum Sink {
-    /// A temporary file, renamed over the target on commit.
+    /// A temporary file without a name in this directory, named and
+    /// renamed over the target on commit.
+    Unnamed(BufWriter<File>, PathBuf),
+    /// A named temporary file, renamed over the target on commit.
     Temp(BufWriter<NamedTempFile>),
     /// An existing non-regular file, written in place.
     InPlace(BufWriter<File>),
@@ -137,11 +152,13 @@ impl AtomicFile {
                     .map_err(|e| Error::io(path, "cannot write", e))?;
                 Sink::InPlace(BufWriter::with_capacity(1 << 20, f))
             }
-            Target::Replace(real) => {
-                let (tmp, p) = temp_next_to(&real, path)?;
-                partial = Some(p);
-                Sink::Temp(BufWriter::with_capacity(1 << 20, tmp))
-            }
+            Target::Replace(real) => match temp_next_to(&real, path)? {
+                Temp::Unnamed(f, dir) => Sink::Unnamed(BufWriter::with_capacity(1 << 20, f), dir),
+                Temp::Named(tmp, p) => {
+                    partial = Some(p);
+                    Sink::Temp(BufWriter::with_capacity(1 << 20, tmp))
+                }
+            },
         };
         Ok(AtomicFile {
             out,
@@ -158,6 +175,7 @@ impl AtomicFile {
     /// Appends bytes.
     pub(crate) fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
         let r = match &mut self.out {
+            Sink::Unnamed(w, _) => w.write_all(bytes),
             Sink::Temp(w) => w.write_all(bytes),
             Sink::InPlace(w) => w.write_all(bytes),
             Sink::Stdout(w) => w.write_all(bytes),
@@ -171,6 +189,18 @@ impl AtomicFile {
         let path = self.path;
         let err = |e| Error::io(&path, "cannot write", e);
         match self.out {
+            Sink::Unnamed(w, dir) => {
+                let f = w.into_inner().map_err(|e| err(e.into_error()))?;
+                f.sync_all().map_err(err)?;
+                let list = match PARTIAL.lock() {
+                    Ok(p) => p,
+                    Err(e) => e.into_inner(),
+                };
+                if list.1 {
+                    return Err(interrupted(&path));
+                }
+                name_over(&f, &dir, &target_path(&path)).map_err(err)?;
+            }
             Sink::Temp(w) => {
                 let tmp = w.into_inner().map_err(|e| err(e.into_error()))?;
                 tmp.as_file().sync_all().map_err(err)?;
@@ -193,11 +223,28 @@ fn target_path(path: &Path) -> PathBuf {
     }
 }
 
+/// The error of an output started or committed after a signal's cleanup.
+fn interrupted(shown: &Path) -> Error {
+    Error::Output {
+        path: shown.to_path_buf(),
+        reason: "not written: the run was interrupted".into(),
+    }
+}
+
+/// A temporary file in a target's directory.
+enum Temp {
+    /// Without a name (`O_TMPFILE`), and the directory to name it in.
+    Unnamed(File, PathBuf),
+    /// Named, and its entry in [`PARTIAL`].
+    Named(NamedTempFile, Partial),
+}
+
 /// A temporary file, mode 0666 less the umask (the kernel applies it), in
-/// the directory of `real`, and its entry in [`PARTIAL`]; errors name
-/// `shown`. Made under [`PARTIAL`]'s lock, so a signal's cleanup either
-/// sees it or comes first and makes this fail.
-fn temp_next_to(real: &Path, shown: &Path) -> Result<(NamedTempFile, Partial)> {
+/// the directory of `real`: without a name where the system allows, else
+/// named and listed in [`PARTIAL`]. Errors name `shown`. Made under
+/// [`PARTIAL`]'s lock, so a signal's cleanup either sees it or comes
+/// first and makes this fail.
+fn temp_next_to(real: &Path, shown: &Path) -> Result<Temp> {
     use std::os::unix::fs::PermissionsExt;
     let dir = match real.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -208,11 +255,14 @@ fn temp_next_to(real: &Path, shown: &Path) -> Result<(NamedTempFile, Partial)> {
         Err(e) => e.into_inner(),
     };
     if list.1 {
-        return Err(Error::Output {
-            path: shown.to_path_buf(),
-            reason: "not written: the run was interrupted".into(),
-        });
+        return Err(interrupted(shown));
     }
+    if let Some(f) = unnamed_in(dir) {
+        return Ok(Temp::Unnamed(f, dir.to_path_buf()));
+    }
+    // Any failure of `O_TMPFILE` falls back here: where it is not
+    // supported, this works; where the directory cannot take a file, this
+    // fails with the reason.
     let tmp = tempfile::Builder::new()
         .prefix(".outcore-partial-")
         .suffix(".tmp")
@@ -221,7 +271,83 @@ fn temp_next_to(real: &Path, shown: &Path) -> Result<(NamedTempFile, Partial)> {
         .map_err(|e| Error::io(shown, "cannot write", plain(e)))?;
     list.0.push(tmp.path().to_path_buf());
     let entry = Partial(tmp.path().to_path_buf());
-    Ok((tmp, entry))
+    Ok(Temp::Named(tmp, entry))
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Set by a test to take the named fallback, as where `O_TMPFILE` is
+    /// refused.
+    static NO_TMPFILE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A new file without a name in `dir`, mode 0666 less the umask, that
+/// [`name_over`] can name; `None` where the filesystem, the kernel or a
+/// missing `/proc` do not allow it, or `dir` cannot take a file.
+#[cfg(target_os = "linux")]
+fn unnamed_in(dir: &Path) -> Option<File> {
+    use std::os::fd::FromRawFd;
+    #[cfg(test)]
+    if NO_TMPFILE.with(|n| n.get()) {
+        return None;
+    }
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+    let flags = libc::O_TMPFILE | libc::O_WRONLY | libc::O_CLOEXEC;
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; the
+    // mode is passed as the variadic argument `open` reads with O_TMPFILE.
+    let fd = unsafe { libc::open(c.as_ptr(), flags, 0o666 as libc::c_uint) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else; the
+    // `File` closes it.
+    let f = unsafe { File::from_raw_fd(fd) };
+    // Naming it on commit goes through /proc (a link with AT_EMPTY_PATH
+    // would need CAP_DAC_READ_SEARCH).
+    std::fs::metadata(proc_fd(&f)).ok()?;
+    Some(f)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn unnamed_in(_dir: &Path) -> Option<File> {
+    None
+}
+
+/// The `/proc` path of an open file's descriptor.
+fn proc_fd(f: &File) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))
+}
+
+/// Gives the unnamed file `f` of `dir` the name `to`, replacing what is
+/// there: `linkat` cannot replace a file, so it is linked under a new
+/// hidden name in `dir` and at once renamed over `to` (the link is
+/// removed if that fails).
+fn name_over(f: &File, dir: &Path, to: &Path) -> std::io::Result<()> {
+    let from = std::ffi::CString::new(proc_fd(f).into_os_string().into_encoded_bytes())?;
+    let linked = tempfile::Builder::new()
+        .prefix(".outcore-partial-")
+        .suffix(".tmp")
+        .make_in(dir, |name| {
+            let c = std::ffi::CString::new(name.as_os_str().as_encoded_bytes())?;
+            // SAFETY: both paths are NUL-terminated and outlive the call.
+            let r = unsafe {
+                libc::linkat(
+                    libc::AT_FDCWD,
+                    from.as_ptr(),
+                    libc::AT_FDCWD,
+                    c.as_ptr(),
+                    libc::AT_SYMLINK_FOLLOW,
+                )
+            };
+            if r != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+        .map_err(plain)?;
+    linked.persist(to).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// A `tempfile` error without the temporary file's name that `tempfile`
@@ -328,6 +454,7 @@ pub fn check_writable(path: &Path) -> Result<()> {
             }
             Ok(())
         }
+        // Without a name where the system allows: nothing to leave.
         Target::Replace(real) => temp_next_to(&real, path).map(drop),
     }
 }
@@ -422,6 +549,54 @@ mod tests {
         write_json(&p, &[1, 2]).unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "[\n  1,\n  2\n]");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn the_file_has_no_name_until_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.json");
+        std::fs::write(&p, "old").unwrap();
+        let mut f = AtomicFile::create(&p).unwrap();
+        f.write_all(b"new").unwrap();
+        assert!(matches!(f.out, Sink::Unnamed(..)), "{f:?}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        f.commit().unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "new");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn without_o_tmpfile_a_named_file_is_used() {
+        NO_TMPFILE.with(|n| n.set(true));
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.json");
+        std::fs::write(&real, "old").unwrap();
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let mut f = AtomicFile::create(&link).unwrap();
+        f.write_all(b"new").unwrap();
+        assert!(matches!(f.out, Sink::Temp(..)), "{f:?}");
+        let names = |d: &Path| -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        let during = names(dir.path());
+        assert_eq!(during.len(), 3, "{during:?}");
+        assert!(during[0].starts_with(".outcore-partial-"), "{during:?}");
+        f.commit().unwrap();
+        assert_eq!(names(dir.path()), ["link.json", "real.json"]);
+        assert_eq!(std::fs::read_to_string(&real).unwrap(), "new");
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+        let mut f = AtomicFile::create(&real).unwrap();
+        f.write_all(b"lost").unwrap();
+        drop(f);
+        assert_eq!(names(dir.path()), ["link.json", "real.json"]);
+        assert_eq!(std::fs::read_to_string(&real).unwrap(), "new");
+        NO_TMPFILE.with(|n| n.set(false));
     }
 
     #[test]

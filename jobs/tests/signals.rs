@@ -1,6 +1,7 @@
 //! Interrupted runs: Ctrl-C (SIGINT), SIGTERM and every other signal that
 //! ends a run remove the spill files and the partial outputs; a SIGKILL
-//! leaves nothing outside the spill directory.
+//! leaves nothing outside the spill directory, not even an output being
+//! written.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -132,16 +133,33 @@ fn left_in(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Waits until `dir` holds a name starting with `prefix`.
-fn wait_for_name(dir: &Path, prefix: &str, child: &mut Child) {
+/// Waits until `child` has written into a file of `dir` (named or not: an
+/// output being written may have no name), through its descriptors.
+fn wait_for_output(dir: &Path, child: &mut Child) {
+    let dir = std::fs::canonicalize(dir).unwrap();
+    let fds = format!("/proc/{}/fd", child.id());
     let start = Instant::now();
-    while !left_in(dir).iter().any(|n| n.starts_with(prefix)) {
+    loop {
+        let written = std::fs::read_dir(&fds)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                std::fs::read_link(e.path()).is_ok_and(|l| l.starts_with(&dir))
+                    && std::fs::metadata(e.path()).is_ok_and(|m| m.is_file() && m.len() > 0)
+            });
+        if written {
+            return;
+        }
         if let Some(st) = child.try_wait().unwrap() {
-            panic!("the run ended ({st:?}) before {prefix}* appeared");
+            panic!(
+                "the run ended ({st:?}) before writing into {}",
+                dir.display()
+            );
         }
         assert!(
             start.elapsed() < Duration::from_secs(60),
-            "no {prefix}* appeared in {}",
+            "nothing written into {}",
             dir.display()
         );
         std::thread::sleep(Duration::from_millis(10));
@@ -204,7 +222,7 @@ const SIGNALS: [i32; 8] = [
 
 #[test]
 fn any_ending_signal_removes_a_partial_output() {
-    // `gen` of 4 GiB: interrupted as soon as its temporary output exists
+    // `gen` of 4 GiB: interrupted as soon as its output is being written
     // (before, 822 MB of `.outcore-partial-*.tmp` stayed after 2 s).
     for sig in SIGNALS {
         let tmp = tempfile::tempdir().unwrap();
@@ -222,7 +240,7 @@ fn any_ending_signal_removes_a_partial_output() {
             ],
             false,
         );
-        wait_for_name(tmp.path(), ".outcore-partial-", &mut child);
+        wait_for_output(tmp.path(), &mut child);
         interrupt(&mut child, sig, tmp.path());
     }
 }
@@ -293,7 +311,7 @@ fn a_label_file_being_written_is_removed_on_interruption() {
         ],
         false,
     );
-    wait_for_name(run.path(), ".outcore-partial-", &mut child);
+    wait_for_output(run.path(), &mut child);
     interrupt(&mut child, libc::SIGTERM, run.path());
 }
 
@@ -315,10 +333,38 @@ fn a_signal_ignored_at_start_stays_ignored() {
         ],
         true,
     );
-    wait_for_name(tmp.path(), ".outcore-partial-", &mut child);
+    wait_for_output(tmp.path(), &mut child);
     // SAFETY: sending a signal to our own child process.
     unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
     std::thread::sleep(Duration::from_millis(300));
     assert!(child.try_wait().unwrap().is_none(), "SIGHUP ended the run");
     interrupt(&mut child, libc::SIGTERM, tmp.path());
+}
+
+#[test]
+fn sigkill_leaves_no_partial_output() {
+    // The OOM killer, a time limit or `kill -9` while `gen` writes: the
+    // output being written left a hidden `.outcore-partial-*.tmp` of
+    // hundreds of MB (a SIGKILL cannot be caught, so nothing removes it).
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("x.npy");
+    let mut child = spawn_in(
+        tmp.path(),
+        &[
+            "gen",
+            "--synthetic",
+            "2GiB",
+            "--dims",
+            "64",
+            "--output",
+            out.to_str().unwrap(),
+        ],
+        false,
+    );
+    wait_for_output(tmp.path(), &mut child);
+    child.kill().unwrap();
+    let st = child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+    assert_eq!(left_in(tmp.path()), Vec::<String>::new());
 }

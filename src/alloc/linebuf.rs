@@ -2,6 +2,31 @@
 //! no allocation, no panic. Shared by the trap's diagnostic and the
 //! LD_PRELOAD shim's stats line (included there by path).
 
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+/// The process's name in the diagnostic lines (see [`set_process_name`]):
+/// its bytes, then its length, published last.
+static NAME: [AtomicU8; 64] = [const { AtomicU8::new(0) }; 64];
+static NAME_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Names this process in the lines the allocator writes when memory runs
+/// out (`outcore: rank 2 of 4: out of memory: ...`), for a program that
+/// runs as one of several processes, such as an MPI rank. At most 64
+/// bytes are kept. Call it once, early; an empty name removes it.
+///
+/// ```
+/// outcore::set_process_name("rank 2 of 4");
+/// ```
+pub fn set_process_name(name: &str) {
+    let b = name.as_bytes();
+    let n = b.len().min(NAME.len());
+    NAME_LEN.store(0, Ordering::Release);
+    for (slot, &byte) in NAME.iter().zip(&b[..n]) {
+        slot.store(byte, Ordering::Relaxed);
+    }
+    NAME_LEN.store(n, Ordering::Release);
+}
+
 /// Bytes and decimal numbers appended to a stack buffer; excess is dropped.
 #[derive(Clone)]
 pub(crate) struct LineBuf {
@@ -43,6 +68,19 @@ impl LineBuf {
         let k = digits.len() - i;
         tmp[..k].copy_from_slice(&digits[i..]);
         self.push(&tmp[..k]);
+    }
+
+    /// Starts a diagnostic line: `outcore: `, then the process's name and
+    /// `: ` when one was set with [`set_process_name`].
+    pub(crate) fn prefix(&mut self) {
+        self.push(b"outcore: ");
+        let n = NAME_LEN.load(Ordering::Acquire);
+        if n > 0 {
+            for b in NAME.iter().take(n) {
+                self.push(&[b.load(Ordering::Relaxed)]);
+            }
+            self.push(b": ");
+        }
     }
 
     /// The text so far.

@@ -46,6 +46,7 @@ pub use account::{
 };
 pub(crate) use account::{thread_own_net, BypassGuard, EvictScope, COUNTERS};
 pub(crate) use jemalloc::{kept_pages, purge};
+pub use linebuf::set_process_name;
 pub(crate) use trap::{register, Evictor, Freed, Registration};
 
 /// The outcore global allocator: jemalloc with accounting and an allocation

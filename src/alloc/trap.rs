@@ -467,7 +467,8 @@ pub(crate) fn evict_external(bytes: usize) -> usize {
 /// the limit leaves (see `grow_hopeless`).
 pub(super) fn diagnose_refusal(size: usize) {
     let mut buf = LineBuf::new();
-    buf.push(b"outcore: out of memory: allocation of ");
+    buf.prefix();
+    buf.push(b"out of memory: allocation of ");
     buf.num(size as u64);
     if size > account::hard_limit() {
         buf.push(
@@ -501,7 +502,8 @@ fn push_usage(buf: &mut LineBuf) {
 /// the cap and the pinned executors.
 pub(super) fn diagnose(size: usize) {
     let mut buf = LineBuf::new();
-    buf.push(b"outcore: out of memory: allocation of ");
+    buf.prefix();
+    buf.push(b"out of memory: allocation of ");
     buf.num(size as u64);
     buf.push(b" bytes failed with ");
     push_usage(&mut buf);

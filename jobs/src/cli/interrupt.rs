@@ -9,8 +9,16 @@
 //! signals. A signal the process was started with ignored stays ignored
 //! (`nohup` ignores SIGHUP; Rust ignores SIGPIPE, so a closed pipe is an
 //! error on the write instead). SIGXFSZ is ignored too: a file grown past
-//! `ulimit -f` fails its write with one line naming it. Signals of faults
-//! (SIGSEGV, SIGBUS, SIGABRT, ...) and SIGKILL are not caught.
+//! `ulimit -f` fails its write with one line naming it. SIGABRT (an
+//! allocation that failed after the allocator's out-of-memory line, or
+//! any other abort) gets the same cleanup, within a few seconds, and then
+//! the abort goes on. Signals of faults (SIGSEGV, SIGBUS, ...) and SIGKILL
+//! are not caught (the next runtime in the same spill directory removes a
+//! dead one's files).
+//!
+//! Under MPI, `mpirun` ends the other ranks with SIGTERM both when the user
+//! presses Ctrl-C and when one rank fails (its own line says why): ranks
+//! stopped by SIGTERM clean up and exit without a line of their own.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -28,6 +36,13 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 /// The write end of the pipe the signal handler writes the signal's
 /// number to (-1 before [`install_cleanup`]).
 static PIPE: AtomicI32 = AtomicI32::new(-1);
+
+/// Set when the process is one of several MPI ranks.
+static RANKED: AtomicBool = AtomicBool::new(false);
+
+/// How long an aborting thread waits for the cleanup before the abort goes
+/// on (the cleanup allocates: after heap damage it could wait forever).
+const ABORT_CLEANUP_MS: libc::c_int = 5000;
 
 /// Whether the run was interrupted by a signal.
 pub fn interrupted() -> bool {
@@ -62,12 +77,38 @@ fn handled() -> Vec<libc::c_int> {
 }
 
 /// The signal handler: async-signal-safe, it only writes the signal's
-/// number to the pipe (errno kept for the code it interrupted).
+/// number to the pipe (errno kept for the code it interrupted). For
+/// SIGABRT it then waits (the abort ends the process once the handler
+/// returns) until the cleanup thread exits the process, at most
+/// [`ABORT_CLEANUP_MS`]; a second abort, or one from the cleanup itself,
+/// goes on at once.
 extern "C" fn on_signal(sig: libc::c_int) {
     let fd = PIPE.load(Ordering::SeqCst);
     if fd < 0 {
         return;
     }
+    if sig == libc::SIGABRT {
+        if ABORTING.swap(true, Ordering::SeqCst) || CLEANING.load(Ordering::SeqCst) {
+            return;
+        }
+        notify(fd, sig);
+        // SAFETY: poll with no descriptors only sleeps (async-signal-safe).
+        unsafe {
+            libc::poll(std::ptr::null_mut(), 0, ABORT_CLEANUP_MS);
+        }
+        return;
+    }
+    notify(fd, sig);
+}
+
+/// Set by the first SIGABRT.
+static ABORTING: AtomicBool = AtomicBool::new(false);
+
+/// Set while the cleanup thread runs.
+static CLEANING: AtomicBool = AtomicBool::new(false);
+
+/// Writes the signal's number to the pipe, keeping errno.
+fn notify(fd: libc::c_int, sig: libc::c_int) {
     // SAFETY: `__errno_location` returns this thread's errno; `write` is
     // async-signal-safe and reads one byte from a live local.
     unsafe {
@@ -81,7 +122,8 @@ extern "C" fn on_signal(sig: libc::c_int) {
 /// Installs the handlers, and the thread that, on a signal, removes the
 /// spill directories and partial outputs and exits with code 128 + the
 /// signal's number.
-pub(super) fn install_cleanup() {
+pub(super) fn install_cleanup(ranked: bool) {
+    RANKED.store(ranked, Ordering::SeqCst);
     let mut fds = [-1; 2];
     // SAFETY: `fds` has room for the two descriptors.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -102,17 +144,30 @@ pub(super) fn install_cleanup() {
             on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
         );
     }
+    // Replacing any handler: the MPI library's prints a 20-line backtrace
+    // after the line that says why, and removes nothing.
+    set_action(
+        libc::SIGABRT,
+        on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        true,
+    );
     take_over(libc::SIGXFSZ, libc::SIG_IGN);
 }
 
 /// Sets `sig`'s action to `action` when it is still the default one.
 fn take_over(sig: libc::c_int, action: libc::sighandler_t) {
+    set_action(sig, action, false);
+}
+
+/// Sets `sig`'s action to `action`, when it is still the default one or
+/// whatever it is (`replace`).
+fn set_action(sig: libc::c_int, action: libc::sighandler_t, replace: bool) {
     // SAFETY: sigaction structs are plain data, valid when zeroed; the
     // calls read and write only them.
     unsafe {
         let mut old: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
-            || old.sa_sigaction != libc::SIG_DFL
+            || (old.sa_sigaction != libc::SIG_DFL && !replace)
         {
             return;
         }
@@ -138,6 +193,7 @@ fn wait_and_clean(fd: libc::c_int) {
             return;
         }
     }
+    CLEANING.store(true, Ordering::SeqCst);
     INTERRUPTED.store(true, Ordering::SeqCst);
     // No output is begun from now on; those begun are removed.
     outcore_jobs::remove_partial_outputs();
@@ -154,10 +210,16 @@ fn wait_and_clean(fd: libc::c_int) {
         }
     }
     let sig = libc::c_int::from(b);
-    say!(
-        "outcore: interrupted by {}; spill files and partial outputs removed",
-        name(sig)
-    );
+    // An abort has said why (the out-of-memory line); a rank stopped by
+    // mpirun leaves the line to the rank that failed, or to the user's
+    // Ctrl-C.
+    let quiet = sig == libc::SIGABRT || (sig == libc::SIGTERM && RANKED.load(Ordering::SeqCst));
+    if !quiet {
+        say!(
+            "outcore: interrupted by {}; spill files and partial outputs removed",
+            name(sig)
+        );
+    }
     std::process::exit(128 + sig);
 }
 

@@ -193,8 +193,12 @@ impl Given {
 /// Runs a parsed command line as one of `ranks`; `given` tells which
 /// flags were typed.
 pub fn run(cli: Cli, given: &Given, ranks: &Ranks) -> Result<()> {
-    interrupt::install_cleanup();
     SILENT.store(!ranks.is_root(), Ordering::Relaxed);
+    if ranks.size() > 1 {
+        // The allocator's out-of-memory line names the rank too.
+        outcore::set_process_name(&format!("rank {} of {}", ranks.rank(), ranks.size()));
+    }
+    interrupt::install_cleanup(ranks.size() > 1);
     let one = |what: &str| -> Result<()> {
         if ranks.size() > 1 {
             return Err(Error::Input(format!(
