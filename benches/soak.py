@@ -26,7 +26,8 @@ output and time. Then each run picks a configuration and at random:
 
 Every run and pair of one iteration share one TMPDIR, which is also the
 parent of `--spill-dir` (given explicitly to about half the runs);
-outputs go to a directory next to it. Core dumps are off in the child.
+outputs go to a directory next to it. In the child, core dumps are off
+and the signals sent have their default dispositions.
 
 Each run is judged:
 
@@ -123,6 +124,11 @@ def prepare(binary, work):
 
 def preexec(limit):
     def f():
+        # Default dispositions whatever launched the soak (`nohup` ignores
+        # SIGHUP, a shell's `&` SIGINT and SIGQUIT; an ignored signal
+        # stays ignored in outcore, as documented).
+        for s in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_DFL)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if limit is not None:
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
