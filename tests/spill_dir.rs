@@ -309,3 +309,29 @@ fn a_world_writable_spill_directory_needs_the_sticky_bit() {
         .mode();
     assert_eq!(mode & 0o7777, 0o700);
 }
+
+/// Runtimes started at once in one parent: each one's sweep runs while
+/// the others create their directories, and never takes one being made.
+/// A sweeper used to remove a directory between its `mkdir` and its
+/// lock, and the runtime being built failed ("No such file or
+/// directory"), as a CI run of two test binaries sharing /tmp did.
+#[test]
+fn runtimes_started_at_once_in_one_parent_all_start() {
+    let parent = tempfile::tempdir().unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..6 {
+            s.spawn(|| {
+                for _ in 0..60 {
+                    let rt = Runtime::builder()
+                        .spill_dir(parent.path())
+                        .workers(1)
+                        .build();
+                    if let Err(e) = rt {
+                        panic!("a runtime did not start: {e}");
+                    }
+                }
+            });
+        }
+    });
+    assert!(entries(parent.path()).is_empty());
+}

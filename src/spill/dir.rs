@@ -31,7 +31,7 @@
 use std::fs::DirBuilder;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
@@ -128,12 +128,18 @@ impl PrivateDir {
                     source,
                 }
             };
-            // The umask may have taken bits off.
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))
-                .map_err(fail)?;
+            // Locked before anything else is done to it: until then another
+            // runtime's sweep may take it for a dead one's and remove it
+            // (a chmod by path in between failed with "No such file or
+            // directory" when runtimes started at once).
             let Some(lock) = lock_new(&path).map_err(fail)? else {
                 continue;
             };
+            // The umask may have taken bits off.
+            // SAFETY: a plain syscall on the descriptor the lock owns.
+            if unsafe { libc::fchmod(lock.fd, 0o700) } != 0 {
+                return Err(fail(io::Error::last_os_error()));
+            }
             let dir = PrivateDir {
                 path,
                 _lock: lock,
