@@ -166,6 +166,13 @@ fn wait_for_output(dir: &Path, child: &mut Child) {
     }
 }
 
+/// `outcore gen` of `size` (64-D) into `out`, as [`spawn_in`] starts it.
+fn spawn_gen(tmp: &Path, size: &str, out: &Path, sighup_ignored: bool) -> Child {
+    let out = out.to_str().unwrap();
+    let args = ["gen", "--synthetic", size, "--dims", "64", "--output", out];
+    spawn_in(tmp, &args, sighup_ignored)
+}
+
 /// `outcore <args>` with a private TMPDIR (where the spill goes), its
 /// outputs limited to 1 GiB (`ulimit -f`) in case a signal is missed, and
 /// `sighup_ignored` as `nohup` leaves it.
@@ -227,19 +234,7 @@ fn any_ending_signal_removes_a_partial_output() {
     for sig in SIGNALS {
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("data.npy");
-        let mut child = spawn_in(
-            tmp.path(),
-            &[
-                "gen",
-                "--synthetic",
-                "4GiB",
-                "--dims",
-                "64",
-                "--output",
-                out.to_str().unwrap(),
-            ],
-            false,
-        );
+        let mut child = spawn_gen(tmp.path(), "4GiB", &out, false);
         wait_for_output(tmp.path(), &mut child);
         interrupt(&mut child, sig, tmp.path());
     }
@@ -320,19 +315,7 @@ fn a_signal_ignored_at_start_stays_ignored() {
     // `nohup outcore ...`: SIGHUP must not end the run.
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("data.npy");
-    let mut child = spawn_in(
-        tmp.path(),
-        &[
-            "gen",
-            "--synthetic",
-            "4GiB",
-            "--dims",
-            "64",
-            "--output",
-            out.to_str().unwrap(),
-        ],
-        true,
-    );
+    let mut child = spawn_gen(tmp.path(), "4GiB", &out, true);
     wait_for_output(tmp.path(), &mut child);
     // SAFETY: sending a signal to our own child process.
     unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
@@ -348,19 +331,7 @@ fn sigkill_leaves_no_partial_output() {
     // hundreds of MB (a SIGKILL cannot be caught, so nothing removes it).
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("x.npy");
-    let mut child = spawn_in(
-        tmp.path(),
-        &[
-            "gen",
-            "--synthetic",
-            "2GiB",
-            "--dims",
-            "64",
-            "--output",
-            out.to_str().unwrap(),
-        ],
-        false,
-    );
+    let mut child = spawn_gen(tmp.path(), "2GiB", &out, false);
     wait_for_output(tmp.path(), &mut child);
     child.kill().unwrap();
     let st = child.wait().unwrap();
