@@ -15,6 +15,17 @@ use std::time::Duration;
 use common::is_child;
 use outcore::{Error, Runtime};
 
+/// Held by each test that kills a runtime or starts many: they run one at
+/// a time, so that one's runtimes and forks (this process's fork handler,
+/// its lock descriptors) never overlap another's kill-and-sweep check.
+/// `a_killed_runtimes_children_do_not_keep_its_spill_directory` failed
+/// once in CI while the test starting 360 runtimes ran beside it.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The parent directory a child process spills into.
 const PARENT_VAR: &str = "OUTCORE_TEST_SPILL_PARENT";
 
@@ -146,6 +157,7 @@ fn wait_for_stdin() {
 /// spill directory, and no later run removed it.
 #[test]
 fn a_killed_runtimes_spill_directory_is_removed_by_the_next_runtime() {
+    let _serial = serial();
     const T: &str = "a_killed_runtimes_spill_directory_is_removed_by_the_next_runtime";
     if is_child(T) {
         let _rt = child_runtime();
@@ -173,6 +185,7 @@ fn a_killed_runtimes_spill_directory_is_removed_by_the_next_runtime() {
 /// forked without `exec` (the fork handler drops the child's copy).
 #[test]
 fn a_killed_runtimes_children_do_not_keep_its_spill_directory() {
+    let _serial = serial();
     const T: &str = "a_killed_runtimes_children_do_not_keep_its_spill_directory";
     if is_child(T) {
         let _rt = child_runtime();
@@ -216,6 +229,7 @@ fn a_killed_runtimes_children_do_not_keep_its_spill_directory() {
 /// of the same process, or one in another process.
 #[test]
 fn a_live_runtimes_spill_directory_is_left_alone() {
+    let _serial = serial();
     const T: &str = "a_live_runtimes_spill_directory_is_left_alone";
     if is_child(T) {
         let (rt, h) = child_runtime();
@@ -317,6 +331,7 @@ fn a_world_writable_spill_directory_needs_the_sticky_bit() {
 /// directory"), as a CI run of two test binaries sharing /tmp did.
 #[test]
 fn runtimes_started_at_once_in_one_parent_all_start() {
+    let _serial = serial();
     let parent = tempfile::tempdir().unwrap();
     std::thread::scope(|s| {
         for _ in 0..6 {
