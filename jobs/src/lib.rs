@@ -69,6 +69,7 @@ pub mod kmeans;
 pub mod npy;
 mod par;
 pub mod ranks;
+mod session;
 pub mod timeline;
 pub mod train;
 
@@ -77,6 +78,7 @@ pub use files::{
     check_outputs, check_room, check_writable, remove_partial_outputs, write_file, write_json,
 };
 pub use input::{BlockReader, InputReads, Labels, Partitioned, Source};
+pub use session::{ProcessTotals, Report, Session, Totals};
 
 /// Runs `batch` and hands each task's result to `each` in submission order
 /// as it comes (see [`outcore::Batch::run_in_order`]). Every task runs; the

@@ -132,14 +132,19 @@ fn check_agreement(names: &[&str], n: usize, all: &[u64]) -> Result<()> {
 }
 
 /// The processes a job runs on: one, or the ranks of `MPI_COMM_WORLD`.
+///
+/// Clones share the one MPI world (finalised when the last is dropped),
+/// so a [`Session`](crate::Session) and its caller can both hold it.
+#[derive(Clone)]
 pub struct Ranks {
     inner: Inner,
 }
 
+#[derive(Clone)]
 enum Inner {
     Single,
     #[cfg(feature = "mpi")]
-    Mpi(mpi_impl::World),
+    Mpi(std::rc::Rc<mpi_impl::World>),
 }
 
 impl std::fmt::Debug for Ranks {
@@ -164,7 +169,7 @@ impl Ranks {
     #[cfg(feature = "mpi")]
     pub fn init() -> Result<Ranks> {
         Ok(Ranks {
-            inner: Inner::Mpi(mpi_impl::World::init()?),
+            inner: Inner::Mpi(std::rc::Rc::new(mpi_impl::World::init()?)),
         })
     }
 

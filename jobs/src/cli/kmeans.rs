@@ -7,13 +7,15 @@ use clap::{Args, ValueEnum};
 use outcore::{format_bytes, MemoryCap, Stats};
 use outcore_jobs::kmeans::{self, Algorithm, Config, Event, Init};
 use outcore_jobs::ranks::Ranks;
-use outcore_jobs::{check_outputs, npy, write_json, Error, Result, Source};
+use outcore_jobs::{
+    check_outputs, npy, write_json, Error, ProcessTotals, Result, Session, Source, Totals,
+};
 use serde::Serialize;
 
 use super::progress::Feedback;
 use super::{
     cap_over_limit, file_source, named, plural, positive, runtime, synthetic_source, warn_dims,
-    warn_failed_writes, Given, MemoryArgs, Outputs, Phases, RankStats,
+    warn_failed_writes, Given, MemoryArgs, Outputs,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -156,18 +158,9 @@ struct KmeansStats<'a> {
     /// number of steps that did.
     combine_seconds: f64,
     combines: usize,
-    evictions: u64,
-    trap_evictions: u64,
-    clean_evictions: u64,
-    loads: u64,
-    prefetch_hits: u64,
-    bytes_written: u64,
-    /// Spill files and input file together.
-    bytes_read: u64,
-    /// The input file (executors built and rebuilt from it).
-    input_bytes_read: u64,
-    peak_bytes: u64,
-    wall_seconds: f64,
+    /// Every process's added up.
+    #[serde(flatten)]
+    totals: Totals,
     load_seconds: f64,
     /// The initialisation (k-means++, random or given centres).
     init_seconds: f64,
@@ -182,12 +175,11 @@ struct KmeansStats<'a> {
     /// MPI processes; the counters above are their totals, `peak_bytes`
     /// and `wall_seconds` the largest.
     processes: usize,
-    per_process: &'a [RankStats],
+    per_process: &'a [ProcessTotals],
 }
 
 /// Runs `outcore kmeans`.
 pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
-    let wall = Instant::now();
     warn_dims(given, a.data.input.as_deref());
     if a.data.input.is_some() {
         given.warn_unused(
@@ -343,6 +335,13 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         Some(_) => MemoryCap::Auto,
     };
     let (rt, part_bytes) = runtime(&a.mem, default_cap, data_bytes, ranks)?;
+    let mut session = Session::on(rt, ranks.clone());
+    // Under MPI, the timeline is rank 0's.
+    if let Some(p) = &a.mem.timeline {
+        session.record_timeline(p, "load")?;
+    }
+    let session = session;
+    let rt = session.runtime();
     let part_bytes = kmeans::aligned_partition_bytes(part_bytes, dims, a.task_points);
     // Shown with the start lines, after the initialisation: an input error
     // found before stays the only line.
@@ -356,17 +355,11 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             rt.workers(),
         )
     });
-    // Under MPI, the timeline is rank 0's.
-    let phases = if ranks.is_root() {
-        Phases::start(&rt, &a.mem, "load")?
-    } else {
-        Phases(None)
-    };
     let mut fb = Feedback::new();
     fb.stage("loading", rows);
     let t = Instant::now();
     let ds = kmeans::load_on(
-        &rt,
+        rt,
         &src,
         a.sample_weight.as_deref(),
         &cfg,
@@ -378,7 +371,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     // The partitions' mean size (they are cut shard by shard).
     let held: u64 = ds.part_rows.iter().map(|&n| u64::from(n)).sum();
     let part_size = held * dims as u64 * 4 / ds.parts.len().max(1) as u64;
-    phases.add_reads(ds.input_reads());
+    session.add_reads(ds.input_reads());
     // The start lines wait for the initialisation, which reads the data
     // (k-means++ and random samples read every partition): an input error
     // found on the way is then the only line the user sees.
@@ -421,7 +414,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         ));
     }
     intro.extend(small_cap);
-    intro.extend(cap_over_limit(&rt).filter(|_| ranks.is_root()));
+    intro.extend(cap_over_limit(rt).filter(|_| ranks.is_root()));
     let passes = match cfg.algorithm {
         Algorithm::MiniBatch => cfg.epochs,
         Algorithm::Lloyd => cfg.iterations,
@@ -435,14 +428,14 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     let mut last = rt.stats();
     // Bytes read from disk: spill files and, for executors rebuilt from
     // the input file, the input.
-    let mut last_read = last.bytes_read + ds.input_bytes_read();
+    let mut last_read = last.bytes_read + session.input_bytes_read();
     let mut init_seconds = 0.0;
     let mut init_read = 0;
     let mut epoch_read = Vec::new();
     let mut epoch_written = Vec::new();
     let mut run_prefix = String::new();
-    phases.set("init");
-    let out = kmeans::run_on(&rt, &ds, &cfg, ranks, |ev| match ev {
+    session.phase("init");
+    let out = kmeans::run_on(rt, &ds, &cfg, ranks, |ev| match ev {
         Event::Progress { done, .. } => fb.progress(done),
         Event::Run { index, of } => {
             for l in intro.drain(..) {
@@ -450,13 +443,13 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             }
             fb.line(&format!("run {}/{of}:", index + 1));
             run_prefix = format!("run {}: ", index + 1);
-            phases.set(&format!("{run_prefix}init"));
+            session.phase(&format!("{run_prefix}init"));
         }
         Event::RunDone { index, inertia } => {
             fb.line(&format!("run {}: final inertia {inertia:.6e}", index + 1));
             fb.stage(&format!("{word} 1/{passes}"), rows);
         }
-        Event::FinalPass => phases.set(&format!("{run_prefix}final pass")),
+        Event::FinalPass => session.phase(&format!("{run_prefix}final pass")),
         Event::Converged { steps, why } => {
             fb.line(&format!(
                 "converged after {}: {}",
@@ -472,9 +465,9 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 fb.line(&l);
             }
             init_seconds = seconds;
-            phases.set(&format!("{run_prefix}{word} 1"));
+            session.phase(&format!("{run_prefix}{word} 1"));
             let s = rt.stats();
-            let read = s.bytes_read + ds.input_bytes_read();
+            let read = s.bytes_read + session.input_bytes_read();
             fb.line(&format!(
                 "initialised in {seconds:.2}s: loads {}, read {}",
                 s.loads - last.loads,
@@ -490,7 +483,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             inertia,
         } => {
             let s = rt.stats();
-            let read = s.bytes_read + ds.input_bytes_read();
+            let read = s.bytes_read + session.input_bytes_read();
             fb.line(&format!(
                 "{word} {}/{passes}: {seconds:.2}s, inertia {inertia:.6e}, evictions {} (clean {}), loads {}, read {}, written {}",
                 index + 1,
@@ -506,12 +499,12 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             last_read = read;
             if index + 1 < passes {
                 fb.stage(&format!("{word} {}/{passes}", index + 2), rows);
-                phases.set(&format!("{run_prefix}{word} {}", index + 2));
+                session.phase(&format!("{run_prefix}{word} {}", index + 2));
             }
         }
     })?;
     fb.done();
-    phases.set("output");
+    session.phase("output");
     // Rank 0 writes the outputs.
     let mut outs = Outputs::new(&[
         ("--output", if ranks.is_root() { &a.output } else { &None }),
@@ -536,16 +529,16 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         )?;
     }
     // The timeline ends with the totals, so the two agree.
-    let s = rt.stats();
-    outs.write("--timeline", phases.finish(&s))?;
-    let wall_seconds = wall.elapsed().as_secs_f64();
-    let mine = RankStats::of(ranks.rank(), &rt, &s, ds.input_bytes_read(), wall_seconds);
-    warn_failed_writes(&rt, &s);
+    let s = session.runtime().stats();
+    let mut session = session;
+    outs.write("--timeline", session.finish_timeline(&s))?;
+    let rt = session.runtime();
+    warn_failed_writes(rt, &s);
     // Every rank's figures, on rank 0 (the others are done).
-    let Some(per) = RankStats::gather(mine, ranks).map_err(|e| outs.failed(e))? else {
+    let Some(report) = session.report().map_err(|e| outs.failed(e))? else {
         return Ok(());
     };
-    let tot = RankStats::total(&per);
+    let tot = report.total;
     if let Some(p) = &a.mem.stats {
         let r = write_json(
             p,
@@ -577,25 +570,16 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 weighted: a.sample_weight.is_some(),
                 combine_seconds: out.combine_seconds,
                 combines: out.combines,
-                evictions: tot.evictions,
-                trap_evictions: tot.trap_evictions,
-                clean_evictions: tot.clean_evictions,
-                loads: tot.loads,
-                prefetch_hits: tot.prefetch_hits,
-                bytes_written: tot.bytes_written,
-                bytes_read: tot.bytes_read,
-                input_bytes_read: tot.input_bytes_read,
-                peak_bytes: tot.peak_bytes,
-                wall_seconds: tot.wall_seconds,
+                totals: tot,
                 load_seconds,
                 init_seconds,
                 init_bytes_read: init_read,
-                mem_cap_bytes: per.iter().filter_map(|r| r.mem_cap_bytes).max(),
+                mem_cap_bytes: report.mem_cap_bytes,
                 policy: &rt.policy().to_string(),
                 workers: rt.workers(),
                 runtime: &s,
                 processes,
-                per_process: &per,
+                per_process: &report.per_process,
             },
         );
         outs.write("--stats", r)?;

@@ -40,9 +40,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use clap::{Args, Parser, Subcommand};
 use outcore::{format_bytes, parse_size, EvictionPolicy, MemoryCap, Runtime, Stats};
 use outcore_jobs::ranks::Ranks;
-use outcore_jobs::timeline::{self, Timeline};
-use outcore_jobs::{Error, InputReads, Result, Source};
-use serde::Serialize;
+use outcore_jobs::{Error, Result, Source};
 
 /// Set on MPI ranks other than 0: they print no progress or summaries.
 static SILENT: AtomicBool = AtomicBool::new(false);
@@ -119,42 +117,6 @@ struct MemoryArgs {
     timeline: Option<PathBuf>,
 }
 
-/// The `--timeline` sampler, when one was asked for.
-struct Phases(Option<Timeline>);
-
-impl Phases {
-    /// Starts sampling `rt` into `--timeline`'s file, in phase `first`.
-    fn start(rt: &Runtime, m: &MemoryArgs, first: &str) -> Result<Phases> {
-        Ok(Phases(match &m.timeline {
-            Some(p) => Some(Timeline::start(rt, p, timeline::PERIOD, first)?),
-            None => None,
-        }))
-    }
-
-    /// Sets the phase of the next samples.
-    fn set(&self, name: &str) {
-        if let Some(t) = &self.0 {
-            t.phase(name);
-        }
-    }
-
-    /// Counts an input file's reads in the timeline's bytes read.
-    fn add_reads(&self, r: InputReads) {
-        if let Some(t) = &self.0 {
-            t.add_reads(r);
-        }
-    }
-
-    /// Writes the last sample, showing `stats` (the run's totals), and
-    /// closes the file.
-    fn finish(self, stats: &Stats) -> Result<()> {
-        if let Some(t) = self.0 {
-            t.finish_at(stats)?;
-        }
-        Ok(())
-    }
-}
-
 /// The flags given on the command line (not defaults), to warn about
 /// those that do not apply to the run.
 #[derive(Debug, Default)]
@@ -214,97 +176,6 @@ pub fn run(cli: Cli, given: &Given, ranks: &Ranks) -> Result<()> {
         Cmd::Gen(a) => one("gen").and_then(|()| gen::run(a)),
         Cmd::Train(a) => train::run(*a, given, ranks),
         Cmd::Plot(a) => one("plot").and_then(|()| plot::run(a)),
-    }
-}
-
-/// One rank's figures in `--stats`.
-#[derive(Serialize, Debug, Clone, Copy)]
-struct RankStats {
-    rank: usize,
-    peak_bytes: u64,
-    evictions: u64,
-    trap_evictions: u64,
-    clean_evictions: u64,
-    loads: u64,
-    prefetch_hits: u64,
-    bytes_written: u64,
-    /// Spill files and input file together.
-    bytes_read: u64,
-    input_bytes_read: u64,
-    wall_seconds: f64,
-    mem_cap_bytes: Option<u64>,
-}
-
-impl RankStats {
-    fn of(rank: usize, rt: &Runtime, s: &Stats, input_read: u64, wall: f64) -> RankStats {
-        RankStats {
-            rank,
-            peak_bytes: s.peak_bytes,
-            evictions: s.evictions,
-            trap_evictions: s.trap_evictions,
-            clean_evictions: s.clean_evictions,
-            loads: s.loads,
-            prefetch_hits: s.prefetch_hits,
-            bytes_written: s.bytes_written,
-            bytes_read: s.bytes_read + input_read,
-            input_bytes_read: input_read,
-            wall_seconds: wall,
-            mem_cap_bytes: rt.cap(),
-        }
-    }
-
-    /// Every rank's figures, on rank 0 (`None` elsewhere). Collective.
-    fn gather(mine: RankStats, ranks: &Ranks) -> Result<Option<Vec<RankStats>>> {
-        let row = [
-            mine.peak_bytes as f64,
-            mine.evictions as f64,
-            mine.trap_evictions as f64,
-            mine.clean_evictions as f64,
-            mine.loads as f64,
-            mine.prefetch_hits as f64,
-            mine.bytes_written as f64,
-            mine.bytes_read as f64,
-            mine.input_bytes_read as f64,
-            mine.wall_seconds,
-            mine.mem_cap_bytes.map_or(-1.0, |c| c as f64),
-        ];
-        Ok(ranks.gather_rows(&row)?.map(|rows| {
-            rows.iter()
-                .enumerate()
-                .map(|(rank, r)| RankStats {
-                    rank,
-                    peak_bytes: r[0] as u64,
-                    evictions: r[1] as u64,
-                    trap_evictions: r[2] as u64,
-                    clean_evictions: r[3] as u64,
-                    loads: r[4] as u64,
-                    prefetch_hits: r[5] as u64,
-                    bytes_written: r[6] as u64,
-                    bytes_read: r[7] as u64,
-                    input_bytes_read: r[8] as u64,
-                    wall_seconds: r[9],
-                    mem_cap_bytes: (r[10] >= 0.0).then_some(r[10] as u64),
-                })
-                .collect()
-        }))
-    }
-
-    /// The ranks' counters added up; the largest peak and wall time.
-    fn total(all: &[RankStats]) -> RankStats {
-        let mut t = all[0];
-        for r in &all[1..] {
-            t.peak_bytes = t.peak_bytes.max(r.peak_bytes);
-            t.evictions += r.evictions;
-            t.trap_evictions += r.trap_evictions;
-            t.clean_evictions += r.clean_evictions;
-            t.loads += r.loads;
-            t.prefetch_hits += r.prefetch_hits;
-            t.bytes_written += r.bytes_written;
-            t.bytes_read += r.bytes_read;
-            t.input_bytes_read += r.input_bytes_read;
-            t.wall_seconds = t.wall_seconds.max(r.wall_seconds);
-        }
-        t
     }
 }
 

@@ -2,20 +2,19 @@
 //! model, streaming the input under the cap.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use clap::{ArgGroup, Args};
 use outcore::{format_bytes, MemoryCap, Stats};
 use outcore_jobs::kmeans::{self, Centers};
 use outcore_jobs::npy::{self, NpyWriter};
 use outcore_jobs::train::{self, Model};
-use outcore_jobs::{check_outputs, write_json, Error, Result};
+use outcore_jobs::{check_outputs, write_json, Error, Result, Session, Totals};
 use serde::Serialize;
 
 use super::progress::Feedback;
 use super::{
     cap_over_limit, file_source, named, runtime, warn_dims, warn_failed_writes, Given, MemoryArgs,
-    Outputs, Phases,
+    Outputs,
 };
 
 /// Flags of `outcore predict`.
@@ -62,14 +61,8 @@ struct PredictStats<'a> {
     /// Centres or classes.
     k: usize,
     partitions: usize,
-    evictions: u64,
-    loads: u64,
-    bytes_written: u64,
-    /// Spill files and input file together.
-    bytes_read: u64,
-    input_bytes_read: u64,
-    peak_bytes: u64,
-    wall_seconds: f64,
+    #[serde(flatten)]
+    totals: Totals,
     mem_cap_bytes: Option<u64>,
     runtime: &'a Stats,
 }
@@ -81,7 +74,6 @@ enum Predictor {
 
 /// Runs `outcore predict`.
 pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
-    let wall = Instant::now();
     warn_dims(given, Some(&a.input));
     let labels = Some(a.labels.clone());
     let input = Some(a.input.clone());
@@ -131,11 +123,16 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
         data_bytes,
         &outcore_jobs::ranks::Ranks::single(),
     )?;
-    let phases = Phases::start(&rt, &a.mem, "load")?;
+    let mut session = Session::new(rt);
+    if let Some(p) = &a.mem.timeline {
+        session.record_timeline(p, "load")?;
+    }
+    let session = session;
+    let rt = session.runtime();
     let mut fb = Feedback::new();
-    let ds = kmeans::load(&rt, &src, part_bytes, |_, _| {})?;
-    phases.add_reads(ds.input_reads());
-    phases.set("label");
+    let ds = kmeans::load(rt, &src, part_bytes, |_, _| {})?;
+    session.add_reads(ds.input_reads());
+    session.phase("label");
     fb.line(&format!(
         "outcore predict: {rows} points x {dims} dims ({}), {}, cap {}, {} workers",
         format_bytes(data_bytes),
@@ -146,7 +143,7 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers()
     ));
-    if let Some(w) = cap_over_limit(&rt) {
+    if let Some(w) = cap_over_limit(rt) {
         fb.line(&w);
     }
     fb.stage("labelling", rows);
@@ -167,7 +164,7 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
     };
     match &predictor {
         Predictor::Centres(c) => {
-            kmeans::predict(&rt, &ds, c, dists.is_some(), 1100, |l, d| {
+            kmeans::predict(rt, &ds, c, dists.is_some(), 1100, |l, d| {
                 put(l)?;
                 if let Some(w) = dists.as_mut() {
                     w.write(d)?;
@@ -175,7 +172,7 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
                 Ok(())
             })?;
         }
-        Predictor::Model(m) => train::predict(&rt, &ds, m, put)?,
+        Predictor::Model(m) => train::predict(rt, &ds, m, put)?,
     }
     let mut outs = Outputs::new(&[
         ("--labels", &Some(a.labels.clone())),
@@ -188,11 +185,12 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
         outs.write("--distances", w.finish())?;
     }
     fb.done();
-    let s = rt.stats();
-    outs.write("--timeline", phases.finish(&s))?;
-    warn_failed_writes(&rt, &s);
-    let read = s.bytes_read + ds.input_bytes_read();
-    let wall_seconds = wall.elapsed().as_secs_f64();
+    let s = session.runtime().stats();
+    let mut session = session;
+    outs.write("--timeline", session.finish_timeline(&s))?;
+    let rt = session.runtime();
+    warn_failed_writes(rt, &s);
+    let totals = session.totals(&s);
     if let Some(p) = &a.mem.stats {
         let r = write_json(
             p,
@@ -205,13 +203,7 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
                 dims,
                 k,
                 partitions: ds.parts.len(),
-                evictions: s.evictions,
-                loads: s.loads,
-                bytes_written: s.bytes_written,
-                bytes_read: read,
-                input_bytes_read: ds.input_bytes_read(),
-                peak_bytes: s.peak_bytes,
-                wall_seconds,
+                totals,
                 mem_cap_bytes: rt.cap(),
                 runtime: &s,
             },
@@ -219,12 +211,13 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
         outs.write("--stats", r)?;
     }
     tell!(
-        "done in {wall_seconds:.1}s: {rows} rows labelled; peak {}; evictions {}, loads {}, read {}, written {}",
-        format_bytes(s.peak_bytes),
-        s.evictions,
-        s.loads,
-        format_bytes(read),
-        format_bytes(s.bytes_written)
+        "done in {:.1}s: {rows} rows labelled; peak {}; evictions {}, loads {}, read {}, written {}",
+        totals.wall_seconds,
+        format_bytes(totals.peak_bytes),
+        totals.evictions,
+        totals.loads,
+        format_bytes(totals.bytes_read),
+        format_bytes(totals.bytes_written)
     );
     Ok(())
 }

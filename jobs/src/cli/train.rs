@@ -1,19 +1,20 @@
 //! `outcore train`: logistic regression with model state in executors.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use outcore::{format_bytes, MemoryCap, Stats};
 use outcore_jobs::ranks::Ranks;
 use outcore_jobs::train::{self, Solver, TrainConfig};
-use outcore_jobs::{check_outputs, npy, write_json, Error, Labels, Result};
+use outcore_jobs::{
+    check_outputs, npy, write_json, Error, Labels, ProcessTotals, Result, Session, Totals,
+};
 use serde::Serialize;
 
 use super::progress::Feedback;
 use super::{
     cap_over_limit, file_source, named, plural, positive, runtime, synthetic_source, warn_dims,
-    warn_failed_writes, Given, MemoryArgs, Outputs, Phases, RankStats,
+    warn_failed_writes, Given, MemoryArgs, Outputs,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -140,17 +141,9 @@ struct TrainStats<'a> {
     grad_max: Option<f64>,
     evaluations: Option<usize>,
     final_accuracy: Option<f64>,
-    evictions: u64,
-    trap_evictions: u64,
-    clean_evictions: u64,
-    loads: u64,
-    bytes_written: u64,
-    /// Spill files and input file together.
-    bytes_read: u64,
-    /// The input file (shards built and rebuilt from it).
-    input_bytes_read: u64,
-    peak_bytes: u64,
-    wall_seconds: f64,
+    /// Every process's added up.
+    #[serde(flatten)]
+    totals: Totals,
     /// Per process (the largest, under MPI).
     mem_cap_bytes: Option<u64>,
     /// Rank 0's runtime counters.
@@ -158,12 +151,11 @@ struct TrainStats<'a> {
     /// MPI processes; the counters above are their totals, `peak_bytes`
     /// and `wall_seconds` the largest.
     processes: usize,
-    per_process: &'a [RankStats],
+    per_process: &'a [ProcessTotals],
 }
 
 /// Runs `outcore train`.
 pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
-    let wall = Instant::now();
     warn_dims(given, a.input.as_deref());
     if a.input.is_some() {
         given.warn_unused(
@@ -252,6 +244,13 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     };
     // A shard holds 4 bytes per value and 4 per label.
     let (rt, shard_bytes) = runtime(&a.mem, default_cap, rows * (dims as u64 * 4 + 4), ranks)?;
+    let mut session = Session::on(rt, ranks.clone());
+    // Under MPI, the timeline is rank 0's.
+    if let Some(p) = &a.mem.timeline {
+        session.record_timeline(p, "load")?;
+    }
+    let session = session;
+    let rt = session.runtime();
     // Whole L-BFGS tasks per shard: the model does not depend on the
     // sharding.
     let shard_bytes = train::aligned_shard_bytes(shard_bytes, dims);
@@ -272,16 +271,10 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         seed: a.seed,
         shards: a.shards,
     };
-    // Under MPI, the timeline is rank 0's.
-    let phases = if ranks.is_root() {
-        Phases::start(&rt, &a.mem, "load")?
-    } else {
-        Phases(None)
-    };
     let mut fb = Feedback::new();
     fb.stage("loading", rows);
     let job = train::load_on(
-        &rt,
+        rt,
         &src,
         &labels,
         classes,
@@ -313,17 +306,16 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers()
     );
-    if let Some(w) = cap_over_limit(&rt) {
+    if let Some(w) = cap_over_limit(rt) {
         say!("{w}");
     }
-    phases.add_reads(job.input_reads.clone());
-    phases.set(match solver {
+    session.add_reads(job.input_reads.clone());
+    session.phase(match solver {
         Solver::Lbfgs => "iteration 1",
         Solver::Sgd => "round 1",
     });
     // Bytes read from disk: spill files and the input file.
-    let reads = job.input_reads.clone();
-    let read = move |s: &Stats| s.bytes_read + reads.bytes();
+    let read = |s: &Stats| s.bytes_read + session.input_bytes_read();
     let mut last = rt.stats();
     let mut last_read = read(&last);
     let mut moved = |rt: &outcore::Runtime| {
@@ -346,18 +338,18 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         })
     };
     let out = match solver {
-        Solver::Sgd => train::train_on(&rt, &job, &cfg, ranks, |r| {
+        Solver::Sgd => train::train_on(rt, &job, &cfg, ranks, |r| {
             say!(
                 "round {}/{}: {:.2}s{}, {}",
                 r.index + 1,
                 cfg.rounds,
                 r.seconds,
                 accuracy((cfg.holdout > 0.0).then_some(r.accuracy)),
-                moved(&rt)
+                moved(rt)
             );
-            phases.set(&format!("round {}", r.index + 2));
+            session.phase(&format!("round {}", r.index + 2));
         })?,
-        Solver::Lbfgs => train::train_lbfgs_on(&rt, &job, &cfg, ranks, |it| {
+        Solver::Lbfgs => train::train_lbfgs_on(rt, &job, &cfg, ranks, |it| {
             say!(
                 "iteration {}: {:.2}s, objective {:.6e}, max |gradient| {:.2e}{}, {} pass{}, {}",
                 it.index,
@@ -367,9 +359,9 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 accuracy(it.accuracy),
                 it.evaluations,
                 if it.evaluations == 1 { "" } else { "es" },
-                moved(&rt)
+                moved(rt)
             );
-            phases.set(&format!("iteration {}", it.index + 1));
+            session.phase(&format!("iteration {}", it.index + 1));
         })?,
     };
     if let (Some(stop), Some(it)) = (out.stop, &out.last) {
@@ -386,7 +378,7 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             stop.describe()
         );
     }
-    phases.set("output");
+    session.phase("output");
     // Rank 0 writes the outputs.
     let mut outs = Outputs::new(&[
         ("--output", if ranks.is_root() { &a.output } else { &None }),
@@ -400,16 +392,15 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         let shape = [job.classes as u64, job.dims as u64 + 1];
         outs.write("--output", npy::write_array(p, &shape, &out.model.w))?;
     }
-    let s = rt.stats();
-    outs.write("--timeline", phases.finish(&s))?;
-    warn_failed_writes(&rt, &s);
-    let wall_seconds = wall.elapsed().as_secs_f64();
-    let mine = RankStats::of(ranks.rank(), &rt, &s, job.input_reads.bytes(), wall_seconds);
+    let s = session.runtime().stats();
+    let mut session = session;
+    outs.write("--timeline", session.finish_timeline(&s))?;
+    warn_failed_writes(session.runtime(), &s);
     // Every rank's figures, on rank 0 (the others are done).
-    let Some(per) = RankStats::gather(mine, ranks).map_err(|e| outs.failed(e))? else {
+    let Some(report) = session.report().map_err(|e| outs.failed(e))? else {
         return Ok(());
     };
-    let tot = RankStats::total(&per);
+    let tot = report.total;
     let final_accuracy = match &out.last {
         Some(it) => it.accuracy,
         None => out
@@ -462,19 +453,11 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 grad_max: out.last.as_ref().map(|i| i.grad_max),
                 evaluations: out.last.as_ref().map(|i| i.evaluations),
                 final_accuracy,
-                evictions: tot.evictions,
-                trap_evictions: tot.trap_evictions,
-                clean_evictions: tot.clean_evictions,
-                loads: tot.loads,
-                bytes_written: tot.bytes_written,
-                bytes_read: tot.bytes_read,
-                input_bytes_read: tot.input_bytes_read,
-                peak_bytes: tot.peak_bytes,
-                wall_seconds: tot.wall_seconds,
-                mem_cap_bytes: per.iter().filter_map(|r| r.mem_cap_bytes).max(),
+                totals: tot,
+                mem_cap_bytes: report.mem_cap_bytes,
                 runtime: &s,
                 processes: ranks.size(),
-                per_process: &per,
+                per_process: &report.per_process,
             },
         );
         outs.write("--stats", r)?;

@@ -1,0 +1,305 @@
+//! The session: what every job shares, so a job's own code is its
+//! algorithm.
+//!
+//! ```text
+//!   Session ── the runtime (cap, workers, spill directory)
+//!     │     ── the ranks (one process is the one-rank case)
+//!     │     ── the phase and the --timeline sampler
+//!     │     ── the clock, and the input files' reads
+//!     ▼
+//!   job::load(&session, ..) ─► job::run(&session, ..) ─► session.report()
+//!                                                         Totals per rank,
+//!                                                         summed on rank 0
+//! ```
+//!
+//! A job's load registers the bytes its executors read from the input
+//! ([`Session::add_reads`]), so [`Session::bytes_read`] and the
+//! [`Totals`] count spill files and input together, the way `top`-minded
+//! users count a job's reads. [`Totals`] is one struct, flattened into
+//! each job's statistics.
+//!
+//! ```
+//! use outcore::Runtime;
+//! use outcore_jobs::Session;
+//! # #[global_allocator]
+//! # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+//!
+//! let session = Session::new(Runtime::builder().build()?);
+//! // ... load and run jobs on `session` ...
+//! let report = session.report()?.expect("one process is rank 0");
+//! assert_eq!(report.per_process.len(), 1);
+//! assert_eq!(report.total.evictions, 0);
+//! ```
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use outcore::{Runtime, Stats};
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::input::InputReads;
+use crate::ranks::Ranks;
+use crate::timeline::{self, Timeline};
+
+/// What every job needs: the runtime, the ranks, the phases and timeline,
+/// the clock and the input's reads.
+#[derive(Debug)]
+pub struct Session {
+    rt: Runtime,
+    ranks: Ranks,
+    timeline: Option<Timeline>,
+    started: Instant,
+    reads: Mutex<Vec<InputReads>>,
+}
+
+impl Session {
+    /// A session of one process on `rt`.
+    pub fn new(rt: Runtime) -> Session {
+        Session::on(rt, Ranks::single())
+    }
+
+    /// A session on `ranks` (each rank builds its own runtime `rt`).
+    pub fn on(rt: Runtime, ranks: Ranks) -> Session {
+        Session {
+            rt,
+            ranks,
+            timeline: None,
+            started: Instant::now(),
+            reads: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Samples memory and traffic into a CSV file at `path` every
+    /// [`timeline::PERIOD`], starting in phase `first` (see
+    /// [`Timeline`]). On MPI ranks other than 0 this does nothing: the
+    /// timeline is rank 0's.
+    pub fn record_timeline(&mut self, path: &Path, first: &str) -> Result<()> {
+        if self.ranks.is_root() {
+            let t = Timeline::start(&self.rt, path, timeline::PERIOD, first)?;
+            for r in self.input_reads() {
+                t.add_reads(r);
+            }
+            self.timeline = Some(t);
+        }
+        Ok(())
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    /// The ranks.
+    pub fn ranks(&self) -> &Ranks {
+        &self.ranks
+    }
+
+    /// Whether this process is rank 0 (always, on one process).
+    pub fn is_root(&self) -> bool {
+        self.ranks.is_root()
+    }
+
+    /// Names the phase the timeline's next samples belong to.
+    pub fn phase(&self, name: &str) {
+        if let Some(t) = &self.timeline {
+            t.phase(name);
+        }
+    }
+
+    /// Counts the reads of an input file (executors built and rebuilt
+    /// from it) in [`Session::bytes_read`], the totals and the timeline.
+    /// The jobs' loads call it.
+    pub fn add_reads(&self, r: InputReads) {
+        if let Some(t) = &self.timeline {
+            t.add_reads(r.clone());
+        }
+        if let Ok(mut v) = self.reads.lock() {
+            v.push(r);
+        }
+    }
+
+    fn input_reads(&self) -> Vec<InputReads> {
+        self.reads.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Bytes read from input files so far, on this process.
+    pub fn input_bytes_read(&self) -> u64 {
+        self.input_reads().iter().map(InputReads::bytes).sum()
+    }
+
+    /// Bytes read from disk so far on this process: spill files and input
+    /// files.
+    pub fn bytes_read(&self) -> u64 {
+        self.rt.stats().bytes_read + self.input_bytes_read()
+    }
+
+    /// Seconds since the session began.
+    pub fn seconds(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// This process's totals so far, from `stats` (the runtime's counters,
+    /// taken once by the caller so that every figure it shows agrees).
+    pub fn totals(&self, stats: &Stats) -> Totals {
+        let input = self.input_bytes_read();
+        Totals {
+            evictions: stats.evictions,
+            trap_evictions: stats.trap_evictions,
+            clean_evictions: stats.clean_evictions,
+            loads: stats.loads,
+            prefetch_hits: stats.prefetch_hits,
+            bytes_written: stats.bytes_written,
+            bytes_read: stats.bytes_read + input,
+            input_bytes_read: input,
+            peak_bytes: stats.peak_bytes,
+            wall_seconds: self.seconds(),
+        }
+    }
+
+    /// Writes the timeline's last sample, showing `stats` (so the file and
+    /// the totals agree), and closes it. Nothing without a timeline.
+    pub fn finish_timeline(&mut self, stats: &Stats) -> Result<()> {
+        if let Some(t) = self.timeline.take() {
+            t.finish_at(stats)?;
+        }
+        Ok(())
+    }
+
+    /// Every process's totals, on rank 0 (`None` on the other ranks).
+    /// Collective: every rank calls it, once, at the end of the job.
+    pub fn report(&self) -> Result<Option<Report>> {
+        let mine = self.totals(&self.rt.stats());
+        let cap = self.rt.cap();
+        let mut row = mine.to_row();
+        row.push(cap.map_or(-1.0, |c| c as f64));
+        let Some(rows) = self.ranks.gather_rows(&row)? else {
+            return Ok(None);
+        };
+        let per_process: Vec<ProcessTotals> = rows
+            .iter()
+            .enumerate()
+            .map(|(rank, r)| ProcessTotals {
+                rank,
+                totals: Totals::from_row(r),
+                mem_cap_bytes: r
+                    .get(Totals::FIELDS)
+                    .filter(|&&c| c >= 0.0)
+                    .map(|&c| c as u64),
+            })
+            .collect();
+        let mut total = mine;
+        if let Some((first, rest)) = per_process.split_first() {
+            total = first.totals;
+            for p in rest {
+                total.add(&p.totals);
+            }
+        }
+        Ok(Some(Report {
+            total,
+            mem_cap_bytes: per_process.iter().filter_map(|p| p.mem_cap_bytes).max(),
+            per_process,
+        }))
+    }
+}
+
+/// A job's memory and traffic: one process's, or every process's added up
+/// (the largest peak and wall time). Flattened into each job's statistics.
+#[derive(Serialize, Debug, Clone, Copy, Default, PartialEq)]
+pub struct Totals {
+    /// Executors written or dropped to make room.
+    pub evictions: u64,
+    /// Of those, evicted in the allocation trap.
+    pub trap_evictions: u64,
+    /// Of those, dropped with no write (a valid spill file or lineage).
+    pub clean_evictions: u64,
+    /// Executors loaded back.
+    pub loads: u64,
+    /// Loads done ahead of their task.
+    pub prefetch_hits: u64,
+    /// Bytes written to spill files.
+    pub bytes_written: u64,
+    /// Bytes read: spill files and input files together.
+    pub bytes_read: u64,
+    /// Of those, from input files (executors built and rebuilt from them).
+    pub input_bytes_read: u64,
+    /// The most memory accounted at once.
+    pub peak_bytes: u64,
+    /// Seconds from the session's start.
+    pub wall_seconds: f64,
+}
+
+impl Totals {
+    /// Number of figures in a row of [`Totals::to_row`].
+    const FIELDS: usize = 10;
+
+    fn to_row(self) -> Vec<f64> {
+        vec![
+            self.evictions as f64,
+            self.trap_evictions as f64,
+            self.clean_evictions as f64,
+            self.loads as f64,
+            self.prefetch_hits as f64,
+            self.bytes_written as f64,
+            self.bytes_read as f64,
+            self.input_bytes_read as f64,
+            self.peak_bytes as f64,
+            self.wall_seconds,
+        ]
+    }
+
+    fn from_row(r: &[f64]) -> Totals {
+        let at = |i: usize| r.get(i).copied().unwrap_or_default();
+        Totals {
+            evictions: at(0) as u64,
+            trap_evictions: at(1) as u64,
+            clean_evictions: at(2) as u64,
+            loads: at(3) as u64,
+            prefetch_hits: at(4) as u64,
+            bytes_written: at(5) as u64,
+            bytes_read: at(6) as u64,
+            input_bytes_read: at(7) as u64,
+            peak_bytes: at(8) as u64,
+            wall_seconds: at(9),
+        }
+    }
+
+    /// Adds `o`'s counters; keeps the larger peak and wall time.
+    fn add(&mut self, o: &Totals) {
+        self.evictions += o.evictions;
+        self.trap_evictions += o.trap_evictions;
+        self.clean_evictions += o.clean_evictions;
+        self.loads += o.loads;
+        self.prefetch_hits += o.prefetch_hits;
+        self.bytes_written += o.bytes_written;
+        self.bytes_read += o.bytes_read;
+        self.input_bytes_read += o.input_bytes_read;
+        self.peak_bytes = self.peak_bytes.max(o.peak_bytes);
+        self.wall_seconds = self.wall_seconds.max(o.wall_seconds);
+    }
+}
+
+/// One process's figures in a [`Report`].
+#[derive(Serialize, Debug, Clone, Copy)]
+pub struct ProcessTotals {
+    /// The MPI rank (0 on one process).
+    pub rank: usize,
+    /// Its totals.
+    #[serde(flatten)]
+    pub totals: Totals,
+    /// Its cap, if any.
+    pub mem_cap_bytes: Option<u64>,
+}
+
+/// Every process's totals at the end of a job, on rank 0.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// All processes added up: counters summed, the largest peak and wall
+    /// time.
+    pub total: Totals,
+    /// The largest cap of any process.
+    pub mem_cap_bytes: Option<u64>,
+    /// Each process's, in rank order.
+    pub per_process: Vec<ProcessTotals>,
+}
