@@ -223,43 +223,8 @@ impl Loader<'_> {
             Rows::Synthetic(b, _) => Some(Arc::new(b.clone())),
             _ => None,
         };
-        let mut label_file = None;
-        match self.labels {
-            None => {}
-            Some(Labels::Blobs) if blobs.is_none() => {
-                return Err(Error::Input(
-                    "labels from the blobs need synthetic data".into(),
-                ))
-            }
-            Some(Labels::Blobs) => {}
-            Some(Labels::File(p)) => {
-                let r = NpyInts::open(p)?;
-                if r.len() != rows {
-                    return Err(Error::Input(format!(
-                        "{}: {} labels for {rows} rows of data",
-                        p.display(),
-                        r.len()
-                    )));
-                }
-                label_file = Some(r);
-            }
-        }
-        let weight_file = match self.weights {
-            Some(p) => Some(open_weights(p, rows)?),
-            None => None,
-        };
-        let row_bytes = 4 * dims as u64 + if self.labels.is_some() { 4 } else { 0 };
-        let per = (self.part_bytes / row_bytes.max(1)).clamp(1, u64::from(u32::MAX));
-        let nparts = rows.div_ceil(per);
-        let mut parts = Vec::with_capacity(nparts as usize);
-        let mut part_rows = Vec::with_capacity(nparts as usize);
-        for p in 0..nparts {
-            let name = format!("{} {p}", self.name);
-            parts.push(rt.insert_named(Some(&name), T::default())?);
-            part_rows.push(per.min(rows - p * per) as u32);
-        }
-        rt.hint_cycle(parts.iter().map(|h| h.id()));
-
+        let mut extras = self.open_extras(rows, blobs.is_some())?;
+        let (parts, part_rows) = self.insert_empty::<T>(rt, rows, dims)?;
         let build = Arc::new(build);
         // Generated blocks: enough tasks to keep every worker busy. Read
         // blocks: one at a time, so one block is held outside the runtime.
@@ -268,7 +233,7 @@ impl Loader<'_> {
         } else {
             1
         };
-        let mut summaries = Vec::with_capacity(nparts as usize);
+        let mut summaries = Vec::with_capacity(parts.len());
         let mut first = 0u64;
         for (hs, ns) in parts.chunks(group).zip(part_rows.chunks(group)) {
             // The tasks build their executors from nothing: make room for
@@ -290,39 +255,15 @@ impl Loader<'_> {
                         Fill::Read(x)
                     }
                 };
-                let y = match (&mut label_file, self.labels, &blobs) {
-                    (Some(r), _, _) => Fill::Read(r.read(n)?),
-                    (None, Some(Labels::Blobs), Some(g)) => Fill::Generate(g.clone()),
-                    _ => Fill::Nothing,
-                };
-                let w = match &weight_file {
-                    Some(c) => c.col.read_at(first, n)?.0,
-                    None => Vec::new(),
-                };
+                let (y, w) = extras.read(self.labels, &blobs, first, n)?;
                 let build = build.clone();
                 b.write(h, move |t: &mut T| {
-                    let x = match x {
-                        Fill::Read(x) => x,
-                        Fill::Generate(g) => {
-                            let mut x = Vec::with_capacity(n * dims);
-                            g.points(first, n, &mut x);
-                            x
-                        }
-                        Fill::Nothing => Vec::new(),
-                    };
-                    let y = match y {
-                        Fill::Read(y) => y,
-                        Fill::Generate(g) => {
-                            (first..first + n as u64).map(|i| g.label(i)).collect()
-                        }
-                        Fill::Nothing => Vec::new(),
-                    };
                     let (value, summary) = build(Block {
                         first,
                         dims,
-                        x,
+                        x: x.points(first, n, dims),
                         skip: 0,
-                        y,
+                        y: y.labels(first, n),
                         w,
                     });
                     *t = value;
@@ -346,6 +287,115 @@ impl Loader<'_> {
             },
             summaries,
         ))
+    }
+
+    /// The label and weight files, checked against `rows`.
+    fn open_extras(&self, rows: u64, synthetic: bool) -> Result<Extras> {
+        let mut labels = None;
+        match self.labels {
+            None => {}
+            Some(Labels::Blobs) if !synthetic => {
+                return Err(Error::Input(
+                    "labels from the blobs need synthetic data".into(),
+                ))
+            }
+            Some(Labels::Blobs) => {}
+            Some(Labels::File(p)) => {
+                let r = NpyInts::open(p)?;
+                if r.len() != rows {
+                    return Err(Error::Input(format!(
+                        "{}: {} labels for {rows} rows of data",
+                        p.display(),
+                        r.len()
+                    )));
+                }
+                labels = Some(r);
+            }
+        }
+        let weights = match self.weights {
+            Some(p) => Some(open_weights(p, rows)?),
+            None => None,
+        };
+        Ok(Extras { labels, weights })
+    }
+
+    /// The executors, inserted empty and declared as the cycle, and the
+    /// rows of each.
+    fn insert_empty<T>(
+        &self,
+        rt: &Runtime,
+        rows: u64,
+        dims: usize,
+    ) -> Result<(Vec<Handle<T>>, Vec<u32>)>
+    where
+        T: Default + Serialize + DeserializeOwned + Send + 'static,
+    {
+        let row_bytes = 4 * dims as u64 + if self.labels.is_some() { 4 } else { 0 };
+        let per = (self.part_bytes / row_bytes.max(1)).clamp(1, u64::from(u32::MAX));
+        let nparts = rows.div_ceil(per);
+        let mut parts = Vec::with_capacity(nparts as usize);
+        let mut part_rows = Vec::with_capacity(nparts as usize);
+        for p in 0..nparts {
+            let name = format!("{} {p}", self.name);
+            parts.push(rt.insert_named(Some(&name), T::default())?);
+            part_rows.push(per.min(rows - p * per) as u32);
+        }
+        rt.hint_cycle(parts.iter().map(|h| h.id()));
+        Ok((parts, part_rows))
+    }
+}
+
+/// The label and weight files of a load, read block by block in order.
+struct Extras {
+    labels: Option<NpyInts>,
+    weights: Option<Checked<NpyVector>>,
+}
+
+impl Extras {
+    /// The labels and weights of the `n` rows from `first`.
+    fn read(
+        &mut self,
+        labels: Option<&Labels>,
+        blobs: &Option<Arc<Blobs>>,
+        first: u64,
+        n: usize,
+    ) -> Result<(Fill<Vec<u32>>, Vec<f32>)> {
+        let y = match (&mut self.labels, labels, blobs) {
+            (Some(r), _, _) => Fill::Read(r.read(n)?),
+            (None, Some(Labels::Blobs), Some(g)) => Fill::Generate(g.clone()),
+            _ => Fill::Nothing,
+        };
+        let w = match &self.weights {
+            Some(c) => c.col.read_at(first, n)?.0,
+            None => Vec::new(),
+        };
+        Ok((y, w))
+    }
+}
+
+impl Fill<Vec<f32>> {
+    /// The `n` rows of `dims` values from `first`, read or generated.
+    fn points(self, first: u64, n: usize, dims: usize) -> Vec<f32> {
+        match self {
+            Fill::Read(x) => x,
+            Fill::Generate(g) => {
+                let mut x = Vec::with_capacity(n * dims);
+                g.points(first, n, &mut x);
+                x
+            }
+            Fill::Nothing => Vec::new(),
+        }
+    }
+}
+
+impl Fill<Vec<u32>> {
+    /// The labels of the `n` rows from `first`, read or generated.
+    fn labels(self, first: u64, n: usize) -> Vec<u32> {
+        match self {
+            Fill::Read(y) => y,
+            Fill::Generate(g) => (first..first + n as u64).map(|i| g.label(i)).collect(),
+            Fill::Nothing => Vec::new(),
+        }
     }
 }
 
