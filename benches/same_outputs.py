@@ -8,7 +8,7 @@ output file byte for byte: a refactoring must not change a result.
 Cases: `gen`; `kmeans` (mini-batch and Lloyd, capped and uncapped, labels,
 sample weights, n_init, --init file, synthetic and file input); `train`
 (SGD and L-BFGS, capped and uncapped, synthetic and file input, holdout);
-`predict` (centroids with distances, model). Every output (.npy) of the old
+`predict` (centroids with distances, model); `plot` of one timeline. Every output (.npy) of the old
 binary must equal the new one's; statistics and timelines hold timings, so
 only their keys are compared. With --mpi N, each MPI case also runs on N
 ranks of the new binary and must equal one process.
@@ -157,6 +157,17 @@ def predicts(old, new, tmp, data, init):
     return ok
 
 
+def plots(old, new, tmp):
+    """`plot` of one timeline (the new binary's) by both binaries."""
+    d = os.path.join(tmp, "plot")
+    csv = os.path.join(d, "t.csv")
+    run(new, ["kmeans", "--synthetic", "8MiB", "--dims", "16", "--k", "4", "--mem-cap", "4MiB",
+              "--timeline", csv], d)
+    for b, side in ((old, "old"), (new, "new")):
+        run(b, ["plot", csv, "--output", os.path.join(d, side, "p.png")], os.path.join(d, side))
+    return compare("plot", ["p.png"], os.path.join(d, "old"), os.path.join(d, "new"), stats=False)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--old", required=True)
@@ -179,6 +190,7 @@ def main():
                 run(a.new, outputs_args(args, outs, d), d, ranks=a.mpi)
                 ok &= compare(f"{name} on {a.mpi} ranks", outs, dirs[1], d, stats=False)
         ok &= predicts(a.old, a.new, tmp, data, init)
+        ok &= plots(a.old, a.new, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("all outputs equal" if ok else "SOME OUTPUTS DIFFER")

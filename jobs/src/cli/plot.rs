@@ -126,6 +126,15 @@ fn rate(s: &[Sample], f: impl Fn(&Sample) -> u64) -> Vec<(f64, f64)> {
     out
 }
 
+/// The chart areas plotters draws on.
+type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    BitMapBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// The memory (top, 2/3 of the height) and disk traffic (bottom) charts.
 fn draw(s: &[Sample], title: &str, rgb: &mut [u8], size: (u32, u32)) -> DrawResult {
     plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
         .map_err(|_| "the embedded font is invalid")?;
@@ -133,8 +142,17 @@ fn draw(s: &[Sample], title: &str, rgb: &mut [u8], size: (u32, u32)) -> DrawResu
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 22))?;
     let (top, bottom) = root.split_vertically((f64::from(size.1) * 0.66) as u32);
-
     let tmax = s.last().map_or(1.0, |x| x.time_s).max(0.05);
+    let bands = phases(s);
+    draw_memory(&top, s, &bands, tmax)?;
+    draw_traffic(&bottom, s, &bands, tmax)?;
+    root.present()?;
+    Ok(())
+}
+
+/// The memory chart: phases, load and eviction ticks, accounted bytes,
+/// the resident set and the cap, and the legend.
+fn draw_memory(area: &Area<'_>, s: &[Sample], bands: &[(f64, f64, &str)], tmax: f64) -> DrawResult {
     let cap = s.iter().find_map(|x| x.cap_bytes);
     let highest = s
         .iter()
@@ -151,8 +169,7 @@ fn draw(s: &[Sample], title: &str, rgb: &mut [u8], size: (u32, u32)) -> DrawResu
     // Headroom above the data for the phase names and the legend.
     let ymax = highest as f64 / unit * 1.45;
     let decimals = usize::from(unit_name == "GiB");
-
-    let mut chart = ChartBuilder::on(&top)
+    let mut chart = ChartBuilder::on(area)
         .margin(8)
         .margin_right(28)
         .x_label_area_size(28)
@@ -167,15 +184,34 @@ fn draw(s: &[Sample], title: &str, rgb: &mut [u8], size: (u32, u32)) -> DrawResu
         .label_style(("sans-serif", 13))
         .axis_desc_style(("sans-serif", 15))
         .draw()?;
+    draw_phases(&mut chart, bands, tmax, ymax)?;
+    draw_ticks(&mut chart, s, ymax)?;
+    draw_memory_series(&mut chart, s, unit, cap.map(|c| (c, tmax)))?;
+    // Below the phase names, at the right.
+    let plot_w = i32::try_from(chart.plotting_area().dim_in_pixel().0).unwrap_or(800);
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::Coordinate((plot_w - 290).max(0), 24))
+        .label_font(("sans-serif", 13))
+        .background_style(WHITE.mix(0.9))
+        .border_style(RGBColor(200, 200, 200))
+        .draw()?;
+    Ok(())
+}
 
-    // Phases: shaded bands, named where the name fits.
-    let bands = phases(s);
+/// Phases: shaded bands, named where the name fits.
+fn draw_phases(
+    chart: &mut Chart<'_, '_>,
+    bands: &[(f64, f64, &str)],
+    tmax: f64,
+    ymax: f64,
+) -> DrawResult {
     let px_per_s = f64::from(chart.plotting_area().dim_in_pixel().0) / tmax;
     chart.draw_series(bands.iter().enumerate().map(|(i, (t0, t1, _))| {
         Rectangle::new([(*t0, 0.0), (*t1, ymax)], BANDS[i % 2].filled())
     }))?;
     let label = ("sans-serif", 13).into_font().color(&RGBColor(90, 90, 90));
-    for (t0, t1, name) in &bands {
+    for (t0, t1, name) in bands {
         let width = (t1 - t0) * px_per_s;
         if width > 7.5 * name.len() as f64 + 8.0 {
             chart.draw_series(std::iter::once(Text::new(
@@ -185,9 +221,12 @@ fn draw(s: &[Sample], title: &str, rgb: &mut [u8], size: (u32, u32)) -> DrawResu
             )))?;
         }
     }
+    Ok(())
+}
 
-    // Loads and evictions: ticks along the bottom, one per sample in
-    // which some happened.
+/// Loads and evictions: ticks along the bottom, one per sample in which
+/// some happened.
+fn draw_ticks(chart: &mut Chart<'_, '_>, s: &[Sample], ymax: f64) -> DrawResult {
     let tick = ymax * 0.035;
     for (color, lo, f) in [
         (LOADS, 0.0, (|x: &Sample| x.loads) as fn(&Sample) -> u64),
@@ -200,7 +239,17 @@ fn draw(s: &[Sample], title: &str, rgb: &mut [u8], size: (u32, u32)) -> DrawResu
             )
         }))?;
     }
+    Ok(())
+}
 
+/// The accounted bytes (an area), the resident set, the cap (`(bytes,
+/// end of the time axis)`, when there is one) and the ticks' legend.
+fn draw_memory_series(
+    chart: &mut Chart<'_, '_>,
+    s: &[Sample],
+    unit: f64,
+    cap: Option<(u64, f64)>,
+) -> DrawResult {
     chart
         .draw_series(
             AreaSeries::new(
@@ -222,7 +271,7 @@ fn draw(s: &[Sample], title: &str, rgb: &mut [u8], size: (u32, u32)) -> DrawResu
         ))?
         .label("resident set (RSS)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RSS.stroke_width(2)));
-    if let Some(c) = cap {
+    if let Some((c, tmax)) = cap {
         let c = c as f64 / unit;
         chart
             .draw_series(DashedLineSeries::new(
@@ -234,32 +283,27 @@ fn draw(s: &[Sample], title: &str, rgb: &mut [u8], size: (u32, u32)) -> DrawResu
             .label(format!("cap {}", format_bytes(c as u64 * unit as u64)))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], CAP.stroke_width(2)));
     }
-    chart
-        .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?
-        .label("executor loads (ticks)")
-        .legend(|(x, y)| {
-            PathElement::new(vec![(x + 9, y - 6), (x + 9, y + 6)], LOADS.stroke_width(2))
-        });
-    chart
-        .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?
-        .label("evictions (ticks)")
-        .legend(|(x, y)| {
-            PathElement::new(
-                vec![(x + 9, y - 6), (x + 9, y + 6)],
-                EVICTIONS.stroke_width(2),
-            )
-        });
-    // Below the phase names, at the right.
-    let plot_w = i32::try_from(chart.plotting_area().dim_in_pixel().0).unwrap_or(800);
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::Coordinate((plot_w - 290).max(0), 24))
-        .label_font(("sans-serif", 13))
-        .background_style(WHITE.mix(0.9))
-        .border_style(RGBColor(200, 200, 200))
-        .draw()?;
+    for (color, name) in [
+        (LOADS, "executor loads (ticks)"),
+        (EVICTIONS, "evictions (ticks)"),
+    ] {
+        chart
+            .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?
+            .label(name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x + 9, y - 6), (x + 9, y + 6)], color.stroke_width(2))
+            });
+    }
+    Ok(())
+}
 
-    // Disk traffic.
+/// Disk traffic: reads and spill writes in MiB/s, over the phases.
+fn draw_traffic(
+    area: &Area<'_>,
+    s: &[Sample],
+    bands: &[(f64, f64, &str)],
+    tmax: f64,
+) -> DrawResult {
     let read = rate(s, |x| x.bytes_read);
     let written = rate(s, |x| x.bytes_written);
     let rmax = read
@@ -269,7 +313,7 @@ fn draw(s: &[Sample], title: &str, rgb: &mut [u8], size: (u32, u32)) -> DrawResu
         .fold(0.0, f64::max)
         .max(1.0)
         * 1.25;
-    let mut io = ChartBuilder::on(&bottom)
+    let mut io = ChartBuilder::on(area)
         .margin(8)
         .margin_right(28)
         .x_label_area_size(40)
@@ -302,7 +346,6 @@ fn draw(s: &[Sample], title: &str, rgb: &mut [u8], size: (u32, u32)) -> DrawResu
         .background_style(WHITE.mix(0.9))
         .border_style(RGBColor(200, 200, 200))
         .draw()?;
-    root.present()?;
     Ok(())
 }
 
