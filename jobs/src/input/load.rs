@@ -211,14 +211,7 @@ impl Loader<'_> {
     {
         let mut rows_src = Rows::open(self.source)?;
         let (rows, dims) = (rows_src.rows(), rows_src.dims());
-        let covered = self
-            .segments
-            .map(|s| (s.first().map_or(0, |f| f.0), s.last().map_or(0, |l| l.1)));
-        if covered.is_some_and(|r| r != (0, rows)) {
-            return Err(Error::Input(
-                "compressed .npz members can only be read whole, in order: they cannot be split among processes".into(),
-            ));
-        }
+        self.check_whole(rows)?;
         let blobs = match &rows_src {
             Rows::Synthetic(b, _) => Some(Arc::new(b.clone())),
             _ => None,
@@ -249,11 +242,7 @@ impl Loader<'_> {
                 let n = n as usize;
                 let x = match &blobs {
                     Some(g) => Fill::Generate(g.clone()),
-                    None => {
-                        let mut x = Vec::with_capacity(n * dims);
-                        rows_src.read(first, n, &mut x)?;
-                        Fill::Read(x)
-                    }
+                    None => Fill::Read(rows_src.read_vec(first, n)?),
                 };
                 let (y, w) = extras.read(self.labels, &blobs, first, n)?;
                 let build = build.clone();
@@ -287,6 +276,19 @@ impl Loader<'_> {
             },
             summaries,
         ))
+    }
+
+    /// An error unless the load's segments, if any, cover all `rows`.
+    fn check_whole(&self, rows: u64) -> Result<()> {
+        let covered = self
+            .segments
+            .map(|s| (s.first().map_or(0, |f| f.0), s.last().map_or(0, |l| l.1)));
+        if covered.is_some_and(|r| r != (0, rows)) {
+            return Err(Error::Input(
+                "compressed .npz members can only be read whole, in order: they cannot be split among processes".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// The label and weight files, checked against `rows`.
@@ -664,6 +666,58 @@ impl<T: Send + 'static> Lineage<T> for Generated<T> {
     }
 }
 
+/// Inserts the lazy executor of the `n` rows from `first` (of `dims`
+/// columns), built from `lazy` by `build` when first needed (counting
+/// builds in `built`).
+fn insert_lazy<T>(
+    rt: &Runtime,
+    name: &str,
+    size: usize,
+    lazy: &Lazy,
+    weights: &Option<Arc<Checked<NpyVector>>>,
+    (first, n, dims): (u64, usize, usize),
+    (build, built): (&BuildFn<T>, &Arc<AtomicUsize>),
+) -> Result<Handle<T>>
+where
+    T: Default + Serialize + DeserializeOwned + Send + 'static,
+{
+    Ok(match lazy {
+        Lazy::File(region, labels) => rt.insert_lazy(
+            Some(name),
+            size,
+            FromFile {
+                region: region.clone(),
+                labels: labels.clone(),
+                weights: weights.clone(),
+                first,
+                rows: n,
+                dims,
+                sum: OnceLock::new(),
+                label_sum: OnceLock::new(),
+                weight_sum: OnceLock::new(),
+                build: build.clone(),
+                built: built.clone(),
+                counted: AtomicBool::new(false),
+            },
+        )?,
+        Lazy::Generated(blobs, labels) => rt.insert_lazy(
+            Some(name),
+            size,
+            Generated {
+                blobs: blobs.clone(),
+                labels: *labels,
+                weights: weights.clone(),
+                weight_sum: OnceLock::new(),
+                first,
+                rows: n,
+                build: build.clone(),
+                built: built.clone(),
+                counted: AtomicBool::new(false),
+            },
+        )?,
+    })
+}
+
 impl Loader<'_> {
     /// Declares the rows as executors built when first needed, with no
     /// load phase: file rows are read (and read again after each eviction,
@@ -712,71 +766,23 @@ impl Loader<'_> {
         };
         let build: BuildFn<T> = Arc::new(build);
         let built = Arc::new(AtomicUsize::new(0));
-        // The same blocks as `load`'s: 4 bytes per value and per label;
-        // for one rank's share, blocks from the share's first row.
-        let row_bytes = 4 * dims as u64 + if self.labels.is_some() { 4 } else { 0 };
-        let per = (self.part_bytes / row_bytes.max(1)).clamp(1, u64::from(u32::MAX));
-        let whole = [(0, rows, per)];
-        let segments = self.segments.unwrap_or(&whole);
-        let mut blocks = Vec::new();
-        let mut at = segments.first().map_or(0, |s| s.0);
-        let start = at;
-        for &(a, b, per) in segments {
-            if a != at || a > b || b > rows || per == 0 {
-                return Err(Error::Input(format!(
-                    "row segments must be consecutive, within the {rows} rows and cut into blocks of at least 1 row: {segments:?}"
-                )));
-            }
-            let per = per.min(u64::from(u32::MAX));
-            let mut first = a;
-            while first < b {
-                let n = per.min(b - first);
-                blocks.push((first, n as usize));
-                first += n;
-            }
-            at = b;
-        }
+        let blocks = self.blocks(rows, dims)?;
+        let start = self.segments.and_then(|s| s.first()).map_or(0, |s| s.0);
         let mut parts = Vec::with_capacity(blocks.len());
         let mut part_rows = Vec::with_capacity(blocks.len());
         for (p, &(first, n)) in blocks.iter().enumerate() {
             let name = format!("{} {p}", self.name);
             let size = n as u64 * bytes_per_row;
             let size = usize::try_from(size).unwrap_or(usize::MAX);
-            let h = match &lazy {
-                Lazy::File(region, labels) => rt.insert_lazy(
-                    Some(&name),
-                    size,
-                    FromFile {
-                        region: region.clone(),
-                        labels: labels.clone(),
-                        weights: weights.clone(),
-                        first,
-                        rows: n,
-                        dims,
-                        sum: OnceLock::new(),
-                        label_sum: OnceLock::new(),
-                        weight_sum: OnceLock::new(),
-                        build: build.clone(),
-                        built: built.clone(),
-                        counted: AtomicBool::new(false),
-                    },
-                )?,
-                Lazy::Generated(blobs, labels) => rt.insert_lazy(
-                    Some(&name),
-                    size,
-                    Generated {
-                        blobs: blobs.clone(),
-                        labels: *labels,
-                        weights: weights.clone(),
-                        weight_sum: OnceLock::new(),
-                        first,
-                        rows: n,
-                        build: build.clone(),
-                        built: built.clone(),
-                        counted: AtomicBool::new(false),
-                    },
-                )?,
-            };
+            let h = insert_lazy(
+                rt,
+                &name,
+                size,
+                &lazy,
+                &weights,
+                (first, n, dims),
+                (&build, &built),
+            )?;
             parts.push(h);
             part_rows.push(n as u32);
         }
@@ -800,5 +806,33 @@ impl Loader<'_> {
                 built,
             }),
         })
+    }
+
+    /// The blocks `(first row, rows)` of a lazy load: `load`'s (4 bytes
+    /// per value and per label); for one rank's share, blocks cut segment
+    /// by segment from the share's first row.
+    fn blocks(&self, rows: u64, dims: usize) -> Result<Vec<(u64, usize)>> {
+        let row_bytes = 4 * dims as u64 + if self.labels.is_some() { 4 } else { 0 };
+        let per = (self.part_bytes / row_bytes.max(1)).clamp(1, u64::from(u32::MAX));
+        let whole = [(0, rows, per)];
+        let segments = self.segments.unwrap_or(&whole);
+        let mut blocks = Vec::new();
+        let mut at = segments.first().map_or(0, |s| s.0);
+        for &(a, b, per) in segments {
+            if a != at || a > b || b > rows || per == 0 {
+                return Err(Error::Input(format!(
+                    "row segments must be consecutive, within the {rows} rows and cut into blocks of at least 1 row: {segments:?}"
+                )));
+            }
+            let per = per.min(u64::from(u32::MAX));
+            let mut first = a;
+            while first < b {
+                let n = per.min(b - first);
+                blocks.push((first, n as usize));
+                first += n;
+            }
+            at = b;
+        }
+        Ok(blocks)
     }
 }

@@ -185,6 +185,13 @@ impl Rows {
             .map_err(|e| Error::io(path, "cannot open", e))
     }
 
+    /// Rows `first..first + n`, read as [`Rows::read`] does.
+    pub(crate) fn read_vec(&mut self, first: u64, n: usize) -> Result<Vec<f32>> {
+        let mut x = Vec::with_capacity(n * self.dims());
+        self.read(first, n, &mut x)?;
+        Ok(x)
+    }
+
     /// Appends rows `first..first + n` to `out` (rows are read in order).
     /// A value that is not finite is an error naming its row and column.
     pub(crate) fn read(&mut self, first: u64, n: usize, out: &mut Vec<f32>) -> Result<()> {
