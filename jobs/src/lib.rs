@@ -59,6 +59,27 @@
 //! - [`npy`]: `.npy` arrays in and out; [`write_json`] and
 //!   [`check_writable`] for the other outputs.
 //! - [`Error`], [`Result`].
+//!
+//! ## Source layout
+//!
+//! - `lib.rs` (this file): the public API;
+//! - `session.rs`: the session, what every job shares (runtime, ranks,
+//!   phases, totals);
+//! - `input/`: the input layer both jobs share (its `mod.rs` lists its
+//!   files);
+//! - `kmeans/`, `train/`: the jobs (each `mod.rs` lists its files);
+//! - `ranks.rs`: MPI ranks (feature `mpi`): `Shards`, `Ranks::ordered_sum`;
+//! - `par.rs`: work spread over a few scoped threads;
+//! - `npy.rs`: `.npy`/`.npz` reading (npyz headers, zip archives), `.npy`
+//!   writing;
+//! - `files.rs`: files written whole or not at all; opening inputs;
+//! - `timeline.rs`: `--timeline`, the sampler thread and the CSV reader;
+//! - `error.rs`: the one error enum of the jobs;
+//! - `main.rs` and `cli/`: the `outcore` binary (it installs `TrapAlloc`)
+//!   and its command line: shared flags, one file per subcommand, the
+//!   progress lines and the interruption handler;
+//! - `../assets/`: the font `outcore plot` embeds (a DejaVu Sans subset,
+//!   its license).
 
 #![deny(missing_docs, missing_debug_implementations)]
 
