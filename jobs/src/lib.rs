@@ -5,13 +5,13 @@
 //! cap, and the `outcore` command line that runs them.
 //!
 //! ```text
-//!   Source (synthetic blobs, .npy, .fvecs, raw float32)   Labels (supervised)
+//!   Source (synthetic blobs, .npy, .npz, .fvecs, raw)     Labels (supervised)
 //!        │                                                   │
 //!        ▼                                                   ▼
 //!   input layer: row readers ─► one executor per block of rows, sweep order
 //!        │                      declared to the runtime (hint_cycle)
 //!        ├──► kmeans: Partition executors, read-only sweeps (mini-batch, Lloyd)
-//!        └──► train:  Shard executors with model replicas, local SGD + averaging
+//!        └──► train:  Shard executors, L-BFGS passes (or local SGD + averaging)
 //!                        │
 //!                        ▼
 //!   outputs (.npy arrays, JSON statistics), written atomically
@@ -58,6 +58,8 @@
 //!   that do not depend on the number of ranks ([`ranks::Ranks::ordered_sum`]).
 //! - [`npy`]: `.npy` arrays in and out; [`write_json`] and
 //!   [`check_writable`] for the other outputs.
+//! - [`Session`]: what every job shares (the runtime, ranks, phases,
+//!   totals).
 //! - [`Error`], [`Result`].
 //!
 //! ## Source layout
