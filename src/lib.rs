@@ -81,17 +81,29 @@
 //!
 //! ## Executor states
 //!
-//! ```text
-//!            pin                    unpin
-//!  Resident ─────► Pinned ─────────────────► Resident
-//!     │  ▲            └── panic in a &mut task ──► Poisoned
-//!     │  │ write failed
-//!     │  └────────── Evicting ◄── evict (dirty) ── Resident
-//!     │                 │ written
-//!     ├─ evict (clean) ─┴──────► Evicted ── load ──► Loading ──► Resident
-//!     │                                                 └─ damaged ─► Damaged
-//!     └─ remove ──► Removed
-//! ```
+//! An executor is Resident, Pinned (a task runs on it), Evicting, Evicted,
+//! Loading, Poisoned, Damaged or Removed: the diagram is on [`State`].
+//!
+//! ## Source layout
+//!
+//! Private modules, one job each, behind the flat API above; each folder's
+//! `mod.rs` lists its files.
+//!
+//! - `alloc/`: [`TrapAlloc`] (its `README.md`: the protocol and why its
+//!   orderings suffice);
+//! - `runtime/`: [`Runtime`] and its parts, one job a file;
+//! - `policy/`: eviction policies behind one trait (`mod.rs`: the
+//!   contract);
+//! - `executor/`: the slot and its state machine (`README.md`);
+//! - `spill/`: the spill-file format and store (`tests.rs`: every
+//!   corruption);
+//! - `cap.rs`: [`MemoryCap`], sizes, limit detection;
+//! - `checksum.rs`: [`Checksum`];
+//! - `error.rs`: the one error enum;
+//! - `lineage.rs`: [`Lineage`];
+//! - `pod.rs`: [`PodVec`], plain numeric vectors that spill at memory speed;
+//! - `stats.rs`: counters and the JSON snapshot;
+//! - `units.rs`: [`format_bytes`].
 
 #![deny(missing_docs, missing_debug_implementations)]
 
@@ -136,7 +148,38 @@ pub mod fuzzing {
 #[global_allocator]
 static GLOBAL: TrapAlloc = TrapAlloc::new();
 
-/// The README's example, run as a doctest so it stays true.
+/// The README's examples, run as doctests so they stay true.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The examples of `docs/cli.md`, run as doctests (it has no Rust block
+/// today; any it gets is compiled).
+#[cfg(doctest)]
+#[doc = include_str!("../docs/cli.md")]
+pub struct CliDoctests;
+
+/// The examples of `docs/library.md`, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/library.md")]
+pub struct LibraryDoctests;
+
+/// The examples of `docs/mpi.md`, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/mpi.md")]
+pub struct MpiDoctests;
+
+/// The examples of `docs/shim.md`, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/shim.md")]
+pub struct ShimDoctests;
+
+/// The examples of `docs/design.md`, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/design.md")]
+pub struct DesignDoctests;
+
+/// The examples of `docs/reliability.md`, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/reliability.md")]
+pub struct ReliabilityDoctests;

@@ -5,13 +5,13 @@
 //! cap, and the `outcore` command line that runs them.
 //!
 //! ```text
-//!   Source (synthetic blobs, .npy, .fvecs, raw float32)   Labels (supervised)
+//!   Source (synthetic blobs, .npy, .npz, .fvecs, raw)     Labels (supervised)
 //!        │                                                   │
 //!        ▼                                                   ▼
 //!   input layer: row readers ─► one executor per block of rows, sweep order
 //!        │                      declared to the runtime (hint_cycle)
 //!        ├──► kmeans: Partition executors, read-only sweeps (mini-batch, Lloyd)
-//!        └──► train:  Shard executors with model replicas, local SGD + averaging
+//!        └──► train:  Shard executors, L-BFGS passes (or local SGD + averaging)
 //!                        │
 //!                        ▼
 //!   outputs (.npy arrays, JSON statistics), written atomically
@@ -58,7 +58,30 @@
 //!   that do not depend on the number of ranks ([`ranks::Ranks::ordered_sum`]).
 //! - [`npy`]: `.npy` arrays in and out; [`write_json`] and
 //!   [`check_writable`] for the other outputs.
+//! - [`Session`]: what every job shares (the runtime, ranks, phases,
+//!   totals).
 //! - [`Error`], [`Result`].
+//!
+//! ## Source layout
+//!
+//! - `lib.rs` (this file): the public API;
+//! - `session.rs`: the session, what every job shares (runtime, ranks,
+//!   phases, totals);
+//! - `input/`: the input layer both jobs share (its `mod.rs` lists its
+//!   files);
+//! - `kmeans/`, `train/`: the jobs (each `mod.rs` lists its files);
+//! - `ranks.rs`: MPI ranks (feature `mpi`): `Shards`, `Ranks::ordered_sum`;
+//! - `par.rs`: work spread over a few scoped threads;
+//! - `npy.rs`: `.npy`/`.npz` reading (npyz headers, zip archives), `.npy`
+//!   writing;
+//! - `files.rs`: files written whole or not at all; opening inputs;
+//! - `timeline.rs`: `--timeline`, the sampler thread and the CSV reader;
+//! - `error.rs`: the one error enum of the jobs;
+//! - `main.rs` and `cli/`: the `outcore` binary (it installs `TrapAlloc`)
+//!   and its command line: shared flags, one file per subcommand, the
+//!   progress lines and the interruption handler;
+//! - `../assets/`: the font `outcore plot` embeds (a DejaVu Sans subset,
+//!   its license).
 
 #![deny(missing_docs, missing_debug_implementations)]
 

@@ -29,6 +29,7 @@
 //! let report = session.report()?.expect("one process is rank 0");
 //! assert_eq!(report.per_process.len(), 1);
 //! assert_eq!(report.total.evictions, 0);
+//! # Ok::<(), outcore_jobs::Error>(())
 //! ```
 
 use std::path::Path;

@@ -117,7 +117,7 @@ fn a_capped_kmeans_timeline_follows_the_run_within_the_cap() {
         assert!(found.is_some(), "phase {w} missing or out of order: {p:?}");
         at += found.unwrap() + 1;
     }
-    // The slack documented in the README: per thread (the workers, the
+    // The slack documented in docs/cli.md: per thread (the workers, the
     // prefetcher, the main thread) one flush threshold not yet published
     // (cap / 256, at least 64 KiB), plus the allocation being trapped (at
     // most a partition, cap / 64 here).

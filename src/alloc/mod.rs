@@ -14,18 +14,26 @@
 //!                         fall back to the reserve when jemalloc fails)
 //! ```
 //!
-//! Modules, each depending only on those above it:
+//! Files, each depending only on those above it:
 //!
-//! - `linebuf`: an allocation-free line buffer for messages;
-//! - `reserve`: the address space set aside for evictions;
-//! - `headroom`: the address space held back for allocations under a
-//!   runtime lock, under `RLIMIT_AS`;
-//! - `slots`: the lock-free slots the evictor registry lives in;
-//! - `jemalloc`: jemalloc settings and purging;
-//! - `account`: per-thread accounting, the cap, bypass scopes;
-//! - `trap`: the evictor registry, the token, the soft and hard traps;
-//! - `ffi`: the C entry points for the `LD_PRELOAD` shim;
-//! - this file: the `GlobalAlloc` implementation.
+//! - `linebuf.rs`: a 512-byte stack buffer for messages written from
+//!   inside the allocator;
+//! - `reserve.rs`: the address space set aside for evictions under a hard
+//!   limit;
+//! - `headroom.rs`: the address space held back, under `RLIMIT_AS`, for
+//!   allocations made under a runtime lock;
+//! - `slots.rs`: the lock-free slots the evictor registry lives in (std
+//!   only, so that `tests/miri` runs it alone under Miri);
+//! - `jemalloc.rs`: `retain:false` chosen before `main`, `purge()`;
+//! - `account.rs`: per-thread deltas, `USED`/`PEAK`, the cap and flush
+//!   threshold, bypass and eviction scopes, the exit flush, trap counters;
+//! - `trap.rs`: the `Evictor` contract, the registry of evictors, the
+//!   token and epoch, the soft and hard traps, the diagnostic;
+//! - `ffi.rs`: the C entry points for the `LD_PRELOAD` shim;
+//! - `mod.rs` (this file): the `GlobalAlloc` implementation and the
+//!   installation probe;
+//! - `tests.rs`: unit tests of the allocator;
+//! - `README.md`: the protocol.
 
 mod account;
 mod ffi;

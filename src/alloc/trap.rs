@@ -300,7 +300,7 @@ fn wait_for_token(epoch: u32) {
 }
 
 /// Extra bytes evicted beyond the overshoot, so that the next allocations do
-/// not trap again at once: 1/32 of the cap.
+/// not trap again at once: 1/32 of the cap, at least 1 MiB.
 fn slack(cap: usize) -> usize {
     (cap / 32).max(1 << 20)
 }

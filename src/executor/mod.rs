@@ -1,11 +1,18 @@
 //! Executors: the registry's per-executor slot and its state machine.
 //!
-//! See `src/executor/README.md` for the diagram. The value lives in the slot
-//! as a `Box<dyn Any + Send>`; a running task takes the box out (the slot is
-//! then `Pinned` and holds nothing an evictor could touch) and puts it back
-//! when it finishes. Every state change happens under the slot's mutex, a
-//! `std::sync::Mutex` (futex-based, never allocates, so the allocation trap
-//! may take it), and no allocation happens while it is held.
+//! The value lives in the slot as a `Box<dyn Any + Send>`; a running task
+//! takes the box out (the slot is then `Pinned` and holds nothing an
+//! evictor could touch) and puts it back when it finishes. Every state
+//! change happens under the slot's mutex, a `std::sync::Mutex`
+//! (futex-based, never allocates, so the allocation trap may take it), and
+//! no allocation happens while it is held.
+//!
+//! Files:
+//!
+//! - `mod.rs` (this file): the slot;
+//! - `state.rs`: the pure state machine and its tests; the diagram is the
+//!   doc of [`State`];
+//! - `README.md`: what each state means, and the ranking.
 
 mod state;
 

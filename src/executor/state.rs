@@ -1,20 +1,21 @@
 //! The executor state machine, as a pure type so its rules can be tested
-//! on their own.
-//!
-//! ```text
-//!            pin                    unpin
-//!  Resident ─────► Pinned ─────────────────► Resident
-//!     │  ▲            └── panic in a &mut task ──► Poisoned
-//!     │  │ write failed
-//!     │  └────────── Evicting ◄── evict (dirty) ── Resident
-//!     │                 │ written
-//!     ├─ evict (clean) ─┴──────► Evicted ── load ──► Loading ──► Resident
-//!     │                                                 └─ damaged ─► Damaged
-//!     └─ remove ──► Removed
-//! ```
+//! on their own. The diagram is the doc of [`State`]; what each state
+//! means for the runtime is in `src/executor/README.md`.
 
 /// The state of one executor, as [`Handle::state`](crate::Handle::state)
-/// reports it. See the crate docs for the state machine.
+/// reports it.
+///
+/// ```text
+///            pin                    unpin
+///  Resident ─────► Pinned ─────────────────► Resident
+///     │  ▲            └── panic in a &mut task ──► Poisoned
+///     │  │ write failed
+///     │  └────────── Evicting ◄── evict (dirty) ── Resident
+///     │                 │ written
+///     ├─ evict (clean) ─┴──────► Evicted ── load ──► Loading ──► Resident
+///     │                                                 └─ damaged ─► Damaged
+///     └─ remove ──► Removed
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 #[non_exhaustive]

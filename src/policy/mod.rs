@@ -6,6 +6,7 @@
 //! implementing [`Policy`]; [`EvictionPolicy`] is the public name users
 //! choose them by.
 //!
+//! - `mod.rs` (this file): the [`Policy`] trait and its contract;
 //! - `priority.rs`: follow the dispatch plan (the default);
 //! - `lru.rs`: least recently used, for comparison.
 

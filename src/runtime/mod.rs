@@ -18,11 +18,14 @@
 //!   threads;
 //! - `handle.rs`: [`Handle`];
 //! - `batch.rs`: [`Batch`], tasks and their results;
-//! - `pool.rs`: the worker pool;
+//! - `pool.rs`: the worker pool, the prefetchers' signal;
 //! - `shared.rs`: the state the threads share;
-//! - `registry.rs`: executors and their declared cycles;
+//! - `registry.rs`: executors and their declared cycles (several per
+//!   runtime);
+//! - `ranked.rs`: executors ranked by one registry scan, reused across
+//!   decisions (victims, next loads);
 //! - `evict.rs`: victim choice, eviction, making room, the trap's entry;
-//! - `writes.rs`: spill-write failures and backoff;
+//! - `writes.rs`: spill-write failures and backoff, fault injection;
 //! - `load.rs`: loading and pinning;
 //! - `prefetch.rs`: the prefetchers.
 

@@ -2,10 +2,7 @@
 //! [`Runtime`](crate::Runtime), its worker and prefetch threads, the
 //! allocator's evictor registration and (weakly) every handle.
 //!
-//! The behaviour lives next door, one job a file: `evict.rs` (victims,
-//! writes, making room, the trap's entry point), `load.rs` (loading and
-//! pinning), `prefetch.rs` (the prefetcher), `ranked.rs` (the ranked lists
-//! those two decide from).
+//! The behaviour lives next door, one job a file (listed in `mod.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -45,6 +45,15 @@
 //! cache (`POSIX_FADV_DONTNEED`): a memory cgroup charges them to the job's
 //! limit, and dirty spill pages piling up there make the kernel swap out
 //! the job's own memory.
+//!
+//! Files:
+//!
+//! - `mod.rs` (this file): the format, writing and loading;
+//! - `aio.rs`: direct reads with several requests in flight (Linux native
+//!   AIO);
+//! - `dir.rs`: the private spill directory, its lock and the sweep of
+//!   directories left by killed runs;
+//! - `tests.rs`: round trips and every kind of corruption.
 
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};

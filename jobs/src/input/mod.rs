@@ -15,6 +15,16 @@
 //! A job says how a block of rows ([`Block`]) becomes its executor type
 //! (K-means: a `Partition`; training: a `Shard`); everything else, from
 //! opening the file to declaring the cycle, happens here once.
+//!
+//! Files:
+//!
+//! - `mod.rs` (this file): the sources ([`Source`], [`Labels`]);
+//! - `rows.rs`: the row readers, one per format;
+//! - `blobs.rs`: the one synthetic-data generator;
+//! - `direct.rs`: direct reads of a byte range, several requests in flight;
+//! - `region.rs`: any block of rows of an input file, read again (direct
+//!   I/O);
+//! - `load.rs`: rows into executors, the sweep order declared, room made.
 
 mod blobs;
 mod direct;
