@@ -358,12 +358,11 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     let mut fb = Feedback::new();
     fb.stage("loading", rows);
     let t = Instant::now();
-    let ds = kmeans::load_on(
-        rt,
+    let ds = kmeans::load(
+        &session,
         &src,
         a.sample_weight.as_deref(),
-        &cfg,
-        ranks,
+        Some(&cfg),
         part_bytes,
         |done, _| fb.progress(done),
     )?;
@@ -371,7 +370,6 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     // The partitions' mean size (they are cut shard by shard).
     let held: u64 = ds.part_rows.iter().map(|&n| u64::from(n)).sum();
     let part_size = held * dims as u64 * 4 / ds.parts.len().max(1) as u64;
-    session.add_reads(ds.input_reads());
     // The start lines wait for the initialisation, which reads the data
     // (k-means++ and random samples read every partition): an input error
     // found on the way is then the only line the user sees.
@@ -435,7 +433,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     let mut epoch_written = Vec::new();
     let mut run_prefix = String::new();
     session.phase("init");
-    let out = kmeans::run_on(rt, &ds, &cfg, ranks, |ev| match ev {
+    let out = kmeans::run(&session, &ds, &cfg, |ev| match ev {
         Event::Progress { done, .. } => fb.progress(done),
         Event::Run { index, of } => {
             for l in intro.drain(..) {

@@ -130,8 +130,7 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
     let session = session;
     let rt = session.runtime();
     let mut fb = Feedback::new();
-    let ds = kmeans::load(rt, &src, part_bytes, |_, _| {})?;
-    session.add_reads(ds.input_reads());
+    let ds = kmeans::load(&session, &src, None, None, part_bytes, |_, _| {})?;
     session.phase("label");
     fb.line(&format!(
         "outcore predict: {rows} points x {dims} dims ({}), {}, cap {}, {} workers",
@@ -164,7 +163,7 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
     };
     match &predictor {
         Predictor::Centres(c) => {
-            kmeans::predict(rt, &ds, c, dists.is_some(), 1100, |l, d| {
+            kmeans::predict(&session, &ds, c, dists.is_some(), 1100, |l, d| {
                 put(l)?;
                 if let Some(w) = dists.as_mut() {
                     w.write(d)?;
