@@ -41,6 +41,7 @@
 //! assert_eq!(report.total.evictions, 0);
 //! // Synthetic data is generated, not read.
 //! assert_eq!(report.total.input_bytes_read, 0);
+//! # Ok::<(), outcore_jobs::Error>(())
 //! ```
 
 use std::path::Path;
