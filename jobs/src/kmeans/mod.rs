@@ -35,24 +35,16 @@
 //!                                    final_pass: inertia, labels
 //! ```
 //!
-//! Files:
+//! Files, one concept each:
 //!
-//! - `mod.rs`: the public types ([`Config`], [`Event`], [`Outcome`],
-//!   [`Centers`]...), the entry points [`run`] and [`predict`], and the
-//!   driver of one run over the [`Solver`] of its algorithm.
-//! - `data.rs`: [`Partition`], [`Dataset`] and [`load`] (through the input
-//!   layer, one rank's shards).
-//! - `plan.rs`: where the tasks are: tasks, shards, [`shards`],
-//!   [`rank_rows`], the segments a rank loads, the passes' order (`Plan`).
-//! - `assign.rs`: a task's work (nearest centres, per-centre sums, inertia,
-//!   labels), the sweep that folds the tasks' results in order, and the
-//!   layout of a step's sums.
-//! - `kernel.rs`: the fused AVX2/FMA distance and argmin kernel.
-//! - `minibatch.rs`: mini-batch epochs, the centre update and early
-//!   stopping.
-//! - `lloyd.rs`: Lloyd iterations.
-//! - `init.rs`: the initial centres: k-means++, random, given; the sample
-//!   they are drawn from.
+//! - `mod.rs`: the public types ([`Config`], [`Outcome`]...), [`run`], [`predict`], the driver.
+//! - `data.rs`: [`Partition`], [`Dataset`] and [`load`] (a rank's shards, through the input layer).
+//! - `plan.rs`: tasks, shards, the segments a rank loads; its `Plan` and the order of its passes.
+//! - `assign.rs`: a task's nearest centres, sums and labels; the sweep that folds them in order.
+//! - `kernel.rs`: the fused AVX2/FMA (and AVX-512) distance and argmin kernel.
+//! - `minibatch.rs`: mini-batch epochs: the running-mean update and early stopping.
+//! - `lloyd.rs`: Lloyd iterations: centres to the means, the tolerance from the data's variance.
+//! - `init.rs`: the initial centres (k-means++, random or given) and the sample they come from.
 
 mod assign;
 mod data;
@@ -313,8 +305,8 @@ pub struct Outcome {
     /// The final inertia of every initialisation's run.
     pub init_inertia: Vec<f64>,
     /// Seconds spent adding the shards' sums across processes
-    /// ([`Ranks::ordered_sum`](crate::ranks::Ranks::ordered_sum)) in the steps of the kept run, and the
-    /// number of such combines.
+    /// ([`Ranks::ordered_sum`](crate::ranks::Ranks::ordered_sum)) in the
+    /// steps of the kept run.
     pub combine_seconds: f64,
     /// Combines made (one per step).
     pub combines: usize,
