@@ -26,21 +26,24 @@
 //! ```
 //! use outcore::{MemoryCap, Runtime};
 //! use outcore_jobs::kmeans::{self, Config};
-//! use outcore_jobs::Source;
+//! use outcore_jobs::{Session, Source};
 //! # #[global_allocator]
 //! # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 //!
-//! let rt = Runtime::builder()
-//!     .mem_cap(MemoryCap::parse("64MiB")?)
-//!     .build()?;
-//! // 4 MiB of 16-dimensional points around 8 blobs, in partitions of
-//! // 256 KiB.
-//! let ds = kmeans::load(&rt, &Source::synthetic(4 << 20, 16, 8, 1), 256 << 10, |_, _| {})?;
+//! let session = Session::new(
+//!     Runtime::builder()
+//!         .mem_cap(MemoryCap::parse("64MiB")?)
+//!         .build()?,
+//! );
 //! let cfg = Config {
 //!     k: 8,
 //!     ..Config::default()
 //! };
-//! let out = kmeans::run(&rt, &ds, &cfg, |_| {})?;
+//! // 4 MiB of 16-dimensional points around 8 blobs, in partitions of
+//! // about 256 KiB cut for `cfg`'s tasks.
+//! let src = Source::synthetic(4 << 20, 16, 8, 1);
+//! let ds = kmeans::load(&session, &src, None, Some(&cfg), 256 << 10, |_, _| {})?;
+//! let out = kmeans::run(&session, &ds, &cfg, |_| {})?;
 //! assert_eq!(out.centers.values.len(), 8 * 16);
 //! # Ok::<(), outcore_jobs::Error>(())
 //! ```

@@ -20,15 +20,27 @@
 //!
 //! ```
 //! use outcore::Runtime;
-//! use outcore_jobs::Session;
+//! use outcore_jobs::kmeans::{self, Config};
+//! use outcore_jobs::{Session, Source};
 //! # #[global_allocator]
 //! # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 //!
 //! let session = Session::new(Runtime::builder().build()?);
-//! // ... load and run jobs on `session` ...
+//! let cfg = Config {
+//!     k: 4,
+//!     ..Config::default()
+//! };
+//! // 1 MiB of 8-dimensional points around 4 blobs.
+//! let src = Source::synthetic(1 << 20, 8, 4, 7);
+//! let ds = kmeans::load(&session, &src, None, Some(&cfg), 64 << 10, |_, _| {})?;
+//! session.phase("k-means");
+//! let out = kmeans::run(&session, &ds, &cfg, |_| {})?;
+//! assert_eq!(out.centers.k, 4);
 //! let report = session.report()?.expect("one process is rank 0");
 //! assert_eq!(report.per_process.len(), 1);
 //! assert_eq!(report.total.evictions, 0);
+//! // Synthetic data is generated, not read.
+//! assert_eq!(report.total.input_bytes_read, 0);
 //! # Ok::<(), outcore_jobs::Error>(())
 //! ```
 

@@ -8,7 +8,7 @@ mod bin_common;
 
 use outcore::Runtime;
 use outcore_jobs::kmeans::{self, Algorithm, Config, Event, Init};
-use outcore_jobs::{npy, Source};
+use outcore_jobs::{npy, Session, Source};
 
 #[global_allocator]
 static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
@@ -103,9 +103,17 @@ fn lloyd_matches_an_independent_reference() {
 
     let dir = tempfile::tempdir().unwrap();
     let path = write_data(dir.path(), &x, d);
-    let rt = Runtime::builder().workers(2).build().unwrap();
+    let session = Session::new(Runtime::builder().workers(2).build().unwrap());
     // Small partitions, so the data spans several executors.
-    let ds = kmeans::load(&rt, &Source::Npy(path), 16 << 10, |_, _| {}).unwrap();
+    let ds = kmeans::load(
+        &session,
+        &Source::Npy(path),
+        None,
+        None,
+        16 << 10,
+        |_, _| {},
+    )
+    .unwrap();
     assert!(ds.parts.len() > 5);
     let cfg = Config {
         k: 5,
@@ -114,7 +122,7 @@ fn lloyd_matches_an_independent_reference() {
         iterations: 8,
         ..Config::default()
     };
-    let out = kmeans::run(&rt, &ds, &cfg, |_| {}).unwrap();
+    let out = kmeans::run(&session, &ds, &cfg, |_| {}).unwrap();
     assert_eq!(out.centers.values.len(), want.len());
     for (i, (&got, &w)) in out.centers.values.iter().zip(&want).enumerate() {
         let rel = (f64::from(got) - w).abs() / w.abs().max(1.0);
@@ -133,8 +141,8 @@ fn an_empty_cluster_keeps_its_position() {
     init.extend_from_slice(&far);
     let dir = tempfile::tempdir().unwrap();
     let path = write_data(dir.path(), &x, d);
-    let rt = Runtime::builder().build().unwrap();
-    let ds = kmeans::load(&rt, &Source::Npy(path), 1 << 20, |_, _| {}).unwrap();
+    let session = Session::new(Runtime::builder().build().unwrap());
+    let ds = kmeans::load(&session, &Source::Npy(path), None, None, 1 << 20, |_, _| {}).unwrap();
     for algorithm in [Algorithm::Lloyd, Algorithm::MiniBatch] {
         let cfg = Config {
             k: 5,
@@ -144,7 +152,7 @@ fn an_empty_cluster_keeps_its_position() {
             epochs: 2,
             ..Config::default()
         };
-        let out = kmeans::run(&rt, &ds, &cfg, |_| {}).unwrap();
+        let out = kmeans::run(&session, &ds, &cfg, |_| {}).unwrap();
         assert_eq!(
             out.centers.row(4),
             &far[..],
@@ -156,10 +164,12 @@ fn an_empty_cluster_keeps_its_position() {
 
 #[test]
 fn k_larger_than_the_data_is_an_error() {
-    let rt = Runtime::builder().build().unwrap();
+    let session = Session::new(Runtime::builder().build().unwrap());
     let ds = kmeans::load(
-        &rt,
+        &session,
         &Source::synthetic(4 * 8 * 10, 8, 2, 1),
+        None,
+        None,
         1 << 20,
         |_, _| {},
     )
@@ -169,22 +179,24 @@ fn k_larger_than_the_data_is_an_error() {
         k: 11,
         ..Config::default()
     };
-    let err = kmeans::run(&rt, &ds, &cfg, |_| {}).unwrap_err().to_string();
+    let err = kmeans::run(&session, &ds, &cfg, |_| {})
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("larger than the number of points"), "{err}");
     let cfg = Config {
         k: 0,
         ..Config::default()
     };
-    assert!(kmeans::run(&rt, &ds, &cfg, |_| {}).is_err());
+    assert!(kmeans::run(&session, &ds, &cfg, |_| {}).is_err());
 }
 
 #[test]
 fn minibatch_inertia_is_within_two_percent_of_lloyd() {
-    let rt = Runtime::builder().build().unwrap();
+    let session = Session::new(Runtime::builder().build().unwrap());
     // Well-separated blobs from the library's generator: 30,000 points,
     // 16 dimensions, 8 blobs.
     let src = Source::synthetic(30_000 * 16 * 4, 16, 8, 11);
-    let ds = kmeans::load(&rt, &src, 256 << 10, |_, _| {}).unwrap();
+    let ds = kmeans::load(&session, &src, None, None, 256 << 10, |_, _| {}).unwrap();
     let base = Config {
         k: 8,
         seed: 5,
@@ -193,7 +205,7 @@ fn minibatch_inertia_is_within_two_percent_of_lloyd() {
         ..Config::default()
     };
     let lloyd = kmeans::run(
-        &rt,
+        &session,
         &ds,
         &Config {
             algorithm: Algorithm::Lloyd,
@@ -204,7 +216,7 @@ fn minibatch_inertia_is_within_two_percent_of_lloyd() {
     )
     .unwrap();
     let mb = kmeans::run(
-        &rt,
+        &session,
         &ds,
         &Config {
             algorithm: Algorithm::MiniBatch,
@@ -398,12 +410,14 @@ fn narrow_rows_are_not_sampled_a_page_each() {
     ] {
         // No prefetcher: nothing builds partitions behind the first run's
         // back, and after it every partition is built and resident.
-        let rt = Runtime::builder()
-            .workers(2)
-            .prefetch(false)
-            .build()
-            .unwrap();
-        let ds = kmeans::load_weighted(&rt, &src, w, 256 << 10, |_, _| {}).unwrap();
+        let session = Session::new(
+            Runtime::builder()
+                .workers(2)
+                .prefetch(false)
+                .build()
+                .unwrap(),
+        );
+        let ds = kmeans::load(&session, &src, w, None, 256 << 10, |_, _| {}).unwrap();
         assert!(ds.lazy, "{name}");
         let file = match &src {
             Source::Npy(p) | Source::Fvecs(p) => std::fs::metadata(p).unwrap().len(),
@@ -419,7 +433,7 @@ fn narrow_rows_are_not_sampled_a_page_each() {
         for _ in 0..2 {
             let before = reads.bytes();
             let mut at_init = None;
-            let out = kmeans::run(&rt, &ds, &cfg, |e| {
+            let out = kmeans::run(&session, &ds, &cfg, |e| {
                 if let Event::Initialized { .. } = e {
                     at_init = Some(reads.bytes() - before);
                 }

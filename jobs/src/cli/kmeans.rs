@@ -5,17 +5,17 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use outcore::{format_bytes, MemoryCap, Stats};
-use outcore_jobs::kmeans::{self, Algorithm, Config, Event, Init};
+use outcore_jobs::kmeans::{self, Algorithm, Config, Dataset, Event, Init, Outcome};
 use outcore_jobs::ranks::Ranks;
 use outcore_jobs::{
-    check_outputs, npy, write_json, Error, ProcessTotals, Result, Session, Source, Totals,
+    check_outputs, npy, write_json, Error, ProcessTotals, Report, Result, Session, Source, Totals,
 };
 use serde::Serialize;
 
 use super::progress::Feedback;
 use super::{
-    cap_over_limit, file_source, named, plural, positive, runtime, synthetic_source, warn_dims,
-    warn_failed_writes, Given, MemoryArgs, Outputs,
+    cap_over_limit, file_source, finish_session, named, plural, positive, runtime,
+    synthetic_source, warn_dims, Given, MemoryArgs, Outputs,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -168,7 +168,7 @@ struct KmeansStats<'a> {
     init_bytes_read: u64,
     /// Per process (the largest, under MPI).
     mem_cap_bytes: Option<u64>,
-    policy: &'a str,
+    policy: String,
     workers: usize,
     /// Rank 0's runtime counters.
     runtime: &'a Stats,
@@ -178,8 +178,52 @@ struct KmeansStats<'a> {
     per_process: &'a [ProcessTotals],
 }
 
-/// Runs `outcore kmeans`.
+/// Runs `outcore kmeans`: the flags checked into a job, the job run
+/// through a session, then its outputs and summary.
 pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
+    warn_unused(&a, given);
+    let job = Job::parse(&a, ranks)?;
+    let default_cap = match a.data.input {
+        None => MemoryCap::Bytes(1 << 30),
+        Some(_) => MemoryCap::Auto,
+    };
+    let (rt, part_bytes) = runtime(&a.mem, default_cap, job.data_bytes(), ranks)?;
+    let mut session = Session::on(rt, ranks.clone());
+    // Under MPI, the timeline is rank 0's.
+    if let Some(p) = &a.mem.timeline {
+        session.record_timeline(p, "load")?;
+    }
+    let part_bytes = kmeans::aligned_partition_bytes(part_bytes, job.dims, a.task_points);
+    let mut fb = Feedback::new();
+    fb.stage("loading", job.rows);
+    let t = Instant::now();
+    let ds = kmeans::load(
+        &session,
+        &job.src,
+        a.sample_weight.as_deref(),
+        Some(&job.cfg),
+        part_bytes,
+        |done, _| fb.progress(done),
+    )?;
+    let load_seconds = t.elapsed().as_secs_f64();
+    let intro = job.intro(&a, &session, &ds, part_bytes, load_seconds);
+    let mut rep = Reporter::new(&session, fb, intro, &job);
+    session.phase("init");
+    let out = kmeans::run(&session, &ds, &job.cfg, |ev| rep.on(ev))?;
+    let figures = rep.finish();
+    session.phase("output");
+    let ran = Ran {
+        job: &job,
+        ds: &ds,
+        out: &out,
+        figures: &figures,
+        load_seconds,
+    };
+    ran.finish(&a, session)
+}
+
+/// Warnings for flags given that do not apply to the run.
+fn warn_unused(a: &KmeansArgs, given: &Given) {
     warn_dims(given, a.data.input.as_deref());
     if a.data.input.is_some() {
         given.warn_unused(
@@ -201,29 +245,191 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             "applies to --algorithm lloyd",
         ),
     }
-    // Rank 0 writes the outputs.
-    if ranks.is_root() {
-        let outputs = [
-            ("--output", &a.output),
-            ("--labels", &a.labels),
-            ("--stats", &a.mem.stats),
-            ("--timeline", &a.mem.timeline),
-        ];
-        let init_file = match a.init.as_str() {
-            "kmeans++" | "k-means++" | "random" => None,
-            file => Some(PathBuf::from(file)),
+}
+
+/// A checked command line: the data and the configuration.
+struct Job {
+    src: Source,
+    rows: u64,
+    dims: usize,
+    cfg: Config,
+}
+
+impl Job {
+    /// The job the flags ask for, every flag checked (the errors name
+    /// them), on `ranks`.
+    fn parse(a: &KmeansArgs, ranks: &Ranks) -> Result<Job> {
+        // Rank 0 writes the outputs.
+        if ranks.is_root() {
+            check_files(a)?;
+        }
+        let shards = check_numbers(a)?;
+        let (src, rows, dims) = open_source(&a.data)?;
+        let (init, k) = initial_centres(a, dims)?;
+        positive("--k", k)?;
+        if k as u64 > rows {
+            return Err(Error::Input(format!(
+                "--k {k} is larger than the number of points ({rows})"
+            )));
+        }
+        let job = Job {
+            src,
+            rows,
+            dims,
+            cfg: config(a, init, k, shards),
         };
-        let inputs = [
-            ("--input", &a.data.input),
-            ("--sample-weight", &a.sample_weight),
-            ("--init", &init_file),
-        ];
-        check_outputs(&named(&outputs), &named(&inputs))?;
+        job.check_shards(a, ranks.size())?;
+        Ok(job)
     }
+
+    /// Bytes of the data, as float32.
+    fn data_bytes(&self) -> u64 {
+        self.rows * self.dims as u64 * 4
+    }
+
+    /// Iterations (Lloyd) or epochs (mini-batch), as the lines name them.
+    fn word(&self) -> &'static str {
+        match self.cfg.algorithm {
+            Algorithm::MiniBatch => "epoch",
+            Algorithm::Lloyd => "iteration",
+        }
+    }
+
+    /// Epochs or iterations, at most.
+    fn passes(&self) -> usize {
+        match self.cfg.algorithm {
+            Algorithm::MiniBatch => self.cfg.epochs,
+            Algorithm::Lloyd => self.cfg.iterations,
+        }
+    }
+
+    /// Shards the tasks are cut into.
+    fn shards(&self) -> usize {
+        kmeans::shards(self.rows, &self.cfg).count()
+    }
+
+    /// An error when the data makes fewer shards than `processes`, naming
+    /// the flags that give more.
+    fn check_shards(&self, a: &KmeansArgs, processes: usize) -> Result<()> {
+        if processes < 2 {
+            return Ok(());
+        }
+        let (cfg, rows) = (&self.cfg, self.rows);
+        let sh = kmeans::shards(rows, cfg);
+        if sh.count() >= processes {
+            return Ok(());
+        }
+        Err(Error::Input(format!(
+            "{processes} processes, but the data makes only {} shards ({} tasks of --task-points {}; --shards {}{}): give {} (the results depend on --shards, not on the number of processes)",
+            sh.count(),
+            sh.task_count(),
+            a.task_points,
+            cfg.shards,
+            match cfg.algorithm {
+                Algorithm::MiniBatch => format!(", --batch-tasks {}", a.batch_tasks),
+                Algorithm::Lloyd => String::new(),
+            },
+            if sh.task_count() < processes as u64 {
+                format!(
+                    "a smaller --task-points (at most {})",
+                    (rows / processes as u64).max(1)
+                )
+            } else {
+                match cfg.algorithm {
+                    Algorithm::MiniBatch => "--shards and --batch-tasks at least {processes}",
+                    Algorithm::Lloyd => "--shards at least {processes}",
+                }
+                .replace("{processes}", &processes.to_string())
+            }
+        )))
+    }
+
+    /// The start lines, shown once the initialisation is done (it reads
+    /// the data: an input error found on the way is then the only line).
+    fn intro(
+        &self,
+        a: &KmeansArgs,
+        session: &Session,
+        ds: &Dataset,
+        part_bytes: u64,
+        load_seconds: f64,
+    ) -> Vec<String> {
+        let (rt, rows, dims) = (session.runtime(), self.rows, self.dims);
+        let held: u64 = ds.part_rows.iter().map(|&n| u64::from(n)).sum();
+        // The partitions' mean size (they are cut shard by shard).
+        let part_size = held * dims as u64 * 4 / ds.parts.len().max(1) as u64;
+        let mut intro = vec![format!(
+            "outcore kmeans: {rows} points x {dims} dims ({}), k = {}, {}, cap {}, {} workers, policy {}",
+            format_bytes(self.data_bytes()),
+            self.cfg.k,
+            match self.cfg.algorithm {
+                Algorithm::MiniBatch => "mini-batch",
+                Algorithm::Lloyd => "Lloyd",
+            },
+            rt.cap().map_or("none".into(), format_bytes),
+            rt.workers(),
+            rt.policy()
+        )];
+        if session.ranks().size() > 1 {
+            intro.push(format!(
+                "{} processes, {} shards: rank 0 holds rows {}..{}; cap, workers and partitions per process",
+                session.ranks().size(),
+                self.shards(),
+                ds.first_row,
+                ds.first_row + held
+            ));
+        }
+        let parts = plural(ds.parts.len(), "partition");
+        intro.push(if ds.lazy {
+            let from = if a.data.input.is_some() {
+                "input"
+            } else {
+                "generator"
+            };
+            format!(
+                "{parts} of {}, read from the {from} as the run needs them",
+                format_bytes(part_size)
+            )
+        } else {
+            format!(
+                "loaded {parts} of {} in {load_seconds:.1}s",
+                format_bytes(part_size)
+            )
+        });
+        let part = part_bytes.min(self.data_bytes());
+        if let Some(cap) = rt.cap().filter(|_| session.is_root()) {
+            intro.extend(small_cap(cap, &self.cfg, rows, dims, part, rt.workers()));
+        }
+        intro.extend(cap_over_limit(rt).filter(|_| session.is_root()));
+        intro
+    }
+}
+
+/// The paths given: no output may overwrite an input or another output.
+fn check_files(a: &KmeansArgs) -> Result<()> {
+    let outputs = [
+        ("--output", &a.output),
+        ("--labels", &a.labels),
+        ("--stats", &a.mem.stats),
+        ("--timeline", &a.mem.timeline),
+    ];
+    let init_file = match a.init.as_str() {
+        "kmeans++" | "k-means++" | "random" => None,
+        file => Some(PathBuf::from(file)),
+    };
+    let inputs = [
+        ("--input", &a.data.input),
+        ("--sample-weight", &a.sample_weight),
+        ("--init", &init_file),
+    ];
+    check_outputs(&named(&outputs), &named(&inputs))
+}
+
+/// The numeric flags of the algorithm run (the other's were warned about
+/// and are not used); returns `--shards`.
+fn check_numbers(a: &KmeansArgs) -> Result<usize> {
     positive("--task-points", a.task_points)?;
     let shards = positive("--shards", a.shards)?;
-    // Each algorithm's own settings: the other's were warned about above
-    // and are not used.
     match a.algorithm {
         AlgorithmArg::Minibatch => {
             positive("--batch-tasks", a.batch_tasks)?;
@@ -246,8 +452,13 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             )));
         }
     }
-    let (src, rows, dims) = open_source(&a.data)?;
-    let (init, k) = match a.init.as_str() {
+    Ok(shards)
+}
+
+/// `--init` and `--k` for data of `dims` columns: the initialisation and
+/// k (the rows of an `--init` file).
+fn initial_centres(a: &KmeansArgs, dims: usize) -> Result<(Init, usize)> {
+    Ok(match a.init.as_str() {
         "kmeans++" | "k-means++" => (Init::KMeansPlusPlus, a.k.unwrap_or(100)),
         "random" => (Init::Random, a.k.unwrap_or(100)),
         file => {
@@ -272,14 +483,12 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             }
             (Init::Given(v), r)
         }
-    };
-    positive("--k", k)?;
-    if k as u64 > rows {
-        return Err(Error::Input(format!(
-            "--k {k} is larger than the number of points ({rows})"
-        )));
-    }
-    let cfg = Config {
+    })
+}
+
+/// The library's configuration from the checked flags.
+fn config(a: &KmeansArgs, init: Init, k: usize, shards: usize) -> Config {
+    Config {
         k,
         algorithm: match a.algorithm {
             AlgorithmArg::Minibatch => Algorithm::MiniBatch,
@@ -300,311 +509,297 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         max_no_improvement: a.max_no_improvement,
         n_init: a.n_init,
         shards,
-    };
-    let processes = ranks.size();
-    if processes > 1 {
-        let sh = kmeans::shards(rows, &cfg);
-        if sh.count() < processes {
-            return Err(Error::Input(format!(
-                "{processes} processes, but the data makes only {} shards ({} tasks of --task-points {}; --shards {shards}{}): give {} (the results depend on --shards, not on the number of processes)",
-                sh.count(),
-                sh.task_count(),
-                a.task_points,
-                match cfg.algorithm {
-                    Algorithm::MiniBatch => format!(", --batch-tasks {}", a.batch_tasks),
-                    Algorithm::Lloyd => String::new(),
-                },
-                if sh.task_count() < processes as u64 {
-                    format!(
-                        "a smaller --task-points (at most {})",
-                        (rows / processes as u64).max(1)
-                    )
-                } else {
-                    match cfg.algorithm {
-                        Algorithm::MiniBatch => "--shards and --batch-tasks at least {processes}",
-                        Algorithm::Lloyd => "--shards at least {processes}",
-                    }
-                    .replace("{processes}", &processes.to_string())
-                }
-            )));
+    }
+}
+
+/// The run's lines on stderr as its events come (a bar on a terminal),
+/// and the figures of its passes for `--stats`.
+struct Reporter<'a> {
+    session: &'a Session,
+    fb: Feedback,
+    /// The start lines, until the initialisation is done.
+    intro: Vec<String>,
+    algorithm: Algorithm,
+    word: &'static str,
+    passes: usize,
+    rows: u64,
+    /// "run 2: " with several runs.
+    run_prefix: String,
+    /// The counters at the last line, and the bytes read from disk then
+    /// (spill files and, for executors rebuilt from the input, the input).
+    last: Stats,
+    last_read: u64,
+    figures: Figures,
+}
+
+impl<'a> Reporter<'a> {
+    /// Starts the first epoch's stage, `fb` having shown the load.
+    fn new(session: &'a Session, mut fb: Feedback, intro: Vec<String>, job: &Job) -> Reporter<'a> {
+        let (word, passes) = (job.word(), job.passes());
+        fb.stage(&format!("{word} 1/{passes}"), job.rows);
+        let last = session.runtime().stats();
+        let last_read = last.bytes_read + session.input_bytes_read();
+        Reporter {
+            session,
+            fb,
+            intro,
+            algorithm: job.cfg.algorithm,
+            word,
+            passes,
+            rows: job.rows,
+            run_prefix: String::new(),
+            last,
+            last_read,
+            figures: Figures::default(),
         }
     }
-    let data_bytes = rows * dims as u64 * 4;
-    let default_cap = match a.data.input {
-        None => MemoryCap::Bytes(1 << 30),
-        Some(_) => MemoryCap::Auto,
-    };
-    let (rt, part_bytes) = runtime(&a.mem, default_cap, data_bytes, ranks)?;
-    let mut session = Session::on(rt, ranks.clone());
-    // Under MPI, the timeline is rank 0's.
-    if let Some(p) = &a.mem.timeline {
-        session.record_timeline(p, "load")?;
-    }
-    let session = session;
-    let rt = session.runtime();
-    let part_bytes = kmeans::aligned_partition_bytes(part_bytes, dims, a.task_points);
-    // Shown with the start lines, after the initialisation: an input error
-    // found before stays the only line.
-    let small_cap = rt.cap().filter(|_| ranks.is_root()).and_then(|cap| {
-        small_cap(
-            cap,
-            &cfg,
-            rows,
-            dims,
-            part_bytes.min(data_bytes),
-            rt.workers(),
-        )
-    });
-    let mut fb = Feedback::new();
-    fb.stage("loading", rows);
-    let t = Instant::now();
-    let ds = kmeans::load_on(
-        rt,
-        &src,
-        a.sample_weight.as_deref(),
-        &cfg,
-        ranks,
-        part_bytes,
-        |done, _| fb.progress(done),
-    )?;
-    let load_seconds = t.elapsed().as_secs_f64();
-    // The partitions' mean size (they are cut shard by shard).
-    let held: u64 = ds.part_rows.iter().map(|&n| u64::from(n)).sum();
-    let part_size = held * dims as u64 * 4 / ds.parts.len().max(1) as u64;
-    session.add_reads(ds.input_reads());
-    // The start lines wait for the initialisation, which reads the data
-    // (k-means++ and random samples read every partition): an input error
-    // found on the way is then the only line the user sees.
-    let mut intro = vec![format!(
-        "outcore kmeans: {rows} points x {dims} dims ({}), k = {k}, {}, cap {}, {} workers, policy {}",
-        format_bytes(data_bytes),
-        match a.algorithm {
-            AlgorithmArg::Minibatch => "mini-batch",
-            AlgorithmArg::Lloyd => "Lloyd",
-        },
-        rt.cap().map_or("none".into(), format_bytes),
-        rt.workers(),
-        rt.policy()
-    )];
-    if processes > 1 {
-        intro.push(format!(
-            "{processes} processes, {} shards: rank 0 holds rows {}..{}; cap, workers and partitions per process",
-            kmeans::shards(rows, &cfg).count(),
-            ds.first_row,
-            ds.first_row + ds.part_rows.iter().map(|&n| u64::from(n)).sum::<u64>()
-        ));
-    }
-    if ds.lazy {
-        intro.push(format!(
-            "{} of {}, read from the {} as the run needs them",
-            plural(ds.parts.len(), "partition"),
-            format_bytes(part_size),
-            if a.data.input.is_some() {
-                "input"
-            } else {
-                "generator"
+
+    /// Shows event `ev`.
+    fn on(&mut self, ev: Event) {
+        match ev {
+            Event::Progress { done, .. } => self.fb.progress(done),
+            Event::Run { index, of } => self.run_starts(index, of),
+            Event::RunDone { index, inertia } => {
+                self.fb
+                    .line(&format!("run {}: final inertia {inertia:.6e}", index + 1));
+                self.fb
+                    .stage(&format!("{} 1/{}", self.word, self.passes), self.rows);
             }
-        ));
-    } else {
-        intro.push(format!(
-            "loaded {} of {} in {:.1}s",
-            plural(ds.parts.len(), "partition"),
-            format_bytes(part_size),
-            load_seconds
-        ));
-    }
-    intro.extend(small_cap);
-    intro.extend(cap_over_limit(rt).filter(|_| ranks.is_root()));
-    let passes = match cfg.algorithm {
-        Algorithm::MiniBatch => cfg.epochs,
-        Algorithm::Lloyd => cfg.iterations,
-    };
-    let word = if cfg.algorithm == Algorithm::Lloyd {
-        "iteration"
-    } else {
-        "epoch"
-    };
-    fb.stage(&format!("{word} 1/{passes}"), rows);
-    let mut last = rt.stats();
-    // Bytes read from disk: spill files and, for executors rebuilt from
-    // the input file, the input.
-    let mut last_read = last.bytes_read + session.input_bytes_read();
-    let mut init_seconds = 0.0;
-    let mut init_read = 0;
-    let mut epoch_read = Vec::new();
-    let mut epoch_written = Vec::new();
-    let mut run_prefix = String::new();
-    session.phase("init");
-    let out = kmeans::run_on(rt, &ds, &cfg, ranks, |ev| match ev {
-        Event::Progress { done, .. } => fb.progress(done),
-        Event::Run { index, of } => {
-            for l in intro.drain(..) {
-                fb.line(&l);
-            }
-            fb.line(&format!("run {}/{of}:", index + 1));
-            run_prefix = format!("run {}: ", index + 1);
-            session.phase(&format!("{run_prefix}init"));
-        }
-        Event::RunDone { index, inertia } => {
-            fb.line(&format!("run {}: final inertia {inertia:.6e}", index + 1));
-            fb.stage(&format!("{word} 1/{passes}"), rows);
-        }
-        Event::FinalPass => session.phase(&format!("{run_prefix}final pass")),
-        Event::Converged { steps, why } => {
-            fb.line(&format!(
+            Event::FinalPass => self
+                .session
+                .phase(&format!("{}final pass", self.run_prefix)),
+            Event::Converged { steps, why } => self.fb.line(&format!(
                 "converged after {}: {}",
-                match cfg.algorithm {
+                match self.algorithm {
                     Algorithm::MiniBatch => format!("{steps} steps"),
                     Algorithm::Lloyd => plural(steps, "iteration"),
                 },
                 why.describe()
-            ));
+            )),
+            Event::Initialized { seconds } => self.initialized(seconds),
+            Event::Epoch {
+                index,
+                seconds,
+                inertia,
+            } => self.epoch(index, seconds, inertia),
         }
-        Event::Initialized { seconds } => {
-            for l in intro.drain(..) {
-                fb.line(&l);
-            }
-            init_seconds = seconds;
-            session.phase(&format!("{run_prefix}{word} 1"));
-            let s = rt.stats();
-            let read = s.bytes_read + session.input_bytes_read();
-            fb.line(&format!(
-                "initialised in {seconds:.2}s: loads {}, read {}",
-                s.loads - last.loads,
-                format_bytes(read - last_read)
-            ));
-            init_read += read - last_read;
-            last = s;
-            last_read = read;
-        }
-        Event::Epoch {
-            index,
-            seconds,
-            inertia,
-        } => {
-            let s = rt.stats();
-            let read = s.bytes_read + session.input_bytes_read();
-            fb.line(&format!(
-                "{word} {}/{passes}: {seconds:.2}s, inertia {inertia:.6e}, evictions {} (clean {}), loads {}, read {}, written {}",
-                index + 1,
-                s.evictions - last.evictions,
-                s.clean_evictions - last.clean_evictions,
-                s.loads - last.loads,
-                format_bytes(read - last_read),
-                format_bytes(s.bytes_written - last.bytes_written),
-            ));
-            epoch_read.push(read - last_read);
-            epoch_written.push(s.bytes_written - last.bytes_written);
-            last = s;
-            last_read = read;
-            if index + 1 < passes {
-                fb.stage(&format!("{word} {}/{passes}", index + 2), rows);
-                session.phase(&format!("{run_prefix}{word} {}", index + 2));
-            }
-        }
-    })?;
-    fb.done();
-    session.phase("output");
-    // Rank 0 writes the outputs.
-    let mut outs = Outputs::new(&[
-        ("--output", if ranks.is_root() { &a.output } else { &None }),
-        ("--labels", &a.labels),
-        ("--timeline", &a.mem.timeline),
-        (
-            "--stats",
-            if ranks.is_root() { &a.mem.stats } else { &None },
-        ),
-    ]);
-    if let (Some(p), true) = (&a.output, ranks.is_root()) {
-        outs.write(
-            "--output",
-            npy::write_array(p, &[k as u64, dims as u64], &out.centers.values),
-        )?;
     }
-    if let (Some(p), Some(labels)) = (&a.labels, &out.labels) {
-        let as_i32: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
-        outs.write(
-            "--labels",
-            npy::write_array(p, &[labels.len() as u64], &as_i32),
-        )?;
+
+    /// The start lines, if not shown yet.
+    fn show_intro(&mut self) {
+        for l in self.intro.drain(..) {
+            self.fb.line(&l);
+        }
     }
-    // The timeline ends with the totals, so the two agree.
-    let s = session.runtime().stats();
-    let mut session = session;
-    outs.write("--timeline", session.finish_timeline(&s))?;
-    let rt = session.runtime();
-    warn_failed_writes(rt, &s);
-    // Every rank's figures, on rank 0 (the others are done).
-    let Some(report) = session.report().map_err(|e| outs.failed(e))? else {
-        return Ok(());
-    };
-    let tot = report.total;
-    if let Some(p) = &a.mem.stats {
-        let r = write_json(
-            p,
-            &KmeansStats {
-                algorithm: match cfg.algorithm {
-                    Algorithm::MiniBatch => "minibatch",
-                    Algorithm::Lloyd => "lloyd",
-                },
-                k,
-                rows,
-                dims,
-                partitions: ds.parts.len(),
-                shards: kmeans::shards(rows, &cfg).count(),
-                epoch_seconds: &out.epoch_seconds,
-                epoch_inertia: &out.epoch_inertia,
-                epoch_kernel_seconds: &out.epoch_kernel_seconds,
-                epoch_bytes_read: &epoch_read,
-                epoch_bytes_written: &epoch_written,
-                inertia: out.inertia,
-                iterations: out.iterations,
-                steps: out.steps,
-                converged: out.converged.is_some(),
-                stop: out.converged.map(|c| c.describe()),
-                tol: cfg.tol,
-                max_no_improvement: cfg.max_no_improvement,
-                n_init: out.init_inertia.len(),
-                best_init: out.best_init,
-                init_inertia: &out.init_inertia,
-                weighted: a.sample_weight.is_some(),
-                combine_seconds: out.combine_seconds,
-                combines: out.combines,
-                totals: tot,
-                load_seconds,
-                init_seconds,
-                init_bytes_read: init_read,
-                mem_cap_bytes: report.mem_cap_bytes,
-                policy: &rt.policy().to_string(),
-                workers: rt.workers(),
-                runtime: &s,
-                processes,
-                per_process: &report.per_process,
+
+    /// Run `index` of `of` starts.
+    fn run_starts(&mut self, index: usize, of: usize) {
+        self.show_intro();
+        self.fb.line(&format!("run {}/{of}:", index + 1));
+        self.run_prefix = format!("run {}: ", index + 1);
+        self.session.phase(&format!("{}init", self.run_prefix));
+    }
+
+    /// What the runtime did since the last line; the next counts from now.
+    fn since_last(&mut self) -> Delta {
+        let s = self.session.runtime().stats();
+        let read = s.bytes_read + self.session.input_bytes_read();
+        let d = Delta {
+            evictions: s.evictions - self.last.evictions,
+            clean_evictions: s.clean_evictions - self.last.clean_evictions,
+            loads: s.loads - self.last.loads,
+            read: read - self.last_read,
+            written: s.bytes_written - self.last.bytes_written,
+        };
+        self.last = s;
+        self.last_read = read;
+        d
+    }
+
+    /// The initial centres are chosen, in `seconds`.
+    fn initialized(&mut self, seconds: f64) {
+        self.show_intro();
+        self.figures.init_seconds = seconds;
+        self.session
+            .phase(&format!("{}{} 1", self.run_prefix, self.word));
+        let d = self.since_last();
+        self.fb.line(&format!(
+            "initialised in {seconds:.2}s: loads {}, read {}",
+            d.loads,
+            format_bytes(d.read)
+        ));
+        self.figures.init_read += d.read;
+    }
+
+    /// Epoch or iteration `index` finished.
+    fn epoch(&mut self, index: usize, seconds: f64, inertia: f64) {
+        let d = self.since_last();
+        let (word, passes) = (self.word, self.passes);
+        self.fb.line(&format!(
+            "{word} {}/{passes}: {seconds:.2}s, inertia {inertia:.6e}, evictions {} (clean {}), loads {}, read {}, written {}",
+            index + 1,
+            d.evictions,
+            d.clean_evictions,
+            d.loads,
+            format_bytes(d.read),
+            format_bytes(d.written),
+        ));
+        self.figures.epoch_read.push(d.read);
+        self.figures.epoch_written.push(d.written);
+        if index + 1 < passes {
+            self.fb
+                .stage(&format!("{word} {}/{passes}", index + 2), self.rows);
+            self.session
+                .phase(&format!("{}{word} {}", self.run_prefix, index + 2));
+        }
+    }
+
+    /// Ends the display; the figures for `--stats`.
+    fn finish(mut self) -> Figures {
+        self.fb.done();
+        self.figures
+    }
+}
+
+/// What the runtime did between two lines.
+struct Delta {
+    evictions: u64,
+    clean_evictions: u64,
+    loads: u64,
+    /// Bytes read from disk: spill files and input.
+    read: u64,
+    written: u64,
+}
+
+/// The figures of a run's passes, for `--stats`.
+#[derive(Default)]
+struct Figures {
+    init_seconds: f64,
+    /// Bytes read while choosing the initial centres (every run).
+    init_read: u64,
+    epoch_read: Vec<u64>,
+    epoch_written: Vec<u64>,
+}
+
+/// A finished run, for its outputs and reports.
+struct Ran<'a> {
+    job: &'a Job,
+    ds: &'a Dataset,
+    out: &'a Outcome,
+    figures: &'a Figures,
+    load_seconds: f64,
+}
+
+impl Ran<'_> {
+    /// Writes the outputs (rank 0 writes them), then on rank 0 the
+    /// statistics and the summary line; every rank's figures go to rank 0.
+    fn finish(&self, a: &KmeansArgs, mut session: Session) -> Result<()> {
+        let root = session.is_root();
+        let mut outs = Outputs::new(&[
+            ("--output", if root { &a.output } else { &None }),
+            ("--labels", &a.labels),
+            ("--timeline", &a.mem.timeline),
+            ("--stats", if root { &a.mem.stats } else { &None }),
+        ]);
+        let (k, dims) = (self.job.cfg.k as u64, self.job.dims as u64);
+        if let (Some(p), true) = (&a.output, root) {
+            let centres = npy::write_array(p, &[k, dims], &self.out.centers.values);
+            outs.write("--output", centres)?;
+        }
+        if let (Some(p), Some(labels)) = (&a.labels, &self.out.labels) {
+            let as_i32: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
+            let r = npy::write_array(p, &[labels.len() as u64], &as_i32);
+            outs.write("--labels", r)?;
+        }
+        // The timeline ends with the totals, so the two agree.
+        let s = finish_session(&mut session, &mut outs)?;
+        // Every rank's figures, on rank 0 (the others are done).
+        let Some(report) = session.report().map_err(|e| outs.failed(e))? else {
+            return Ok(());
+        };
+        if let Some(p) = &a.mem.stats {
+            let r = write_json(p, &self.stats(a, &session, &s, &report));
+            outs.write("--stats", r)?;
+        }
+        self.summary(&session, &report);
+        Ok(())
+    }
+
+    /// The `--stats` JSON.
+    fn stats<'b>(
+        &'b self,
+        a: &KmeansArgs,
+        session: &Session,
+        s: &'b Stats,
+        report: &'b Report,
+    ) -> KmeansStats<'b> {
+        let (job, out, rep, cfg) = (self.job, self.out, self.figures, &self.job.cfg);
+        let rt = session.runtime();
+        KmeansStats {
+            algorithm: match cfg.algorithm {
+                Algorithm::MiniBatch => "minibatch",
+                Algorithm::Lloyd => "lloyd",
             },
-        );
-        outs.write("--stats", r)?;
+            k: cfg.k,
+            rows: job.rows,
+            dims: job.dims,
+            partitions: self.ds.parts.len(),
+            shards: job.shards(),
+            epoch_seconds: &out.epoch_seconds,
+            epoch_inertia: &out.epoch_inertia,
+            epoch_kernel_seconds: &out.epoch_kernel_seconds,
+            epoch_bytes_read: &rep.epoch_read,
+            epoch_bytes_written: &rep.epoch_written,
+            inertia: out.inertia,
+            iterations: out.iterations,
+            steps: out.steps,
+            converged: out.converged.is_some(),
+            stop: out.converged.map(|c| c.describe()),
+            tol: cfg.tol,
+            max_no_improvement: cfg.max_no_improvement,
+            n_init: out.init_inertia.len(),
+            best_init: out.best_init,
+            init_inertia: &out.init_inertia,
+            weighted: a.sample_weight.is_some(),
+            combine_seconds: out.combine_seconds,
+            combines: out.combines,
+            totals: report.total,
+            load_seconds: self.load_seconds,
+            init_seconds: rep.init_seconds,
+            init_bytes_read: rep.init_read,
+            mem_cap_bytes: report.mem_cap_bytes,
+            policy: rt.policy().to_string(),
+            workers: rt.workers(),
+            runtime: s,
+            processes: session.ranks().size(),
+            per_process: &report.per_process,
+        }
     }
-    let cap = rt
-        .cap()
-        .map_or("no cap".into(), |c| format!("cap {}", format_bytes(c)));
-    let (peak, each) = if processes > 1 {
-        ("largest peak", " per process")
-    } else {
-        ("peak", "")
-    };
-    say!(
-        "done in {:.1}s: final inertia {:.6e}; {peak} {} ({cap}{each}); evictions {} (clean {}, in the trap {}), loads {}, read {}, written {}",
-        tot.wall_seconds,
-        out.inertia,
-        format_bytes(tot.peak_bytes),
-        tot.evictions,
-        tot.clean_evictions,
-        tot.trap_evictions,
-        tot.loads,
-        format_bytes(tot.bytes_read),
-        format_bytes(tot.bytes_written),
-    );
-    Ok(())
+
+    /// The last line: every process's totals.
+    fn summary(&self, session: &Session, report: &Report) {
+        let (rt, tot) = (session.runtime(), report.total);
+        let cap = rt
+            .cap()
+            .map_or("no cap".into(), |c| format!("cap {}", format_bytes(c)));
+        let (peak, each) = if session.ranks().size() > 1 {
+            ("largest peak", " per process")
+        } else {
+            ("peak", "")
+        };
+        say!(
+            "done in {:.1}s: final inertia {:.6e}; {peak} {} ({cap}{each}); evictions {} (clean {}, in the trap {}), loads {}, read {}, written {}",
+            tot.wall_seconds,
+            self.out.inertia,
+            format_bytes(tot.peak_bytes),
+            tot.evictions,
+            tot.clean_evictions,
+            tot.trap_evictions,
+            tot.loads,
+            format_bytes(tot.bytes_read),
+            format_bytes(tot.bytes_written),
+        );
+    }
 }
 
 /// A source and its shape, read up front.

@@ -479,3 +479,14 @@ fn warn_failed_writes(rt: &Runtime, s: &Stats) {
         );
     }
 }
+
+/// Ends a session's work: the runtime's counters, taken once so that
+/// every figure shown agrees, close the timeline (the `--timeline` of
+/// `outs`), and a line warns when spill writes failed. Returns the
+/// counters.
+fn finish_session(session: &mut outcore_jobs::Session, outs: &mut Outputs) -> Result<Stats> {
+    let s = session.runtime().stats();
+    outs.write("--timeline", session.finish_timeline(&s))?;
+    warn_failed_writes(session.runtime(), &s);
+    Ok(s)
+}

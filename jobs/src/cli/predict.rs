@@ -5,15 +5,16 @@ use std::path::{Path, PathBuf};
 
 use clap::{ArgGroup, Args};
 use outcore::{format_bytes, MemoryCap, Stats};
-use outcore_jobs::kmeans::{self, Centers};
+use outcore_jobs::kmeans::{self, Centers, Dataset};
 use outcore_jobs::npy::{self, NpyWriter};
+use outcore_jobs::ranks::Ranks;
 use outcore_jobs::train::{self, Model};
-use outcore_jobs::{check_outputs, write_json, Error, Result, Session, Totals};
+use outcore_jobs::{check_outputs, write_json, Error, Result, Session, Source, Totals};
 use serde::Serialize;
 
 use super::progress::Feedback;
 use super::{
-    cap_over_limit, file_source, named, runtime, warn_dims, warn_failed_writes, Given, MemoryArgs,
+    cap_over_limit, file_source, finish_session, named, runtime, warn_dims, Given, MemoryArgs,
     Outputs,
 };
 
@@ -67,78 +68,53 @@ struct PredictStats<'a> {
     runtime: &'a Stats,
 }
 
+/// What labels the rows.
 enum Predictor {
     Centres(Centers),
     Model(Model),
 }
 
-/// Runs `outcore predict`.
+impl Predictor {
+    /// Centres or classes.
+    fn k(&self) -> usize {
+        match self {
+            Predictor::Centres(c) => c.k,
+            Predictor::Model(m) => m.classes as usize,
+        }
+    }
+}
+
+/// A checked command line: the input and what labels it.
+struct Job {
+    src: Source,
+    rows: u64,
+    dims: usize,
+    predictor: Predictor,
+}
+
+/// Runs `outcore predict`: the flags checked into a job, the rows labelled
+/// through a session as they stream in, then the outputs and summary.
 pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
     warn_dims(given, Some(&a.input));
-    let labels = Some(a.labels.clone());
-    let input = Some(a.input.clone());
-    let outputs = [
-        ("--labels", &labels),
-        ("--distances", &a.distances),
-        ("--stats", &a.mem.stats),
-        ("--timeline", &a.mem.timeline),
-    ];
-    let inputs = [
-        ("--input", &input),
-        ("--centroids", &a.centroids),
-        ("--model", &a.model),
-    ];
-    check_outputs(&named(&outputs), &named(&inputs))?;
-    if a.distances.is_some() && a.model.is_some() {
-        return Err(Error::Input(
-            "--distances applies to --centroids, not to --model".into(),
-        ));
-    }
-    let src = file_source(&a.input, a.dims, a.key.as_deref())?;
-    let (rows, dims) = src.shape()?;
-    let predictor = match (&a.centroids, &a.model) {
-        (Some(p), _) => {
-            let (v, k, c) = npy::read_matrix(p)?;
-            if c != dims {
-                return Err(Error::Input(format!(
-                    "--centroids {}: centres have {c} dimensions, the input has {dims}",
-                    p.display()
-                )));
-            }
-            Predictor::Centres(Centers::new(k, dims, v))
-        }
-        (None, Some(p)) => Predictor::Model(read_model(p, dims)?),
-        (None, None) => {
-            return Err(Error::Input("give --centroids or --model".into()));
-        }
-    };
-    let k = match &predictor {
-        Predictor::Centres(c) => c.k,
-        Predictor::Model(m) => m.classes as usize,
-    };
-    let data_bytes = rows * dims as u64 * 4;
-    let (rt, part_bytes) = runtime(
-        &a.mem,
-        MemoryCap::Auto,
-        data_bytes,
-        &outcore_jobs::ranks::Ranks::single(),
-    )?;
+    let job = Job::parse(&a)?;
+    let data_bytes = job.rows * job.dims as u64 * 4;
+    let (rt, part_bytes) = runtime(&a.mem, MemoryCap::Auto, data_bytes, &Ranks::single())?;
     let mut session = Session::new(rt);
     if let Some(p) = &a.mem.timeline {
         session.record_timeline(p, "load")?;
     }
-    let session = session;
-    let rt = session.runtime();
     let mut fb = Feedback::new();
-    let ds = kmeans::load(rt, &src, part_bytes, |_, _| {})?;
-    session.add_reads(ds.input_reads());
+    let ds = kmeans::load(&session, &job.src, None, None, part_bytes, |_, _| {})?;
     session.phase("label");
+    let rt = session.runtime();
     fb.line(&format!(
-        "outcore predict: {rows} points x {dims} dims ({}), {}, cap {}, {} workers",
+        "outcore predict: {} points x {} dims ({}), {}, cap {}, {} workers",
+        job.rows,
+        job.dims,
         format_bytes(data_bytes),
-        match &predictor {
-            Predictor::Centres(_) => format!("nearest of {k} centres"),
-            Predictor::Model(_) => format!("model of {k} classes"),
+        match &job.predictor {
+            Predictor::Centres(_) => format!("nearest of {} centres", job.predictor.k()),
+            Predictor::Model(_) => format!("model of {} classes", job.predictor.k()),
         },
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers()
@@ -146,73 +122,34 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
     if let Some(w) = cap_over_limit(rt) {
         fb.line(&w);
     }
-    fb.stage("labelling", rows);
-    let mut labels = NpyWriter::<i32>::create(&a.labels, &[rows])?;
-    let mut dists = match &a.distances {
-        Some(p) => Some(NpyWriter::<f32>::create(p, &[rows])?),
-        None => None,
-    };
-    let mut done = 0u64;
-    let mut scratch: Vec<i32> = Vec::new();
-    let mut put = |l: &[u32]| -> Result<()> {
-        scratch.clear();
-        scratch.extend(l.iter().map(|&v| v as i32));
-        labels.write(&scratch)?;
-        done += l.len() as u64;
-        fb.progress(done);
-        Ok(())
-    };
-    match &predictor {
-        Predictor::Centres(c) => {
-            kmeans::predict(rt, &ds, c, dists.is_some(), 1100, |l, d| {
-                put(l)?;
-                if let Some(w) = dists.as_mut() {
-                    w.write(d)?;
-                }
-                Ok(())
-            })?;
-        }
-        Predictor::Model(m) => train::predict(rt, &ds, m, put)?,
-    }
-    let mut outs = Outputs::new(&[
-        ("--labels", &Some(a.labels.clone())),
-        ("--distances", &a.distances),
-        ("--timeline", &a.mem.timeline),
-        ("--stats", &a.mem.stats),
-    ]);
-    outs.write("--labels", labels.finish())?;
-    if let Some(w) = dists {
-        outs.write("--distances", w.finish())?;
-    }
+    fb.stage("labelling", job.rows);
+    let mut outs = job.label(&a, &session, &ds, &mut fb)?;
     fb.done();
-    let s = session.runtime().stats();
-    let mut session = session;
-    outs.write("--timeline", session.finish_timeline(&s))?;
-    let rt = session.runtime();
-    warn_failed_writes(rt, &s);
+    let s = finish_session(&mut session, &mut outs)?;
     let totals = session.totals(&s);
     if let Some(p) = &a.mem.stats {
         let r = write_json(
             p,
             &PredictStats {
-                by: match predictor {
+                by: match job.predictor {
                     Predictor::Centres(_) => "centroids",
                     Predictor::Model(_) => "model",
                 },
-                rows,
-                dims,
-                k,
+                rows: job.rows,
+                dims: job.dims,
+                k: job.predictor.k(),
                 partitions: ds.parts.len(),
                 totals,
-                mem_cap_bytes: rt.cap(),
+                mem_cap_bytes: session.runtime().cap(),
                 runtime: &s,
             },
         );
         outs.write("--stats", r)?;
     }
     tell!(
-        "done in {:.1}s: {rows} rows labelled; peak {}; evictions {}, loads {}, read {}, written {}",
+        "done in {:.1}s: {} rows labelled; peak {}; evictions {}, loads {}, read {}, written {}",
         totals.wall_seconds,
+        job.rows,
         format_bytes(totals.peak_bytes),
         totals.evictions,
         totals.loads,
@@ -220,6 +157,106 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
         format_bytes(totals.bytes_written)
     );
     Ok(())
+}
+
+impl Job {
+    /// The job the flags ask for: the paths checked (no output may
+    /// overwrite an input or another output), the input opened, the
+    /// centroids or model read and checked against it.
+    fn parse(a: &PredictArgs) -> Result<Job> {
+        let labels = Some(a.labels.clone());
+        let input = Some(a.input.clone());
+        let outputs = [
+            ("--labels", &labels),
+            ("--distances", &a.distances),
+            ("--stats", &a.mem.stats),
+            ("--timeline", &a.mem.timeline),
+        ];
+        let inputs = [
+            ("--input", &input),
+            ("--centroids", &a.centroids),
+            ("--model", &a.model),
+        ];
+        check_outputs(&named(&outputs), &named(&inputs))?;
+        if a.distances.is_some() && a.model.is_some() {
+            return Err(Error::Input(
+                "--distances applies to --centroids, not to --model".into(),
+            ));
+        }
+        let src = file_source(&a.input, a.dims, a.key.as_deref())?;
+        let (rows, dims) = src.shape()?;
+        let predictor = match (&a.centroids, &a.model) {
+            (Some(p), _) => {
+                let (v, k, c) = npy::read_matrix(p)?;
+                if c != dims {
+                    return Err(Error::Input(format!(
+                        "--centroids {}: centres have {c} dimensions, the input has {dims}",
+                        p.display()
+                    )));
+                }
+                Predictor::Centres(Centers::new(k, dims, v))
+            }
+            (None, Some(p)) => Predictor::Model(read_model(p, dims)?),
+            (None, None) => {
+                return Err(Error::Input("give --centroids or --model".into()));
+            }
+        };
+        Ok(Job {
+            src,
+            rows,
+            dims,
+            predictor,
+        })
+    }
+
+    /// Labels the rows of `ds` and streams the labels (and distances) to
+    /// their files; the outputs, `--labels` and `--distances` written.
+    fn label(
+        &self,
+        a: &PredictArgs,
+        session: &Session,
+        ds: &Dataset,
+        fb: &mut Feedback,
+    ) -> Result<Outputs> {
+        let mut labels = NpyWriter::<i32>::create(&a.labels, &[self.rows])?;
+        let mut dists = match &a.distances {
+            Some(p) => Some(NpyWriter::<f32>::create(p, &[self.rows])?),
+            None => None,
+        };
+        let mut done = 0u64;
+        let mut scratch: Vec<i32> = Vec::new();
+        let mut put = |l: &[u32]| -> Result<()> {
+            scratch.clear();
+            scratch.extend(l.iter().map(|&v| v as i32));
+            labels.write(&scratch)?;
+            done += l.len() as u64;
+            fb.progress(done);
+            Ok(())
+        };
+        match &self.predictor {
+            Predictor::Centres(c) => {
+                kmeans::predict(session, ds, c, dists.is_some(), 1100, |l, d| {
+                    put(l)?;
+                    if let Some(w) = dists.as_mut() {
+                        w.write(d)?;
+                    }
+                    Ok(())
+                })?;
+            }
+            Predictor::Model(m) => train::predict(session.runtime(), ds, m, put)?,
+        }
+        let mut outs = Outputs::new(&[
+            ("--labels", &Some(a.labels.clone())),
+            ("--distances", &a.distances),
+            ("--timeline", &a.mem.timeline),
+            ("--stats", &a.mem.stats),
+        ]);
+        outs.write("--labels", labels.finish())?;
+        if let Some(w) = dists {
+            outs.write("--distances", w.finish())?;
+        }
+        Ok(outs)
+    }
 }
 
 /// A model file: `classes x (dims + 1)`, the intercept in the last column.

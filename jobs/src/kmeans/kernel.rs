@@ -32,6 +32,8 @@
 //! tile's bits, tested): the same with and without a cap, for any
 //! partitioning, any thread. CPUs without FMA take the GEMM path.
 
+use std::ops::Range;
+
 /// Centres per full panel.
 const W: usize = 16;
 
@@ -105,90 +107,94 @@ impl Panels {
         for r0 in (0..n).step_by(RB) {
             let rows = RB.min(n - r0);
             for k0 in (0..d).step_by(KC) {
-                let kc = KC.min(d - k0);
-                let first = k0 == 0;
-                let mut q = 0;
-                while q < panels {
-                    let w = width(self.k, q);
-                    let panel = &self.data[q * W * d + k0 * w..q * W * d + (k0 + kc) * w];
-                    if wide
-                        && q + 3 == panels
-                        && width(self.k, q + 1) == W
-                        && width(self.k, q + 2) < W
-                    {
-                        // The last two full panels and the half panel after
-                        // them in one pass: 40 centres per row. On its own
-                        // the half panel cost half a pair's time for a
-                        // quarter of its centres.
-                        let at = |j: usize, w: usize| {
-                            &self.data[j * W * d + k0 * w..j * W * d + (k0 + kc) * w]
-                        };
-                        let (next, half) = (at(q + 1, W), at(q + 2, W / 2));
-                        for i0 in (0..rows).step_by(MR3) {
-                            let m = MR3.min(rows - i0);
-                            let xs = &x[(r0 + i0) * d + k0..];
-                            let a = &mut acc[(i0 * panels + q) * W..];
-                            // SAFETY: `wide` says the CPU has AVX-512F (and
-                            // `available()`, AVX2 and FMA); `xs` holds `m`
-                            // rows of stride `d` with at least `kc` columns
-                            // each, the full panels `kc * 16` floats, the
-                            // half one `kc * 8`, and `a`, from panel `q` of
-                            // row `i0`, at least `(m - 1) * panels * W + 40`
-                            // floats (panel `q + 2` is the row's last).
-                            unsafe {
-                                tile_triple(m, xs, d, [panel, next, half], kc, a, panels * W, first)
-                            };
-                        }
-                        q += 3;
-                        continue;
-                    }
-                    if wide && q + 1 < panels && width(self.k, q + 1) == W {
-                        // Two full panels at once: 32 centres per row.
-                        let next =
-                            &self.data[(q + 1) * W * d + k0 * W..(q + 1) * W * d + (k0 + kc) * W];
-                        for i0 in (0..rows).step_by(MR2) {
-                            let m = MR2.min(rows - i0);
-                            let xs = &x[(r0 + i0) * d + k0..];
-                            let a = &mut acc[(i0 * panels + q) * W..];
-                            // SAFETY: `wide` says the CPU has AVX-512F;
-                            // `xs` holds `m` rows of stride `d` with at
-                            // least `kc` columns each, each panel `kc * 16`
-                            // floats, and `a`, from panel `q` of row `i0`,
-                            // at least `(m - 1) * panels * W + 2 * W`
-                            // floats (panel `q + 1` exists).
-                            unsafe { tile_pair(m, xs, d, panel, next, kc, a, panels * W, first) };
-                        }
-                        q += 2;
-                        continue;
-                    }
-                    // Twelve rows at a time where one register per row
-                    // holds the panel (a half panel; a full one with
-                    // AVX-512): twelve sums in flight, where six would
-                    // wait on each other's latency.
-                    let step = if w < W || wide { MR2 } else { MR };
-                    for i0 in (0..rows).step_by(step) {
-                        let m = step.min(rows - i0);
-                        let xs = &x[(r0 + i0) * d + k0..];
-                        let a = &mut acc[(i0 * panels + q) * W..];
-                        // SAFETY: `available()` held when `self` was built
-                        // (`new` returns `None` otherwise); `m` is at most
-                        // `MR`, or `MR2` for a half panel or with AVX-512
-                        // (`wide`); `xs` holds `m` rows of stride `d` with
-                        // at least `kc` columns each from its start (`x`
-                        // holds `n` rows), `panel` holds `kc * w` floats,
-                        // and `a`, from row `i0` of `RB` rows of
-                        // `panels * W`, at least `(m - 1) * panels * W + w`
-                        // floats.
-                        unsafe { tile_dispatch(m, w, xs, d, panel, kc, a, panels * W, first) };
-                    }
-                    q += 1;
-                }
+                self.dots(x, r0..r0 + rows, k0..k0 + KC.min(d - k0), &mut acc, wide);
             }
             for i in 0..rows {
                 let row = r0 + i;
                 let a = &acc[i * panels * W..(i + 1) * panels * W];
                 (best[row], best_d[row]) = argmin(xn[row], a, &self.norms);
             }
+        }
+    }
+
+    /// Adds to `acc` (`RB` rows of `panels * W` floats) the dot products
+    /// of columns `cols` of rows `rows` of `x` with every centre (written,
+    /// not added, for the first columns), panel by panel: with AVX-512
+    /// (`wide`), two or three panels in one pass where they fit.
+    #[inline]
+    fn dots(&self, x: &[f32], rows: Range<usize>, cols: Range<usize>, acc: &mut [f32], wide: bool) {
+        let d = self.d;
+        let (r0, rows) = (rows.start, rows.len());
+        let (k0, kc) = (cols.start, cols.len());
+        let panels = self.k.div_ceil(W);
+        let first = k0 == 0;
+        let mut q = 0;
+        while q < panels {
+            let w = width(self.k, q);
+            let panel = &self.data[q * W * d + k0 * w..q * W * d + (k0 + kc) * w];
+            if wide && q + 3 == panels && width(self.k, q + 1) == W && width(self.k, q + 2) < W {
+                // The last two full panels and the half panel after
+                // them in one pass: 40 centres per row. On its own
+                // the half panel cost half a pair's time for a
+                // quarter of its centres.
+                let at =
+                    |j: usize, w: usize| &self.data[j * W * d + k0 * w..j * W * d + (k0 + kc) * w];
+                let (next, half) = (at(q + 1, W), at(q + 2, W / 2));
+                for i0 in (0..rows).step_by(MR3) {
+                    let m = MR3.min(rows - i0);
+                    let xs = &x[(r0 + i0) * d + k0..];
+                    let a = &mut acc[(i0 * panels + q) * W..];
+                    // SAFETY: `wide` says the CPU has AVX-512F (and
+                    // `available()`, AVX2 and FMA); `xs` holds `m`
+                    // rows of stride `d` with at least `kc` columns
+                    // each, the full panels `kc * 16` floats, the
+                    // half one `kc * 8`, and `a`, from panel `q` of
+                    // row `i0`, at least `(m - 1) * panels * W + 40`
+                    // floats (panel `q + 2` is the row's last).
+                    unsafe { tile_triple(m, xs, d, [panel, next, half], kc, a, panels * W, first) };
+                }
+                q += 3;
+                continue;
+            }
+            if wide && q + 1 < panels && width(self.k, q + 1) == W {
+                // Two full panels at once: 32 centres per row.
+                let next = &self.data[(q + 1) * W * d + k0 * W..(q + 1) * W * d + (k0 + kc) * W];
+                for i0 in (0..rows).step_by(MR2) {
+                    let m = MR2.min(rows - i0);
+                    let xs = &x[(r0 + i0) * d + k0..];
+                    let a = &mut acc[(i0 * panels + q) * W..];
+                    // SAFETY: `wide` says the CPU has AVX-512F;
+                    // `xs` holds `m` rows of stride `d` with at
+                    // least `kc` columns each, each panel `kc * 16`
+                    // floats, and `a`, from panel `q` of row `i0`,
+                    // at least `(m - 1) * panels * W + 2 * W`
+                    // floats (panel `q + 1` exists).
+                    unsafe { tile_pair(m, xs, d, panel, next, kc, a, panels * W, first) };
+                }
+                q += 2;
+                continue;
+            }
+            // Twelve rows at a time where one register per row
+            // holds the panel (a half panel; a full one with
+            // AVX-512): twelve sums in flight, where six would
+            // wait on each other's latency.
+            let step = if w < W || wide { MR2 } else { MR };
+            for i0 in (0..rows).step_by(step) {
+                let m = step.min(rows - i0);
+                let xs = &x[(r0 + i0) * d + k0..];
+                let a = &mut acc[(i0 * panels + q) * W..];
+                // SAFETY: `available()` held when `self` was built
+                // (`new` returns `None` otherwise); `m` is at most
+                // `MR`, or `MR2` for a half panel or with AVX-512
+                // (`wide`); `xs` holds `m` rows of stride `d` with
+                // at least `kc` columns each from its start (`x`
+                // holds `n` rows), `panel` holds `kc * w` floats,
+                // and `a`, from row `i0` of `RB` rows of
+                // `panels * W`, at least `(m - 1) * panels * W + w`
+                // floats.
+                unsafe { tile_dispatch(m, w, xs, d, panel, kc, a, panels * W, first) };
+            }
+            q += 1;
         }
     }
 }
