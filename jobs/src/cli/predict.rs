@@ -172,7 +172,7 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
                 Ok(())
             })?;
         }
-        Predictor::Model(m) => train::predict(rt, &ds, m, put)?,
+        Predictor::Model(m) => train::predict(&session, &ds, m, put)?,
     }
     let mut outs = Outputs::new(&[
         ("--labels", &Some(a.labels.clone())),
