@@ -192,18 +192,8 @@ pub fn minimize<E>(
         let Some(next) = next else {
             break Stop::LineSearch;
         };
-        let sv: Vec<f64> = next.x.iter().zip(&cur.x).map(|(a, b)| a - b).collect();
-        let yv: Vec<f64> = next.g.iter().zip(&cur.g).map(|(a, b)| a - b).collect();
-        let ys = dot(&yv, &sv);
-        let yy = dot(&yv, &yv);
-        if ys > f64::EPSILON * yy && yy > 0.0 {
-            if pairs.len() == s.history {
-                pairs.pop_front();
-            }
-            gamma = ys / yy;
-            let hs = rt.insert_named(Some(&format!("lbfgs s {iterations}")), PodVec::from(sv))?;
-            let hy = rt.insert_named(Some(&format!("lbfgs y {iterations}")), PodVec::from(yv))?;
-            pairs.push_back((hs, hy, 1.0 / ys));
+        if let Some(g) = add_pair(rt, &mut pairs, s.history, iterations, &cur, &next)? {
+            gamma = g;
         }
         let decrease = (cur.f - next.f) / cur.f.abs().max(next.f.abs()).max(1.0);
         cur = next;
@@ -230,6 +220,34 @@ pub fn minimize<E>(
         stop,
         extra: cur.extra,
     })
+}
+
+/// Stores the curvature pair of the step from `cur` to `next` (of
+/// iteration `iteration`) in executors, dropping the oldest beyond
+/// `history`, when its curvature is positive; returns the initial
+/// Hessian's new scale, `y . s / y . y`, then.
+fn add_pair<E>(
+    rt: &Runtime,
+    pairs: &mut VecDeque<Pair>,
+    history: usize,
+    iteration: usize,
+    cur: &Eval<E>,
+    next: &Eval<E>,
+) -> Result<Option<f64>> {
+    let sv: Vec<f64> = next.x.iter().zip(&cur.x).map(|(a, b)| a - b).collect();
+    let yv: Vec<f64> = next.g.iter().zip(&cur.g).map(|(a, b)| a - b).collect();
+    let ys = dot(&yv, &sv);
+    let yy = dot(&yv, &yv);
+    if !(ys > f64::EPSILON * yy && yy > 0.0) {
+        return Ok(None);
+    }
+    if pairs.len() == history {
+        pairs.pop_front();
+    }
+    let hs = rt.insert_named(Some(&format!("lbfgs s {iteration}")), PodVec::from(sv))?;
+    let hy = rt.insert_named(Some(&format!("lbfgs y {iteration}")), PodVec::from(yv))?;
+    pairs.push_back((hs, hy, 1.0 / ys));
+    Ok(Some(ys / yy))
 }
 
 /// The two-loop recursion: `-H g` for the inverse-Hessian approximation of

@@ -9,11 +9,11 @@ use serde::{Deserialize, Serialize};
 
 use outcore::{PodVec, Runtime};
 
-use super::{Job, Model, TrainConfig, TASK_ROWS};
+use super::{Job, Model, Share, TrainConfig, TASK_ROWS};
 use crate::error::{Error, Result};
 use crate::input::{mix, Block, Labels, Loader, Partitioned, Source};
 use crate::npy::NpyInts;
-use crate::ranks::Shards;
+use crate::ranks::{Ranks, Shards};
 use crate::session::Session;
 
 /// A shard: training rows, held-out rows and a model replica.
@@ -126,17 +126,7 @@ pub fn load(
         ],
     )?;
     check_model_fits(rt, classes, rows, dims, max_label)?;
-    let share = if ranks.size() > 1 {
-        Some([(cfg.solver.algorithm().share)(
-            rows,
-            dims,
-            shard_bytes,
-            cfg,
-            ranks,
-        )?])
-    } else {
-        None
-    };
+    let share = share(rows, dims, shard_bytes, cfg, ranks)?;
     let loader = Loader {
         source: src,
         labels: Some(labels),
@@ -171,6 +161,22 @@ pub fn load(
         first_row: data.first_row,
         shard_rows: data.part_rows,
     })
+}
+
+/// This rank's share of the rows on several ranks (the solver's), none
+/// on one.
+fn share(
+    rows: u64,
+    dims: usize,
+    shard_bytes: u64,
+    cfg: &TrainConfig,
+    ranks: &Ranks,
+) -> Result<Option<[Share; 1]>> {
+    if ranks.size() < 2 {
+        return Ok(None);
+    }
+    let share = (cfg.solver.algorithm().share)(rows, dims, shard_bytes, cfg, ranks)?;
+    Ok(Some([share]))
 }
 
 /// The largest label, known before any shard is built: the labels file
