@@ -46,15 +46,11 @@
 //! Files:
 //!
 //! ```text
-//!   mod.rs    the public types (Model, Solver, TrainConfig, Job, Event,
-//!             Trained), train (the solver chosen here) and predict
-//!   load.rs   the Shard executors and load: labels, classes, each rank's
-//!             share, what every shard holds
+//!   mod.rs    public types (Model, Solver, TrainConfig, Job, Event, Trained), train, predict
+//!   load.rs   the Shard executors and load: labels, classes, each rank's share
 //!   sgd.rs    local SGD on the replicas and their averaging (Solver::Sgd)
-//!   loss.rs   the logistic loss of one task: value, gradient, held-out
-//!             hits (what L-BFGS minimises)
-//!   lbfgs.rs  the L-BFGS optimiser over executors, and its driver on a
-//!             Job (Solver::Lbfgs)
+//!   loss.rs   one task's log-loss, gradient and held-out hits (what L-BFGS minimises)
+//!   lbfgs.rs  the L-BFGS optimiser over executors and its driver on a Job (Solver::Lbfgs)
 //! ```
 
 use std::sync::Arc;
