@@ -7,32 +7,45 @@
 //! ```
 
 use outcore::{format_bytes, MemoryCap, Runtime};
-use outcore_jobs::train::{self, TrainConfig};
-use outcore_jobs::{Labels, Source};
+use outcore_jobs::train::{self, Event, Solver, TrainConfig};
+use outcore_jobs::{Labels, Session, Source};
 
 #[global_allocator]
 static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 
 fn main() -> Result<(), outcore_jobs::Error> {
-    let rt = Runtime::builder()
-        .mem_cap(MemoryCap::parse("96MiB")?)
-        .build()?;
+    let session = Session::new(
+        Runtime::builder()
+            .mem_cap(MemoryCap::parse("96MiB")?)
+            .build()?,
+    );
+    let rt = session.runtime();
     let (dims, classes, seed) = (64, 8, 7);
     // 256 MiB of labelled points: eight Gaussian blobs, one per class.
     let src = Source::synthetic(256 << 20, dims, classes, seed);
     let labels = Labels::Blobs;
     let cfg = TrainConfig {
+        solver: Solver::Sgd,
         rounds: 4,
         ..TrainConfig::default()
     };
     // Shards of 8 MiB: 32 of them under a 96 MiB cap.
-    let job = train::load(&rt, &src, &labels, Some(classes), 8 << 20, &cfg, |_, _| {})?;
+    let job = train::load(
+        &session,
+        &src,
+        &labels,
+        Some(classes),
+        8 << 20,
+        &cfg,
+        |_, _| {},
+    )?;
     println!(
         "{} rows in {} shards; global model in its own executor",
         job.rows,
         job.shards.len()
     );
-    let out = train::train(&rt, &job, &cfg, |r| {
+    let out = train::train(&session, &job, &cfg, |ev| {
+        let Event::Round(r) = ev else { return };
         let s = rt.stats();
         println!(
             "round {}: {:.2}s, held-out accuracy {:.2}%, written so far {} (dirty replicas), read {}",

@@ -243,7 +243,7 @@ impl Job {
                     Ok(())
                 })?;
             }
-            Predictor::Model(m) => train::predict(session.runtime(), ds, m, put)?,
+            Predictor::Model(m) => train::predict(session, ds, m, put)?,
         }
         let mut outs = Outputs::new(&[
             ("--labels", &Some(a.labels.clone())),

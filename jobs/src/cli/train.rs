@@ -1,13 +1,19 @@
 //! `outcore train`: logistic regression with model state in executors.
+//!
+//! [`run`] parses the flags into a [`Plan`] (each bad value reported by
+//! its flag), loads and trains through a [`Session`] (a progress line per
+//! round or iteration), then reports: the model (`--output`), the
+//! timeline, the statistics (`--stats`) and the summary line.
 
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use outcore::{format_bytes, MemoryCap, Stats};
-use outcore_jobs::ranks::Ranks;
-use outcore_jobs::train::{self, Solver, TrainConfig};
+use outcore_jobs::ranks::{Ranks, Shards};
+use outcore_jobs::train::{self, Event, Job, Solver, TrainConfig, Trained};
 use outcore_jobs::{
-    check_outputs, npy, write_json, Error, Labels, ProcessTotals, Result, Session, Totals,
+    check_outputs, npy, write_json, Error, Labels, ProcessTotals, Report, Result, Session, Source,
+    Totals,
 };
 use serde::Serialize;
 
@@ -156,6 +162,90 @@ struct TrainStats<'a> {
 
 /// Runs `outcore train`.
 pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
+    let plan = plan(&a, given, ranks)?;
+    let (rows, dims) = plan.src.shape()?;
+    // A shard holds 4 bytes per value and 4 per label.
+    let (rt, shard_bytes) = runtime(
+        &a.mem,
+        plan.default_cap,
+        rows * (dims as u64 * 4 + 4),
+        ranks,
+    )?;
+    let mut session = Session::on(rt, ranks.clone());
+    // Under MPI, the timeline is rank 0's.
+    if let Some(p) = &a.mem.timeline {
+        session.record_timeline(p, "load")?;
+    }
+    // Whole L-BFGS tasks per shard: the model does not depend on the
+    // sharding.
+    let shard_bytes = train::aligned_shard_bytes(shard_bytes, dims);
+    let job = load(&session, &plan, shard_bytes)?;
+    let out = fit(&session, &job, &plan.cfg)?;
+    session.phase("output");
+    report(&a, session, &plan.cfg, &job, &out)
+}
+
+/// What a command line asks for, its flags checked.
+struct Plan {
+    src: Source,
+    labels: Labels,
+    /// `--classes`, or the blobs' (none for a file without it).
+    classes: Option<usize>,
+    cfg: TrainConfig,
+    /// The cap without `--mem-cap`.
+    default_cap: MemoryCap,
+}
+
+/// Checks the flags (warning about those that do not apply) and makes the
+/// plan. On rank 0, checks that the outputs can be written.
+fn plan(a: &TrainArgs, given: &Given, ranks: &Ranks) -> Result<Plan> {
+    warn_unused(a, given);
+    positive("--shards", a.shards)?;
+    // Rank 0 writes the outputs.
+    if ranks.is_root() {
+        let outputs = [
+            ("--output", &a.output),
+            ("--stats", &a.mem.stats),
+            ("--timeline", &a.mem.timeline),
+        ];
+        let inputs = [("--input", &a.input), ("--targets", &a.targets)];
+        check_outputs(&named(&outputs), &named(&inputs))?;
+    }
+    check_solver_flags(a)?;
+    if !(0.0..1.0).contains(&a.holdout) {
+        return Err(Error::Input(format!(
+            "--holdout must be in [0, 1), not {}",
+            a.holdout
+        )));
+    }
+    let (src, labels, classes) = match (&a.input, &a.targets) {
+        (Some(x), Some(y)) => (
+            file_source(x, a.dims, a.key.as_deref())?,
+            Labels::File(y.clone()),
+            a.classes,
+        ),
+        _ => {
+            let classes = positive("--classes", a.classes.unwrap_or(10))?;
+            let src = synthetic_source(&a.synthetic, a.dims.unwrap_or(256), classes, a.seed)?;
+            (src, Labels::Blobs, Some(classes))
+        }
+    };
+    let default_cap = match a.input {
+        None => MemoryCap::Bytes(256 << 20),
+        Some(_) => MemoryCap::Auto,
+    };
+    Ok(Plan {
+        src,
+        labels,
+        classes,
+        cfg: config(a),
+        default_cap,
+    })
+}
+
+/// Warns about the flags given that do not apply: to the input, or to
+/// the other solver.
+fn warn_unused(a: &TrainArgs, given: &Given) {
     warn_dims(given, a.input.as_deref());
     if a.input.is_some() {
         given.warn_unused(
@@ -178,18 +268,10 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             "applies to --solver lbfgs",
         ),
     }
-    positive("--shards", a.shards)?;
-    // Rank 0 writes the outputs.
-    if ranks.is_root() {
-        let outputs = [
-            ("--output", &a.output),
-            ("--stats", &a.mem.stats),
-            ("--timeline", &a.mem.timeline),
-        ];
-        let inputs = [("--input", &a.input), ("--targets", &a.targets)];
-        check_outputs(&named(&outputs), &named(&inputs))?;
-    }
-    // Each solver's own settings, checked when that solver runs.
+}
+
+/// Each solver's own settings, checked when that solver runs.
+fn check_solver_flags(a: &TrainArgs) -> Result<()> {
     match a.solver {
         SolverArg::Sgd => {
             positive("--batch", a.batch)?;
@@ -218,48 +300,16 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             }
         }
     }
-    if !(0.0..1.0).contains(&a.holdout) {
-        return Err(Error::Input(format!(
-            "--holdout must be in [0, 1), not {}",
-            a.holdout
-        )));
-    }
-    let (src, labels, classes) = match (&a.input, &a.targets) {
-        (Some(x), Some(y)) => (
-            file_source(x, a.dims, a.key.as_deref())?,
-            Labels::File(y.clone()),
-            a.classes,
-        ),
-        _ => {
-            let classes = positive("--classes", a.classes.unwrap_or(10))?;
-            let src = synthetic_source(&a.synthetic, a.dims.unwrap_or(256), classes, a.seed)?;
-            (src, Labels::Blobs, Some(classes))
-        }
-    };
-    let (rows, dims) = src.shape()?;
-    let data_bytes = rows * dims as u64 * 4;
-    let default_cap = match a.input {
-        None => MemoryCap::Bytes(256 << 20),
-        Some(_) => MemoryCap::Auto,
-    };
-    // A shard holds 4 bytes per value and 4 per label.
-    let (rt, shard_bytes) = runtime(&a.mem, default_cap, rows * (dims as u64 * 4 + 4), ranks)?;
-    let mut session = Session::on(rt, ranks.clone());
-    // Under MPI, the timeline is rank 0's.
-    if let Some(p) = &a.mem.timeline {
-        session.record_timeline(p, "load")?;
-    }
-    let session = session;
-    let rt = session.runtime();
-    // Whole L-BFGS tasks per shard: the model does not depend on the
-    // sharding.
-    let shard_bytes = train::aligned_shard_bytes(shard_bytes, dims);
-    let solver = match a.solver {
-        SolverArg::Lbfgs => Solver::Lbfgs,
-        SolverArg::Sgd => Solver::Sgd,
-    };
-    let cfg = TrainConfig {
-        solver,
+    Ok(())
+}
+
+/// The library's settings from the flags.
+fn config(a: &TrainArgs) -> TrainConfig {
+    TrainConfig {
+        solver: match a.solver {
+            SolverArg::Lbfgs => Solver::Lbfgs,
+            SolverArg::Sgd => Solver::Sgd,
+        },
         c: a.c,
         tol: a.tol,
         max_iter: a.max_iter,
@@ -270,20 +320,25 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         holdout: a.holdout,
         seed: a.seed,
         shards: a.shards,
-    };
+    }
+}
+
+/// Loads the job (a progress bar on a terminal), then says what will run.
+fn load(session: &Session, plan: &Plan, shard_bytes: u64) -> Result<Job> {
+    let (rows, dims) = plan.src.shape()?;
     let mut fb = Feedback::new();
     fb.stage("loading", rows);
-    let job = train::load_on(
-        rt,
-        &src,
-        &labels,
-        classes,
+    let job = train::load(
+        session,
+        &plan.src,
+        &plan.labels,
+        plan.classes,
         shard_bytes,
-        &cfg,
-        ranks,
+        &plan.cfg,
         |done, _| fb.progress(done),
     )?;
     fb.done();
+    let (rt, ranks, cfg) = (session.runtime(), session.ranks(), &plan.cfg);
     if ranks.size() > 1 {
         say!(
             "{} processes: rank 0 holds rows {}..{}; cap, workers and shards per process",
@@ -296,9 +351,9 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         "outcore train: {} rows x {} dims ({}), {} classes, {}, {}, cap {}, {} workers",
         job.rows,
         job.dims,
-        format_bytes(data_bytes),
+        format_bytes(rows * dims as u64 * 4),
         job.classes,
-        match solver {
+        match cfg.solver {
             Solver::Lbfgs => format!("L-BFGS (C = {}, tol = {:e})", cfg.c, cfg.tol),
             Solver::Sgd => "local SGD".to_string(),
         },
@@ -309,47 +364,35 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     if let Some(w) = cap_over_limit(rt) {
         say!("{w}");
     }
-    session.add_reads(job.input_reads.clone());
-    session.phase(match solver {
+    Ok(job)
+}
+
+/// Trains the job: a line per round or iteration, each phase named on the
+/// timeline, and for L-BFGS why it stopped.
+fn fit(session: &Session, job: &Job, cfg: &TrainConfig) -> Result<Trained> {
+    session.phase(match cfg.solver {
         Solver::Lbfgs => "iteration 1",
         Solver::Sgd => "round 1",
     });
-    // Bytes read from disk: spill files and the input file.
-    let read = |s: &Stats| s.bytes_read + session.input_bytes_read();
-    let mut last = rt.stats();
-    let mut last_read = read(&last);
-    let mut moved = |rt: &outcore::Runtime| {
-        let s = rt.stats();
-        let now_read = read(&s);
-        let text = format!(
-            "evictions {}, loads {}, read {}, written {}",
-            s.evictions - last.evictions,
-            s.loads - last.loads,
-            format_bytes(now_read - last_read),
-            format_bytes(s.bytes_written - last.bytes_written),
-        );
-        last = s;
-        last_read = now_read;
-        text
-    };
+    let mut moved = Moved::new(session);
     let accuracy = |a: Option<f64>| {
         a.map_or(String::new(), |a| {
             format!(", held-out accuracy {:.2}%", a * 100.0)
         })
     };
-    let out = match solver {
-        Solver::Sgd => train::train_on(rt, &job, &cfg, ranks, |r| {
+    let out = train::train(session, job, cfg, |ev| match ev {
+        Event::Round(r) => {
             say!(
                 "round {}/{}: {:.2}s{}, {}",
                 r.index + 1,
                 cfg.rounds,
                 r.seconds,
                 accuracy((cfg.holdout > 0.0).then_some(r.accuracy)),
-                moved(rt)
+                moved.since()
             );
             session.phase(&format!("round {}", r.index + 2));
-        })?,
-        Solver::Lbfgs => train::train_lbfgs_on(rt, &job, &cfg, ranks, |it| {
+        }
+        Event::Iteration(it) => {
             say!(
                 "iteration {}: {:.2}s, objective {:.6e}, max |gradient| {:.2e}{}, {} pass{}, {}",
                 it.index,
@@ -359,11 +402,11 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
                 accuracy(it.accuracy),
                 it.evaluations,
                 if it.evaluations == 1 { "" } else { "es" },
-                moved(rt)
+                moved.since()
             );
             session.phase(&format!("iteration {}", it.index + 1));
-        })?,
-    };
+        }
+    })?;
     if let (Some(stop), Some(it)) = (out.stop, &out.last) {
         say!(
             "{} after {} iteration{} ({} passes): {}",
@@ -378,90 +421,80 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             stop.describe()
         );
     }
-    session.phase("output");
+    Ok(out)
+}
+
+/// The disk traffic between progress lines.
+struct Moved<'a> {
+    session: &'a Session,
+    last: Stats,
+    /// Bytes read from disk: spill files and the input file.
+    last_read: u64,
+}
+
+impl<'a> Moved<'a> {
+    fn new(session: &'a Session) -> Moved<'a> {
+        let last = session.runtime().stats();
+        let last_read = last.bytes_read + session.input_bytes_read();
+        Moved {
+            session,
+            last,
+            last_read,
+        }
+    }
+
+    /// The evictions, loads and bytes read and written since the last
+    /// call.
+    fn since(&mut self) -> String {
+        let s = self.session.runtime().stats();
+        let now_read = s.bytes_read + self.session.input_bytes_read();
+        let text = format!(
+            "evictions {}, loads {}, read {}, written {}",
+            s.evictions - self.last.evictions,
+            s.loads - self.last.loads,
+            format_bytes(now_read - self.last_read),
+            format_bytes(s.bytes_written - self.last.bytes_written),
+        );
+        self.last = s;
+        self.last_read = now_read;
+        text
+    }
+}
+
+/// Writes the outputs (rank 0 the model and the statistics), gathers
+/// every rank's figures and, on rank 0, says the summary.
+fn report(
+    a: &TrainArgs,
+    mut session: Session,
+    cfg: &TrainConfig,
+    job: &Job,
+    out: &Trained,
+) -> Result<()> {
+    let root = session.is_root();
     // Rank 0 writes the outputs.
     let mut outs = Outputs::new(&[
-        ("--output", if ranks.is_root() { &a.output } else { &None }),
+        ("--output", if root { &a.output } else { &None }),
         ("--timeline", &a.mem.timeline),
-        (
-            "--stats",
-            if ranks.is_root() { &a.mem.stats } else { &None },
-        ),
+        ("--stats", if root { &a.mem.stats } else { &None }),
     ]);
-    if let (Some(p), true) = (&a.output, ranks.is_root()) {
+    if let (Some(p), true) = (&a.output, root) {
         let shape = [job.classes as u64, job.dims as u64 + 1];
         outs.write("--output", npy::write_array(p, &shape, &out.model.w))?;
     }
     let s = session.runtime().stats();
-    let mut session = session;
     outs.write("--timeline", session.finish_timeline(&s))?;
     warn_failed_writes(session.runtime(), &s);
     // Every rank's figures, on rank 0 (the others are done).
     let Some(report) = session.report().map_err(|e| outs.failed(e))? else {
         return Ok(());
     };
-    let tot = report.total;
-    let final_accuracy = match &out.last {
-        Some(it) => it.accuracy,
-        None => out
-            .rounds
-            .last()
-            .filter(|_| cfg.holdout > 0.0)
-            .map(|r| r.accuracy),
-    };
+    let final_accuracy = final_accuracy(cfg, out);
     if let Some(p) = &a.mem.stats {
-        let r = write_json(
-            p,
-            &TrainStats {
-                solver: match solver {
-                    Solver::Lbfgs => "lbfgs",
-                    Solver::Sgd => "sgd",
-                },
-                rows: job.rows,
-                dims: job.dims,
-                classes: job.classes,
-                shards: job.shards.len(),
-                reduction_shards: outcore_jobs::ranks::Shards::new(
-                    job.rows.div_ceil(train::TASK_ROWS as u64),
-                    cfg.shards,
-                )
-                .count(),
-                round_seconds: out.rounds.iter().map(|r| r.seconds).collect(),
-                accuracy: if out.rounds.is_empty() {
-                    out.iterations.iter().filter_map(|i| i.accuracy).collect()
-                } else if cfg.holdout > 0.0 {
-                    out.rounds.iter().map(|r| r.accuracy).collect()
-                } else {
-                    Vec::new()
-                },
-                iterations: out
-                    .iterations
-                    .iter()
-                    .map(|i| IterationStats {
-                        seconds: i.seconds,
-                        loss: i.loss,
-                        objective: i.objective,
-                        grad_max: i.grad_max,
-                        accuracy: i.accuracy,
-                        evaluations: i.evaluations,
-                    })
-                    .collect(),
-                converged: out.stop.map(|s| s.converged()),
-                stop: out.stop.map(|s| s.describe()),
-                objective: out.last.as_ref().map(|i| i.objective),
-                loss: out.last.as_ref().map(|i| i.loss),
-                grad_max: out.last.as_ref().map(|i| i.grad_max),
-                evaluations: out.last.as_ref().map(|i| i.evaluations),
-                final_accuracy,
-                totals: tot,
-                mem_cap_bytes: report.mem_cap_bytes,
-                runtime: &s,
-                processes: ranks.size(),
-                per_process: &report.per_process,
-            },
-        );
-        outs.write("--stats", r)?;
+        let processes = session.ranks().size();
+        let stats = train_stats(cfg, job, out, &report, &s, processes);
+        outs.write("--stats", write_json(p, &stats))?;
     }
+    let tot = report.total;
     say!(
         "done in {:.1}s: {}{} {}; evictions {}, loads {}, read {}, written {}",
         tot.wall_seconds,
@@ -469,7 +502,7 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             "held-out accuracy {:.2}%; ",
             a * 100.0
         )),
-        if ranks.size() > 1 {
+        if session.ranks().size() > 1 {
             "largest peak"
         } else {
             "peak"
@@ -481,4 +514,72 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         format_bytes(tot.bytes_written)
     );
     Ok(())
+}
+
+/// The final model's held-out accuracy (none without held-out rows).
+fn final_accuracy(cfg: &TrainConfig, out: &Trained) -> Option<f64> {
+    match &out.last {
+        Some(it) => it.accuracy,
+        None => out
+            .rounds
+            .last()
+            .filter(|_| cfg.holdout > 0.0)
+            .map(|r| r.accuracy),
+    }
+}
+
+/// The `--stats` of the run: `s` are rank 0's runtime counters.
+fn train_stats<'a>(
+    cfg: &TrainConfig,
+    job: &Job,
+    out: &'a Trained,
+    report: &'a Report,
+    s: &'a Stats,
+    processes: usize,
+) -> TrainStats<'a> {
+    let last = out.last.as_ref();
+    TrainStats {
+        solver: match cfg.solver {
+            Solver::Lbfgs => "lbfgs",
+            Solver::Sgd => "sgd",
+        },
+        rows: job.rows,
+        dims: job.dims,
+        classes: job.classes,
+        shards: job.shards.len(),
+        reduction_shards: Shards::new(job.rows.div_ceil(train::TASK_ROWS as u64), cfg.shards)
+            .count(),
+        round_seconds: out.rounds.iter().map(|r| r.seconds).collect(),
+        accuracy: if out.rounds.is_empty() {
+            out.iterations.iter().filter_map(|i| i.accuracy).collect()
+        } else if cfg.holdout > 0.0 {
+            out.rounds.iter().map(|r| r.accuracy).collect()
+        } else {
+            Vec::new()
+        },
+        iterations: out
+            .iterations
+            .iter()
+            .map(|i| IterationStats {
+                seconds: i.seconds,
+                loss: i.loss,
+                objective: i.objective,
+                grad_max: i.grad_max,
+                accuracy: i.accuracy,
+                evaluations: i.evaluations,
+            })
+            .collect(),
+        converged: out.stop.map(|s| s.converged()),
+        stop: out.stop.map(|s| s.describe()),
+        objective: last.map(|i| i.objective),
+        loss: last.map(|i| i.loss),
+        grad_max: last.map(|i| i.grad_max),
+        evaluations: last.map(|i| i.evaluations),
+        final_accuracy: final_accuracy(cfg, out),
+        totals: report.total,
+        mem_cap_bytes: report.mem_cap_bytes,
+        runtime: s,
+        processes,
+        per_process: &report.per_process,
+    }
 }

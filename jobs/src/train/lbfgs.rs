@@ -11,12 +11,25 @@
 //! Every step is a fixed sequence of floating-point operations on the
 //! values the callback returns, so the iterates depend only on them: a
 //! callback that is itself deterministic gives the same model every time.
+//!
+//! The training job's [`Solver::Lbfgs`](super::Solver::Lbfgs) is
+//! [`minimize`] on the objective of the multinomial log-loss over a job's
+//! shards (the `Objective` here, one pass of [`TASK_ROWS`]-row tasks per
+//! evaluation, the losses of `loss.rs`), each rank holding its share of
+//! the reduction shards ([`rank_rows`]).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
 
 use outcore::{Handle, PodVec, Runtime};
 
-use crate::error::Result;
+use super::load::Shard;
+use super::TASK_ROWS;
+use super::{rank_rows, training_rows, Event, Iteration, Job, Model, Share, TrainConfig, Trained};
+use crate::error::{Error, Result};
+use crate::ranks::{Ranks, Shards};
+use crate::session::Session;
 
 /// Why the optimiser stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,18 +192,8 @@ pub fn minimize<E>(
         let Some(next) = next else {
             break Stop::LineSearch;
         };
-        let sv: Vec<f64> = next.x.iter().zip(&cur.x).map(|(a, b)| a - b).collect();
-        let yv: Vec<f64> = next.g.iter().zip(&cur.g).map(|(a, b)| a - b).collect();
-        let ys = dot(&yv, &sv);
-        let yy = dot(&yv, &yv);
-        if ys > f64::EPSILON * yy && yy > 0.0 {
-            if pairs.len() == s.history {
-                pairs.pop_front();
-            }
-            gamma = ys / yy;
-            let hs = rt.insert_named(Some(&format!("lbfgs s {iterations}")), PodVec::from(sv))?;
-            let hy = rt.insert_named(Some(&format!("lbfgs y {iterations}")), PodVec::from(yv))?;
-            pairs.push_back((hs, hy, 1.0 / ys));
+        if let Some(g) = add_pair(rt, &mut pairs, s.history, iterations, &cur, &next)? {
+            gamma = g;
         }
         let decrease = (cur.f - next.f) / cur.f.abs().max(next.f.abs()).max(1.0);
         cur = next;
@@ -217,6 +220,34 @@ pub fn minimize<E>(
         stop,
         extra: cur.extra,
     })
+}
+
+/// Stores the curvature pair of the step from `cur` to `next` (of
+/// iteration `iteration`) in executors, dropping the oldest beyond
+/// `history`, when its curvature is positive; returns the initial
+/// Hessian's new scale, `y . s / y . y`, then.
+fn add_pair<E>(
+    rt: &Runtime,
+    pairs: &mut VecDeque<Pair>,
+    history: usize,
+    iteration: usize,
+    cur: &Eval<E>,
+    next: &Eval<E>,
+) -> Result<Option<f64>> {
+    let sv: Vec<f64> = next.x.iter().zip(&cur.x).map(|(a, b)| a - b).collect();
+    let yv: Vec<f64> = next.g.iter().zip(&cur.g).map(|(a, b)| a - b).collect();
+    let ys = dot(&yv, &sv);
+    let yy = dot(&yv, &yv);
+    if !(ys > f64::EPSILON * yy && yy > 0.0) {
+        return Ok(None);
+    }
+    if pairs.len() == history {
+        pairs.pop_front();
+    }
+    let hs = rt.insert_named(Some(&format!("lbfgs s {iteration}")), PodVec::from(sv))?;
+    let hy = rt.insert_named(Some(&format!("lbfgs y {iteration}")), PodVec::from(yv))?;
+    pairs.push_back((hs, hy, 1.0 / ys));
+    Ok(Some(ys / yy))
 }
 
 /// The two-loop recursion: `-H g` for the inverse-Hessian approximation of
@@ -269,87 +300,407 @@ fn line_search<E>(
     max_evals: usize,
     eval: &mut impl FnMut(&[f64]) -> Result<Value<E>>,
 ) -> Result<(Option<Eval<E>>, usize)> {
-    let mut used = 0;
-    let mut at = |a: f64, used: &mut usize| -> Result<(Eval<E>, f64)> {
-        let x: Vec<f64> = cur.x.iter().zip(d).map(|(x, d)| x + a * d).collect();
-        let (f, g, extra) = eval(&x)?;
-        *used += 1;
-        let dg = dot(&g, d);
+    let mut s = Search {
+        cur,
+        d,
+        slope,
+        max_evals,
+        eval,
+        used: 0,
+        best: None,
+    };
+    let accepted = match s.bracket(first)? {
+        Bracket::Accepted(e) => Some(e),
+        Bracket::Interval(lo, hi) => s.zoom(lo, hi)?,
+    };
+    Ok((accepted.or(s.best), s.used))
+}
+
+/// A line search under way along `d` from `cur`.
+struct Search<'a, E, F> {
+    cur: &'a Eval<E>,
+    d: &'a [f64],
+    /// `d . g` at `cur` (negative).
+    slope: f64,
+    max_evals: usize,
+    eval: &'a mut F,
+    /// Evaluations made.
+    used: usize,
+    /// The best point seen that lowers the objective (a fallback).
+    best: Option<Eval<E>>,
+}
+
+/// An end of the interval that meets the sufficient decrease: its step,
+/// value and slope along the direction.
+type Low = (f64, f64, f64);
+
+/// What the bracketing found: a step meeting both conditions, or the
+/// interval to zoom in (`hi`, step and value, once found).
+enum Bracket<E> {
+    Accepted(Eval<E>),
+    Interval(Low, Option<(f64, f64)>),
+}
+
+impl<E, F: FnMut(&[f64]) -> Result<Value<E>>> Search<'_, E, F> {
+    /// The point at step `a`, and its slope along the direction.
+    fn at(&mut self, a: f64) -> Result<(Eval<E>, f64)> {
+        let x: Vec<f64> = self
+            .cur
+            .x
+            .iter()
+            .zip(self.d)
+            .map(|(x, d)| x + a * d)
+            .collect();
+        let (f, g, extra) = (self.eval)(&x)?;
+        self.used += 1;
+        let dg = dot(&g, self.d);
         Ok((Eval { x, f, g, extra }, dg))
-    };
-    let armijo = |a: f64, f: f64| f <= cur.f + C1 * a * slope;
-    let curvature = |dg: f64| dg.abs() <= -C2 * slope;
-    // The best point seen that lowers the objective (a fallback).
-    let mut best: Option<Eval<E>> = None;
-    let keep = |e: Eval<E>, best: &mut Option<Eval<E>>| {
-        if e.f < cur.f && best.as_ref().is_none_or(|b| e.f < b.f) {
-            *best = Some(e);
+    }
+
+    /// The sufficient decrease at step `a` with value `f`.
+    fn armijo(&self, a: f64, f: f64) -> bool {
+        f <= self.cur.f + C1 * a * self.slope
+    }
+
+    /// The curvature condition on the slope `dg`.
+    fn curvature(&self, dg: f64) -> bool {
+        dg.abs() <= -C2 * self.slope
+    }
+
+    /// Keeps `e` as the fallback when it is the best lower point yet.
+    fn keep(&mut self, e: Eval<E>) {
+        if e.f < self.cur.f && self.best.as_ref().is_none_or(|b| e.f < b.f) {
+            self.best = Some(e);
         }
-    };
-    // Bracketing: (lo: step, value, slope) satisfies the sufficient
-    // decrease; hi is the other end once found.
-    let (mut lo, mut f_lo, mut dg_lo) = (0.0, cur.f, slope);
-    let mut a = first;
-    let mut hi: Option<(f64, f64)> = None;
-    while used < max_evals {
-        let (e, dg) = at(a, &mut used)?;
-        if !armijo(a, e.f) || (lo > 0.0 && e.f >= f_lo) {
-            hi = Some((a, e.f));
-            keep(e, &mut best);
-            break;
-        }
-        if curvature(dg) {
-            return Ok((Some(e), used));
-        }
-        if dg >= 0.0 {
-            // Past the minimum along d: the interval is [a, lo].
-            hi = Some((lo, f_lo));
+    }
+
+    /// Bracketing from step `first`, doubling: lo meets the sufficient
+    /// decrease; hi is the other end once found.
+    fn bracket(&mut self, first: f64) -> Result<Bracket<E>> {
+        let (mut lo, mut f_lo, mut dg_lo) = (0.0, self.cur.f, self.slope);
+        let mut a = first;
+        let mut hi: Option<(f64, f64)> = None;
+        while self.used < self.max_evals {
+            let (e, dg) = self.at(a)?;
+            if !self.armijo(a, e.f) || (lo > 0.0 && e.f >= f_lo) {
+                hi = Some((a, e.f));
+                self.keep(e);
+                break;
+            }
+            if self.curvature(dg) {
+                return Ok(Bracket::Accepted(e));
+            }
+            if dg >= 0.0 {
+                // Past the minimum along d: the interval is [a, lo].
+                hi = Some((lo, f_lo));
+                (lo, f_lo, dg_lo) = (a, e.f, dg);
+                self.keep(e);
+                break;
+            }
             (lo, f_lo, dg_lo) = (a, e.f, dg);
-            keep(e, &mut best);
-            break;
+            self.keep(e);
+            a *= 2.0;
         }
-        (lo, f_lo, dg_lo) = (a, e.f, dg);
-        keep(e, &mut best);
-        a *= 2.0;
+        Ok(Bracket::Interval((lo, f_lo, dg_lo), hi))
     }
-    // Zoom between lo (sufficient decrease holds) and hi.
-    while let Some((h, f_h)) = hi {
-        if used >= max_evals {
-            break;
+
+    /// Zooms between `lo` (sufficient decrease holds) and `hi`: the
+    /// accepted point, if any within the evaluations left.
+    fn zoom(&mut self, low: Low, mut hi: Option<(f64, f64)>) -> Result<Option<Eval<E>>> {
+        let (mut lo, mut f_lo, mut dg_lo) = low;
+        while let Some((h, f_h)) = hi {
+            if self.used >= self.max_evals {
+                break;
+            }
+            let width = h - lo;
+            // The minimiser of the quadratic through f_lo, dg_lo and f_h,
+            // kept inside the middle 80% of the interval.
+            let denom = 2.0 * (f_h - f_lo - dg_lo * width);
+            let mut t = if denom > 0.0 {
+                lo - dg_lo * width * width / denom
+            } else {
+                lo + 0.5 * width
+            };
+            let (a_min, a_max) = if width > 0.0 {
+                (lo + 0.1 * width, lo + 0.9 * width)
+            } else {
+                (lo + 0.9 * width, lo + 0.1 * width)
+            };
+            if !t.is_finite() || t < a_min || t > a_max {
+                t = lo + 0.5 * width;
+            }
+            let (e, dg) = self.at(t)?;
+            if !self.armijo(t, e.f) || e.f >= f_lo {
+                hi = Some((t, e.f));
+                self.keep(e);
+                continue;
+            }
+            if self.curvature(dg) {
+                return Ok(Some(e));
+            }
+            if dg * (h - lo) >= 0.0 {
+                hi = Some((lo, f_lo));
+            }
+            (lo, f_lo, dg_lo) = (t, e.f, dg);
+            self.keep(e);
         }
-        let width = h - lo;
-        // The minimiser of the quadratic through f_lo, dg_lo and f_h,
-        // kept inside the middle 80% of the interval.
-        let denom = 2.0 * (f_h - f_lo - dg_lo * width);
-        let mut t = if denom > 0.0 {
-            lo - dg_lo * width * width / denom
-        } else {
-            lo + 0.5 * width
-        };
-        let (a_min, a_max) = if width > 0.0 {
-            (lo + 0.1 * width, lo + 0.9 * width)
-        } else {
-            (lo + 0.9 * width, lo + 0.1 * width)
-        };
-        if !t.is_finite() || t < a_min || t > a_max {
-            t = lo + 0.5 * width;
-        }
-        let (e, dg) = at(t, &mut used)?;
-        if !armijo(t, e.f) || e.f >= f_lo {
-            hi = Some((t, e.f));
-            keep(e, &mut best);
-            continue;
-        }
-        if curvature(dg) {
-            return Ok((Some(e), used));
-        }
-        if dg * (h - lo) >= 0.0 {
-            hi = Some((lo, f_lo));
-        }
-        (lo, f_lo, dg_lo) = (t, e.f, dg);
-        keep(e, &mut best);
+        Ok(None)
     }
-    Ok((best, used))
+}
+
+/// What one pass measures besides the objective and its gradient.
+#[derive(Clone, Copy, Debug)]
+struct Measured {
+    objective: f64,
+    accuracy: Option<f64>,
+}
+
+/// This rank's share on several ranks: its share of `cfg.shards`
+/// reduction shards ([`rank_rows`]), at least one per rank, in shard
+/// executors of about `shard_bytes` made of whole tasks from the share's
+/// first row (a task boundary).
+pub(super) fn share(
+    rows: u64,
+    dims: usize,
+    shard_bytes: u64,
+    cfg: &TrainConfig,
+    ranks: &Ranks,
+) -> Result<Share> {
+    let s = Shards::new(rows.div_ceil(TASK_ROWS as u64), cfg.shards);
+    if s.count() < ranks.size() {
+        return Err(Error::Input(format!(
+            "{} processes, but the data makes only {} shards ({} tasks of {TASK_ROWS} rows, {} shards asked): at least one shard per process is needed",
+            ranks.size(),
+            s.count(),
+            s.task_count(),
+            cfg.shards
+        )));
+    }
+    let r = rank_rows(rows, cfg, ranks.rank(), ranks.size());
+    let per = shard_bytes / (4 * dims as u64 + 4).max(1);
+    let tr = TASK_ROWS as u64;
+    Ok((r.start, r.end, (per / tr).max(1) * tr))
+}
+
+/// Fits the job's model by L-BFGS (see the [module docs](super)),
+/// reporting each iteration to `on`. Collective: every rank gets the same
+/// model, bit for bit the one a single process gets with the same
+/// `cfg.shards`.
+pub(super) fn fit(
+    session: &Session,
+    job: &Job,
+    cfg: &TrainConfig,
+    on: &mut dyn FnMut(&Event),
+) -> Result<Trained> {
+    if !(cfg.c.is_finite() && cfg.c > 0.0) {
+        return Err(Error::Input(format!(
+            "C must be a positive number, not {}",
+            cfg.c
+        )));
+    }
+    if !(cfg.tol.is_finite() && cfg.tol >= 0.0) {
+        return Err(Error::Input(format!(
+            "tol must be a number >= 0, not {}",
+            cfg.tol
+        )));
+    }
+    let n = training_rows(job, session.ranks())?;
+    let objective = Objective::new(session, job, cfg, n)?;
+    let settings = Settings {
+        tol: cfg.tol,
+        max_iter: cfg.max_iter,
+        ..Settings::default()
+    };
+    let mut iterations = Vec::new();
+    let mut t = Instant::now();
+    let min = minimize(
+        session.runtime(),
+        vec![0.0; job.classes * (job.dims + 1)],
+        &settings,
+        |w| objective.eval(w),
+        |step, _, m: &Measured| {
+            let it = Iteration {
+                index: step.iteration,
+                seconds: t.elapsed().as_secs_f64(),
+                loss: step.value,
+                objective: m.objective,
+                grad_max: step.grad_max,
+                accuracy: m.accuracy,
+                evaluations: step.evaluations,
+            };
+            on(&Event::Iteration(it.clone()));
+            iterations.push(it);
+            t = Instant::now();
+        },
+    )?;
+    finish(session, job, min, iterations)
+}
+
+/// The trained model from the minimum, also stored in the job's
+/// global-model executor.
+fn finish(
+    session: &Session,
+    job: &Job,
+    min: Minimum<Measured>,
+    iterations: Vec<Iteration>,
+) -> Result<Trained> {
+    let last = Iteration {
+        index: min.iterations,
+        seconds: 0.0,
+        loss: min.value,
+        objective: min.extra.objective,
+        grad_max: min.grad_max,
+        accuracy: min.extra.accuracy,
+        evaluations: min.evaluations,
+    };
+    let w: Vec<f32> = min.x.iter().map(|&v| v as f32).collect();
+    let model = Model {
+        classes: job.classes as u32,
+        dims: job.dims as u32,
+        w: PodVec::from(w),
+    };
+    let stored = model.clone();
+    session
+        .runtime()
+        .write(&job.global, move |m: &mut Model| *m = stored)?;
+    Ok(Trained {
+        model,
+        rounds: Vec::new(),
+        iterations,
+        stop: Some(min.stop),
+        last: Some(last),
+    })
+}
+
+/// The objective over a job's shards: one pass of read-only tasks per
+/// evaluation, the tasks' partial sums added per reduction shard in task
+/// order, then across the reduction shards in order (over the ranks).
+struct Objective<'a> {
+    rt: &'a Runtime,
+    ranks: &'a Ranks,
+    job: &'a Job,
+    /// Every task of every shard executor, in row order: the shard, the
+    /// task within it, and the reduction shard (counted from this rank's
+    /// first) of its global task.
+    plan: Vec<(usize, usize, usize)>,
+    /// This rank's reduction shards.
+    mine: usize,
+    /// Whether to measure the held-out accuracy.
+    held_out: bool,
+    /// `1 / n` for `n` training rows, the regularisation `1 / (C n)`, and
+    /// `C n` (the scaled objective back to scikit-learn's).
+    scale: f64,
+    reg: f64,
+    objective_scale: f64,
+}
+
+impl<'a> Objective<'a> {
+    fn new(session: &'a Session, job: &'a Job, cfg: &TrainConfig, n: u64) -> Result<Self> {
+        let ranks = session.ranks();
+        let shards = Shards::new(job.rows.div_ceil(TASK_ROWS as u64), cfg.shards);
+        let mine = shards.of_rank(ranks.rank(), ranks.size());
+        let held: u64 = job.shard_rows.iter().map(|&r| u64::from(r)).sum();
+        let want = rank_rows(job.rows, cfg, ranks.rank(), ranks.size());
+        if ranks.size() > 1 && want != (job.first_row..job.first_row + held) {
+            return Err(Error::Input(format!(
+                "process {} of {} holds rows {}..{}, but its shards are rows {}..{} (load the job with the same configuration and processes)",
+                ranks.rank(),
+                ranks.size(),
+                job.first_row,
+                job.first_row + held,
+                want.start,
+                want.end
+            )));
+        }
+        let owner_of = |g: u64| -> usize {
+            mine.clone()
+                .find(|&s| shards.tasks(s).contains(&g))
+                .map_or(0, |s| s - mine.start)
+        };
+        let mut plan = Vec::new();
+        let mut first = job.first_row;
+        for (s, (&t, &rows)) in job.tasks.iter().zip(&job.shard_rows).enumerate() {
+            let g0 = first / TASK_ROWS as u64;
+            for i in 0..t {
+                plan.push((s, i, owner_of(g0 + i as u64)));
+            }
+            first += u64::from(rows);
+        }
+        Ok(Objective {
+            rt: session.runtime(),
+            ranks,
+            job,
+            plan,
+            mine: mine.len(),
+            held_out: cfg.holdout > 0.0,
+            scale: 1.0 / n as f64,
+            reg: 1.0 / (cfg.c * n as f64),
+            objective_scale: cfg.c * n as f64,
+        })
+    }
+
+    /// The scaled objective at `w`, its gradient and what the pass
+    /// measured.
+    fn eval(&self, w: &[f64]) -> Result<Value<Measured>> {
+        let (classes, d) = (self.job.classes, self.job.dims);
+        let stride = d + 1;
+        let mut grad = self.pass(w)?;
+        let held = grad.pop().unwrap_or(0.0) as u64;
+        let correct = grad.pop().unwrap_or(0.0) as u64;
+        let loss = grad.pop().unwrap_or(0.0);
+        let mut penalty = 0.0;
+        for c in 0..classes {
+            for j in 0..d {
+                let v = w[c * stride + j];
+                penalty += v * v;
+            }
+        }
+        let f = loss * self.scale + 0.5 * self.reg * penalty;
+        for (i, g) in grad.iter_mut().enumerate() {
+            *g *= self.scale;
+            if i % stride != d {
+                *g += self.reg * w[i];
+            }
+        }
+        let measured = Measured {
+            objective: f * self.objective_scale,
+            accuracy: (held > 0).then(|| correct as f64 / held as f64),
+        };
+        Ok((f, grad, measured))
+    }
+
+    /// One pass: the log-loss's gradient, the log-loss, and the held-out
+    /// rows right and seen (integers, exact as sums of f64), summed over
+    /// every rank's tasks in order.
+    fn pass(&self, w: &[f64]) -> Result<Vec<f64>> {
+        let shared = Arc::new(w.to_vec());
+        let classes = self.job.classes;
+        let held_out = self.held_out;
+        // Per reduction shard: the gradient, the loss, the held-out rows
+        // right and seen.
+        let len = w.len() + 3;
+        let mut accs = vec![vec![0.0; len]; self.mine.max(1)];
+        // One batch per evaluation; the partial gradients are folded as
+        // they come (in plan order), so only a few are held at once.
+        let mut b = self.rt.batch();
+        for &(s, t, _) in &self.plan {
+            let w = shared.clone();
+            b.read(&self.job.shards[s], move |sh: &Shard| {
+                sh.loss_part(t, &w, classes, held_out && t == 0)
+            });
+        }
+        crate::fold_in_order(b, |i, p| {
+            let acc = &mut accs[self.plan[i].2];
+            for (a, v) in acc.iter_mut().zip(&p.grad) {
+                *a += v;
+            }
+            acc[len - 3] += p.loss;
+            acc[len - 2] += p.correct as f64;
+            acc[len - 1] += p.held as f64;
+            Ok(())
+        })?;
+        self.ranks.ordered_sum(&accs[..self.mine], len)
+    }
 }
 
 #[cfg(test)]
