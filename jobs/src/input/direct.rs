@@ -272,12 +272,13 @@ impl DirectReader {
 ///
 /// 1 MiB suits both virtual disks these jobs have been measured on. On
 /// one (Intel host), requests of 256 KiB to 1 MiB read at the same speed
-/// and larger ones slower (see [`outcore::readahead`]). On the other (AMD EPYC host,
-/// fio `O_DIRECT` with 32 in flight), 256 KiB requests read 0.7-1.0 GB/s
-/// and 1 MiB ones 1.3-1.8; capped K-means' steady epochs, alternating runs
-/// with 256 KiB and 1 MiB requests, took 0.75-0.78 s against 0.81-0.89 s
-/// (1 GiB under 512 MiB), 1.23-1.32 s against 1.29-1.35 s (2 GiB under
-/// 1 GiB) and 2.87-3.11 s against 3.22-3.26 s (4 GiB under 1 GiB).
+/// and larger ones slower (see [`outcore::readahead`]). On the other (AMD
+/// EPYC host, fio `O_DIRECT` with 32 in flight), 256 KiB requests read
+/// 0.7-1.0 GB/s and 1 MiB ones 1.3-1.8; capped K-means' steady epochs,
+/// alternating runs with 256 KiB and 1 MiB requests, took 0.75-0.78 s
+/// against 0.81-0.89 s (1 GiB under 512 MiB), 1.23-1.32 s against
+/// 1.29-1.35 s (2 GiB under 1 GiB) and 2.87-3.11 s against 3.22-3.26 s
+/// (4 GiB under 1 GiB).
 const SPAN: usize = 1 << 20;
 
 impl DirectReader {
