@@ -115,6 +115,8 @@ mod executor;
 mod lineage;
 mod pod;
 mod policy;
+#[doc(hidden)]
+pub mod readahead;
 mod runtime;
 mod spill;
 mod stats;

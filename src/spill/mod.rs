@@ -84,6 +84,10 @@ const READ_BUF: usize = 64 << 10;
 /// Bytes per direct read without native AIO (the kernel splits it into
 /// several device requests in flight).
 const DIRECT_PIECE: usize = 8 << 20;
+/// Bytes per read through native AIO ([`crate::readahead`]).
+const AIO_PIECE: usize = 512 << 10;
+/// Reads in flight at most through native AIO.
+const AIO_WINDOW: usize = 16;
 
 /// Identifies what a spill file must contain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -276,7 +280,8 @@ impl<R: Read + Seek> RawRead for TeeRead<R> {
 /// error, `sum` holds part of the range: the caller's copy is not
 /// updated until all of it is in).
 ///
-/// Through native AIO ([`aio`]), several 512 KiB reads in flight; where
+/// Through native AIO ([`crate::readahead`]), [`AIO_WINDOW`] reads of
+/// [`AIO_PIECE`] in flight, checksummed in order as they land; where
 /// that is unavailable or did not work (then the whole range again, which
 /// reports the error if there is one), one [`DIRECT_PIECE`] `pread` at a
 /// time (which the kernel splits into device requests). No helper thread: under a hard
@@ -294,15 +299,12 @@ unsafe fn read_pieces(
     len: usize,
     sum: &mut Checksum,
 ) -> io::Result<()> {
-    #[cfg(all(target_pointer_width = "64", target_endian = "little"))]
-    {
-        let before = sum.clone();
-        // SAFETY: the caller's promise, passed on.
-        if unsafe { aio::read(file, pos, dst, len, sum) } {
-            return Ok(());
-        }
-        *sum = before;
+    let before = sum.clone();
+    // SAFETY: the caller's promise, passed on.
+    if unsafe { read_aio(file, pos, dst, len, sum) } {
+        return Ok(());
     }
+    *sum = before;
     let mut off = 0;
     while off < len {
         let n = DIRECT_PIECE.min(len - off);
@@ -313,6 +315,37 @@ unsafe fn read_pieces(
         off += n;
     }
     Ok(())
+}
+
+/// [`read_pieces`] through native AIO; `false` when that did not work
+/// (then `sum` may hold part of the range, and no read is in flight).
+///
+/// # Safety
+///
+/// As for [`read_pieces`].
+unsafe fn read_aio(file: &File, pos: u64, dst: *mut u8, len: usize, sum: &mut Checksum) -> bool {
+    let piece = |i: usize| {
+        let (at, n) = (i * AIO_PIECE, AIO_PIECE.min(len - i * AIO_PIECE));
+        // SAFETY: `at < len`: within the `len` bytes lent to us.
+        let dst = unsafe { dst.add(at) };
+        crate::readahead::Request {
+            pos: pos + at as u64,
+            dst,
+            len: n,
+            need: n,
+        }
+    };
+    let landed = |i: usize| {
+        let r = piece(i);
+        // SAFETY: the kernel wrote all `r.len` bytes of this piece, which
+        // lie within the `len` bytes lent to us.
+        sum.update(unsafe { std::slice::from_raw_parts(r.dst, r.len) });
+    };
+    let count = len.div_ceil(AIO_PIECE);
+    let how = crate::readahead::Submit::Each;
+    // SAFETY: the pieces lie within the `len` bytes lent to us, which
+    // nothing else touches during the call.
+    unsafe { crate::readahead::read(file, count, AIO_WINDOW, how, piece, landed) }
 }
 
 /// Reads exactly `n` bytes at `pos` into `dst` with direct I/O.
@@ -671,8 +704,6 @@ impl SpillStore {
     }
 }
 
-#[cfg(all(target_pointer_width = "64", target_endian = "little"))]
-mod aio;
 pub(crate) mod dir;
 #[cfg(test)]
 mod tests;

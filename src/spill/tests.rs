@@ -1304,7 +1304,6 @@ impl Drop for PageBuf {
 /// at once, from offsets other than 0; and a range past the end of the
 /// file is not taken for read (the caller then reads it with `pread`,
 /// which reports the truncation).
-#[cfg(all(target_pointer_width = "64", target_endian = "little"))]
 #[test]
 fn native_aio_reads_ranges_back_exactly() {
     const PAGE: usize = 4096;
@@ -1312,7 +1311,7 @@ fn native_aio_reads_ranges_back_exactly() {
     std::fs::create_dir_all(&base).unwrap();
     let dir = tempfile::tempdir_in(&base).unwrap();
     let path = dir.path().join("aio.bin");
-    let piece = aio::PIECE;
+    let piece = AIO_PIECE;
     let size = 20 * piece + 3 * PAGE;
     let data: Vec<u8> = (0..size as u64)
         .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as u8)
@@ -1338,7 +1337,7 @@ fn native_aio_reads_ranges_back_exactly() {
         let mut want = got.clone();
         assert!(
             // SAFETY: `buf` holds `len` writable bytes that nothing else uses.
-            unsafe { aio::read(&file, pos as u64, buf.ptr, len, &mut got) },
+            unsafe { read_aio(&file, pos as u64, buf.ptr, len, &mut got) },
             "native AIO did not read {len} bytes at {pos}"
         );
         assert!(
@@ -1353,7 +1352,7 @@ fn native_aio_reads_ranges_back_exactly() {
     let len = size + 5 * PAGE;
     let buf = PageBuf::new(len);
     // SAFETY: as above.
-    let r = unsafe { aio::read(&file, 0, buf.ptr, len, &mut Checksum::new()) };
+    let r = unsafe { read_aio(&file, 0, buf.ptr, len, &mut Checksum::new()) };
     assert!(!r, "a read past the end succeeded");
     // SAFETY: as above.
     let e = unsafe { read_pieces(&file, 0, buf.ptr, len, &mut Checksum::new()) }
@@ -1362,6 +1361,6 @@ fn native_aio_reads_ranges_back_exactly() {
     // The thread's context is still good after a failed read.
     let buf = PageBuf::new(piece);
     // SAFETY: as above.
-    assert!(unsafe { aio::read(&file, 0, buf.ptr, piece, &mut Checksum::new()) });
+    assert!(unsafe { read_aio(&file, 0, buf.ptr, piece, &mut Checksum::new()) });
     assert!(buf.bytes(piece) == &data[..piece]);
 }

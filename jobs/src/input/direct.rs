@@ -4,8 +4,9 @@
 //! queue: on the machine these jobs are measured on, one 1 MiB read at a
 //! time gets 0.7-0.8 GB/s, eight 256 KiB reads in flight several times that.
 //! A [`DirectReader`] puts a whole block's reads in flight at once (up to
-//! [`MAX_DEPTH`]) through an io_uring, in one of two ways (`O_DIRECT` needs
-//! aligned offsets, lengths and memory):
+//! [`MAX_DEPTH`]) through the runtime's read-ahead engine
+//! ([`outcore::readahead`], Linux native AIO, which spill loads use too), in
+//! one of two ways (`O_DIRECT` needs aligned offsets, lengths and memory):
 //!
 //! - [`read_into`](DirectReader::read_into) reads whole pages straight
 //!   into the caller's page-aligned memory, which then holds the bytes
@@ -15,18 +16,23 @@
 //!   buffer, and as each lands copies it to its place and checksums it in
 //!   the same pass ([`copy_sum`]).
 //!
-//! No thread is started: one thread waits for all the reads. Where io_uring
-//! is unavailable (an old kernel, or a sandbox that forbids it), the same
-//! reader reads one piece at a time with `pread`.
+//! No thread is started: one thread waits for all the reads. Where the
+//! engine is unavailable or a read through it fails (an old kernel, a
+//! sandbox that forbids it, a file shorter than expected), the same reader
+//! reads the whole range again one piece at a time with `pread`, which
+//! reports the error if there is one.
+//!
+//! These reads went through an io_uring until the engines were made one:
+//! on the same requests both read at the same speed (`benches/RESULTS.md`,
+//! "One read-ahead engine").
 
 use std::alloc::Layout;
 use std::fs::File;
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 
-use io_uring::{opcode, types, IoUring};
+use outcore::readahead::{self, Request, Submit};
 
 /// Alignment of direct reads: offsets, lengths and memory.
 pub(crate) const ALIGN: usize = 4096;
@@ -53,8 +59,9 @@ const HUGE: usize = 2 << 20;
 /// Reads byte ranges of files with direct I/O; one per reading thread at a
 /// time (its buffers are in use during a read).
 pub(crate) struct DirectReader {
-    /// `None` where io_uring is unavailable: one `pread` at a time.
-    ring: Option<IoUring>,
+    /// Whether reads go through the read-ahead engine first (the tests
+    /// turn it off): without it, one `pread` at a time.
+    engine: bool,
     /// One buffer of [`BUF`] bytes per request in flight, in one arena
     /// (grown to the pieces of the largest block read, up to
     /// [`MAX_DEPTH`]; empty until the first read).
@@ -77,8 +84,6 @@ struct Piece {
     skip: usize,
     /// The piece's length.
     len: usize,
-    /// Bytes read into the buffer so far.
-    got: usize,
 }
 
 impl Piece {
@@ -90,36 +95,30 @@ impl Piece {
             start,
             skip: (first - start) as usize,
             len: PIECE.min(total - index * PIECE),
-            got: 0,
         }
     }
 
-    /// Bytes still to read into the buffer (whole pages: direct reads need
+    /// Bytes to read into the buffer (whole pages: direct reads need
     /// them, and the file may end inside the last one).
     fn want(&self) -> usize {
-        (self.skip + self.len).next_multiple_of(ALIGN) - self.got
-    }
-
-    fn done(&self) -> bool {
-        self.got >= self.skip + self.len
+        (self.skip + self.len).next_multiple_of(ALIGN)
     }
 }
 
 impl std::fmt::Debug for DirectReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirectReader")
-            .field("ring", &self.ring.is_some())
+            .field("engine", &self.engine)
             .field("buffers", &(self.arena.len() / BUF))
             .finish()
     }
 }
 
 impl DirectReader {
-    /// A reader with its buffers; it uses io_uring when the system allows.
+    /// A reader; its buffers are made at its first read.
     pub(crate) fn new() -> io::Result<DirectReader> {
-        let ring = IoUring::new(MAX_DEPTH as u32).ok();
         Ok(DirectReader {
-            ring,
+            engine: true,
             arena: AlignedBuf::empty(),
         })
     }
@@ -179,7 +178,6 @@ impl DirectReader {
                 start,
                 skip: (first - start) as usize,
                 len: record,
-                got: 0,
             }
         };
         let result = self.read_pieces(file, count, Submit::Together, piece_of, |p, buf| {
@@ -189,8 +187,7 @@ impl DirectReader {
                 o.write(b);
             }
         });
-        // Nothing is in flight any more (a failed wait already gave the
-        // buffers up for good).
+        // Nothing is in flight any more.
         if grown {
             self.arena = AlignedBuf::empty();
         }
@@ -198,11 +195,10 @@ impl DirectReader {
     }
 
     /// Grows the arena to a buffer for each of `count` pieces in flight at
-    /// once (up to [`MAX_DEPTH`]; one without a ring), and says whether it
-    /// grew. The arena is empty before the first read, and after a read
-    /// that failed beyond recovery gave its buffers up.
+    /// once (up to [`MAX_DEPTH`]; one without the engine), and says
+    /// whether it grew. The arena is empty before the first read.
     fn grow_buffers(&mut self, count: usize) -> io::Result<bool> {
-        let depth = if self.ring.is_some() {
+        let depth = if self.engine {
             count.clamp(1, MAX_DEPTH)
         } else {
             1
@@ -219,9 +215,10 @@ impl DirectReader {
 
     /// Reads pieces `0..count` (each made by `piece_of`) into the arena's
     /// buffers, and hands each finished one to `land` with its buffer:
-    /// through the ring, a piece in flight per buffer; without one, one
-    /// `pread` at a time into the first buffer. The arena must hold at
-    /// least one buffer.
+    /// through the engine, a piece in flight per buffer, handed over in
+    /// order; where that does not work, all of them again, one `pread` at
+    /// a time into the first buffer. The arena must hold at least one
+    /// buffer.
     fn read_pieces(
         &mut self,
         file: &File,
@@ -233,106 +230,41 @@ impl DirectReader {
         if count > 0 && self.arena.len() < BUF {
             return Err(io::Error::other("no buffer to read into"));
         }
-        let Some(ring) = self.ring.as_mut() else {
-            for i in 0..count {
-                let mut p = piece_of(i);
-                while !p.done() {
-                    let b = &mut self.arena.as_mut()[p.got..p.got + p.want()];
-                    let n = file.read_at(b, p.start + p.got as u64)?;
-                    if n == 0 {
-                        return Err(eof());
-                    }
-                    p.got += n;
-                }
-                land(&p, &self.arena.as_ref()[..BUF]);
+        let window = (self.arena.len() / BUF).min(MAX_DEPTH);
+        let base = self.arena.ptr.as_ptr();
+        // Piece `i` goes to buffer `i % window` (no piece when reading
+        // without the engine, one `pread` at a time).
+        let request = |i: usize, window: usize| {
+            let p = piece_of(i);
+            Request {
+                pos: p.start,
+                dst: base.wrapping_add(i % window * BUF),
+                len: p.want(),
+                need: p.skip + p.len,
             }
-            return Ok(());
         };
-        let fd = types::Fd(file.as_raw_fd());
-        let mut slots = [Piece::default(); MAX_DEPTH];
-        let mut free: [usize; MAX_DEPTH] = std::array::from_fn(|i| i);
-        let mut nfree = (self.arena.len() / BUF).min(MAX_DEPTH);
-        let mut next = 0;
-        let mut in_flight = 0;
-        let mut failed: Option<io::Error> = None;
-        loop {
-            // Keep the queue full (none is submitted once a read failed:
-            // the ones in flight are only waited for).
-            while failed.is_none() && nfree > 0 && next < count {
-                nfree -= 1;
-                let b = free[nfree];
-                slots[b] = piece_of(next);
-                next += 1;
-                // SAFETY: the buffer is this reader's own and stays alive
-                // and untouched until the read's completion is reaped below
-                // (errors wait for every read in flight before returning).
-                if let Err(e) = unsafe { submit(ring, fd, self.arena.buf(b), &slots[b], b) } {
-                    failed = Some(e);
-                    nfree += 1;
-                    break;
-                }
-                if how == Submit::Each {
-                    enter(ring);
-                }
-                in_flight += 1;
-            }
-            if in_flight == 0 {
-                break;
-            }
-            let (done, n) = match wait(ring) {
-                Ok(Some(r)) => r,
-                Ok(None) => continue,
-                Err(e) => {
-                    // Reads may still be in flight into the buffers, and
-                    // there is no way left to wait for them: keep the ring
-                    // and the buffers alive for good rather than free memory
-                    // the kernel may still write.
-                    if let Some(r) = self.ring.take() {
-                        std::mem::forget(r);
-                    }
-                    let arena = std::mem::replace(&mut self.arena, AlignedBuf::empty());
-                    std::mem::forget(arena);
-                    return Err(e);
-                }
-            };
-            for &(data, res) in &done[..n] {
-                in_flight -= 1;
-                let b = data as usize;
-                if res <= 0 || failed.is_some() {
-                    if failed.is_none() {
-                        failed = Some(if res == 0 {
-                            eof()
-                        } else {
-                            io::Error::from_raw_os_error(-res)
-                        });
-                    }
-                    free[nfree] = b;
-                    nfree += 1;
-                    continue;
-                }
-                slots[b].got += res as usize;
-                if slots[b].done() {
-                    land(&slots[b], self.arena.piece(b));
-                    free[nfree] = b;
-                    nfree += 1;
-                } else {
-                    // A short read: ask for the rest.
-                    // SAFETY: as for the first submission of this buffer.
-                    match unsafe { submit(ring, fd, self.arena.buf(b), &slots[b], b) } {
-                        Ok(()) => in_flight += 1,
-                        Err(e) => {
-                            failed = Some(e);
-                            free[nfree] = b;
-                            nfree += 1;
-                        }
-                    }
-                }
-            }
+        let mut landed = |i: usize, window: usize| {
+            let buf = base.wrapping_add(i % window * BUF);
+            // SAFETY: the piece's buffer lies in the arena, and the engine
+            // (or the `pread` below) is done writing into it; the other
+            // buffers are not borrowed.
+            land(&piece_of(i), unsafe {
+                std::slice::from_raw_parts(buf, BUF)
+            });
+        };
+        let (to, from) = (|i| request(i, window), |i| landed(i, window));
+        // SAFETY: each piece's buffer is the arena's own, free until its
+        // piece is handed over (a piece goes to a buffer only once the
+        // piece `window` before it is).
+        if self.engine && unsafe { readahead::read(file, count, window, how, to, from) } {
+            return Ok(());
         }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(()),
+        for i in 0..count {
+            // SAFETY: the first buffer, the arena's own, free between reads.
+            unsafe { pread_fully(file, &request(i, 1)) }?;
+            landed(i, 1);
         }
+        Ok(())
     }
 }
 
@@ -340,12 +272,13 @@ impl DirectReader {
 ///
 /// 1 MiB suits both virtual disks these jobs have been measured on. On
 /// one (Intel host), requests of 256 KiB to 1 MiB read at the same speed
-/// and larger ones slower (see [`enter`]). On the other (AMD EPYC host,
-/// fio `O_DIRECT` with 32 in flight), 256 KiB requests read 0.7-1.0 GB/s
-/// and 1 MiB ones 1.3-1.8; capped K-means' steady epochs, alternating runs
-/// with 256 KiB and 1 MiB requests, took 0.75-0.78 s against 0.81-0.89 s
-/// (1 GiB under 512 MiB), 1.23-1.32 s against 1.29-1.35 s (2 GiB under
-/// 1 GiB) and 2.87-3.11 s against 3.22-3.26 s (4 GiB under 1 GiB).
+/// and larger ones slower (see [`outcore::readahead`]). On the other (AMD
+/// EPYC host, fio `O_DIRECT` with 32 in flight), 256 KiB requests read
+/// 0.7-1.0 GB/s and 1 MiB ones 1.3-1.8; capped K-means' steady epochs,
+/// alternating runs with 256 KiB and 1 MiB requests, took 0.75-0.78 s
+/// against 0.81-0.89 s (1 GiB under 512 MiB), 1.23-1.32 s against
+/// 1.29-1.35 s (2 GiB under 1 GiB) and 2.87-3.11 s against 3.22-3.26 s
+/// (4 GiB under 1 GiB).
 const SPAN: usize = 1 << 20;
 
 impl DirectReader {
@@ -357,10 +290,6 @@ impl DirectReader {
     /// a page, which must fit in the capacity. Returns `Ok` when those
     /// `need` bytes are in `v`'s spare capacity (`v` itself is left
     /// empty); a file that ends before is an `UnexpectedEof` error.
-    ///
-    /// Where a wait for the reads fails, so that some may still be in
-    /// flight into `v`, `v`'s memory is given up for good (leaked) rather
-    /// than freed while the kernel may still write to it.
     pub(crate) fn read_into(
         &mut self,
         file: &File,
@@ -369,10 +298,10 @@ impl DirectReader {
         v: &mut Vec<f32>,
     ) -> io::Result<()> {
         let span = need.next_multiple_of(ALIGN);
-        let base = v.as_mut_ptr().cast::<u8>() as usize;
+        let base = v.as_mut_ptr().cast::<u8>();
         if !v.is_empty()
             || v.capacity() * 4 < span
-            || !base.is_multiple_of(ALIGN)
+            || !(base as usize).is_multiple_of(ALIGN)
             || !start.is_multiple_of(ALIGN as u64)
         {
             return Err(io::Error::other(
@@ -380,201 +309,58 @@ impl DirectReader {
             ));
         }
         let count = span.div_ceil(SPAN);
-        // Bytes of piece `i` still to read: `(offset in v, length)`.
-        let piece = |i: usize| (i * SPAN, SPAN.min(span - i * SPAN));
-        let Some(ring) = self.ring.as_mut() else {
-            for i in 0..count {
-                let (mut at, mut len) = piece(i);
-                while len > 0 {
-                    // SAFETY: `at..at + len` lies in `v`'s spare capacity
-                    // (`span` bytes fit in it), which nothing else touches
-                    // while this call holds `v`.
-                    let n = unsafe {
-                        libc::pread(
-                            file.as_raw_fd(),
-                            (base + at) as *mut libc::c_void,
-                            len,
-                            (start + at as u64) as libc::off_t,
-                        )
-                    };
-                    if n < 0 {
-                        let e = io::Error::last_os_error();
-                        if e.kind() == io::ErrorKind::Interrupted {
-                            continue;
-                        }
-                        return Err(e);
-                    }
-                    if n == 0 || (!(n as usize).is_multiple_of(ALIGN) && at + (n as usize) < need) {
-                        return Err(eof());
-                    }
-                    if at + n as usize >= need {
-                        break;
-                    }
-                    at += n as usize;
-                    len -= n as usize;
-                }
+        let request = |i: usize| {
+            let at = i * SPAN;
+            let len = SPAN.min(span - at);
+            Request {
+                pos: start + at as u64,
+                dst: base.wrapping_add(at),
+                len,
+                need: len.min(need - at),
             }
+        };
+        let how = Submit::Each;
+        // SAFETY: every request lies in `v`'s spare capacity (`span` bytes
+        // fit in it), which nothing else touches while this call holds `v`.
+        if self.engine && unsafe { readahead::read(file, count, MAX_DEPTH, how, request, |_| {}) } {
             return Ok(());
-        };
-        let fd = types::Fd(file.as_raw_fd());
-        // In flight: the piece's next byte and the bytes it still wants.
-        let mut slots = [(0usize, 0usize); MAX_DEPTH];
-        let mut free: [usize; MAX_DEPTH] = std::array::from_fn(|i| i);
-        let mut nfree = MAX_DEPTH;
-        let mut next = 0;
-        let mut in_flight = 0;
-        let mut failed: Option<io::Error> = None;
-        let push = |ring: &mut IoUring, (at, len): (usize, usize), tag: usize| {
-            let entry = opcode::Read::new(fd, (base + at) as *mut u8, len as u32)
-                .offset(start + at as u64)
-                .build()
-                .user_data(tag as u64);
-            // SAFETY: `at..at + len` lies in `v`'s spare capacity, which
-            // stays alive and untouched until the read is reaped (on a
-            // failed wait `v` is leaked, below); the queue has room, as at
-            // most `MAX_DEPTH` reads are in flight on a ring of as many
-            // entries.
-            unsafe { ring.submission().push(&entry) }
-                .map_err(|_| io::Error::other("the io_uring submission queue is full"))
-        };
-        loop {
-            while failed.is_none() && nfree > 0 && next < count {
-                nfree -= 1;
-                let b = free[nfree];
-                slots[b] = piece(next);
-                next += 1;
-                if let Err(e) = push(ring, slots[b], b) {
-                    failed = Some(e);
-                    nfree += 1;
-                    break;
-                }
-                enter(ring);
-                in_flight += 1;
-            }
-            if in_flight == 0 {
-                break;
-            }
-            let (done, n) = match wait(ring) {
-                Ok(Some(r)) => r,
-                Ok(None) => continue,
-                Err(e) => {
-                    // As in `read_ring`, with `v` given up instead.
-                    if let Some(r) = self.ring.take() {
-                        std::mem::forget(r);
-                    }
-                    std::mem::forget(std::mem::take(v));
-                    return Err(e);
-                }
-            };
-            for &(data, res) in &done[..n] {
-                in_flight -= 1;
-                let b = data as usize;
-                let (at, len) = slots[b];
-                let got = res.max(0) as usize;
-                let finished = res > 0 && (got == len || at + got >= need);
-                if failed.is_none() && !finished {
-                    failed = Some(if res < 0 {
-                        io::Error::from_raw_os_error(-res)
-                    } else if res == 0 || !got.is_multiple_of(ALIGN) {
-                        eof()
-                    } else {
-                        // A short read of whole pages: ask for the rest.
-                        slots[b] = (at + got, len - got);
-                        match push(ring, slots[b], b) {
-                            Ok(()) => {
-                                in_flight += 1;
-                                continue;
-                            }
-                            Err(e) => e,
-                        }
-                    });
-                }
-                free[nfree] = b;
-                nfree += 1;
-            }
         }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(()),
+        for i in 0..count {
+            // SAFETY: as above.
+            unsafe { pread_fully(file, &request(i)) }?;
         }
+        Ok(())
     }
 }
 
-/// Waits for at least one of the reads in flight and reaps every finished
-/// one: `(tag, result)` pairs, in a fixed array so that the queue's borrow
-/// ends before the next submissions. `None` when the wait was interrupted
-/// (wait again); an error when the wait failed, with reads possibly still
-/// in flight.
-#[allow(clippy::type_complexity)]
-fn wait(ring: &mut IoUring) -> io::Result<Option<([(u64, i32); MAX_DEPTH], usize)>> {
-    match ring.submit_and_wait(1) {
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    let mut done = [(0u64, 0i32); MAX_DEPTH];
-    let mut n = 0;
-    for cqe in ring.completion() {
-        if n < MAX_DEPTH {
-            done[n] = (cqe.user_data(), cqe.result());
-            n += 1;
-        }
-    }
-    Ok(Some((done, n)))
-}
-
-/// How the reads of one call reach the kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Submit {
-    /// Each on its own, as soon as it is queued: the pieces of one range.
-    Each,
-    /// Together, at the next wait: scattered records, a syscall for each
-    /// of which would cost more than their reads.
-    Together,
-}
-
-/// Hands the reads queued on `ring` to the kernel now.
-///
-/// Called after each read of a range, so that each enters the block layer
-/// on its own. Reads submitted together are plugged as one batch, and the
-/// block layer merges adjacent ones into requests as large as the device
-/// takes (4 MiB on the virtual disk these jobs are measured on). That disk
-/// reads 1.9 GiB/s in requests of 2-4 MiB against 2.9-3.5 GiB/s in requests
-/// of 256 KiB to 1 MiB (fio, `O_DIRECT`, 8-32 in flight). 8 GiB of `.npy`
-/// under 2 GiB, k = 100, alternating runs: the first epoch (the whole
-/// input read) took 4.51-4.58 s against 5.19-7.71 s with the reads merged,
-/// and the steady epochs 2.93-3.03 s against 3.26-3.33 s.
-///
-/// A failed submission leaves the reads queued: the wait that follows
-/// submits them again, and reports the error.
-fn enter(ring: &mut IoUring) {
-    let _ = ring.submit();
-}
-
-/// Queues a read of the rest of `piece` into `buf`, tagged `tag`.
+/// Reads request `r` with `pread` until its `need` bytes are in; a file
+/// that ends before is an `UnexpectedEof` error.
 ///
 /// # Safety
 ///
-/// `buf` must stay alive, and nothing may touch it, until the read's
-/// completion has been reaped.
-unsafe fn submit(
-    ring: &mut IoUring,
-    fd: types::Fd,
-    buf: &mut [u8],
-    piece: &Piece,
-    tag: usize,
-) -> io::Result<()> {
-    let want = piece.want();
-    let dst = &mut buf[piece.got..piece.got + want];
-    let entry = opcode::Read::new(fd, dst.as_mut_ptr(), want as u32)
-        .offset(piece.start + piece.got as u64)
-        .build()
-        .user_data(tag as u64);
-    // SAFETY: the entry's buffer is valid for `want` bytes until completion
-    // (the caller's promise); the queue has room, as at most `MAX_DEPTH`
-    // reads (one per buffer) are in flight on a ring of `MAX_DEPTH` entries.
-    unsafe { ring.submission().push(&entry) }
-        .map_err(|_| io::Error::other("the io_uring submission queue is full"))
+/// `r.dst` is valid for writes of `r.len` bytes, which nothing else
+/// touches during the call.
+unsafe fn pread_fully(file: &File, r: &Request) -> io::Result<()> {
+    let mut got = 0;
+    while got < r.need {
+        let at = libc::off_t::try_from(r.pos + got as u64)
+            .map_err(|_| io::Error::other("file offset out of range"))?;
+        // SAFETY: `got < r.need <= r.len`: the rest lies within the bytes
+        // lent to us.
+        let n = unsafe { libc::pread(file.as_raw_fd(), r.dst.add(got).cast(), r.len - got, at) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        got += n as usize;
+        if n == 0 || (got < r.need && !got.is_multiple_of(ALIGN)) {
+            return Err(eof());
+        }
+    }
+    Ok(())
 }
 
 /// Copies a finished piece from its buffer to its place in `dst` and
@@ -659,36 +445,15 @@ impl AlignedBuf {
         self.layout.size()
     }
 
-    /// The bytes of the `i`-th buffer of [`BUF`] (fewer past the end).
-    fn range(&self, i: usize) -> (usize, usize) {
-        let end = ((i + 1) * BUF).min(self.layout.size());
-        ((i * BUF).min(end), end)
-    }
-
-    /// The `i`-th buffer of [`BUF`] bytes. Only it is borrowed: the kernel
-    /// may be writing into the others.
-    fn buf(&mut self, i: usize) -> &mut [u8] {
-        let (start, end) = self.range(i);
-        // SAFETY: `start..end` lies within the `layout.size()` initialised
-        // bytes this buffer owns, borrowed mutably through `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(start), end - start) }
-    }
-
-    /// The `i`-th buffer of [`BUF`] bytes, to read (only it: the kernel may
-    /// be writing into the others).
-    fn piece(&self, i: usize) -> &[u8] {
-        let (start, end) = self.range(i);
-        // SAFETY: as for `buf`, borrowed shared through `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(start), end - start) }
-    }
-
+    #[cfg(test)]
     fn as_ref(&self) -> &[u8] {
         // SAFETY: `ptr` holds `layout.size()` initialised bytes owned by
         // this buffer (none for an empty one), borrowed through `self`.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
     }
 
-    pub(crate) fn as_mut(&mut self) -> &mut [u8] {
+    #[cfg(test)]
+    fn as_mut(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` holds `layout.size()` initialised (zeroed) bytes
         // owned by this buffer, borrowed mutably through `self`.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
@@ -735,7 +500,7 @@ mod tests {
     }
 
     #[test]
-    fn ranges_read_back_exactly_with_and_without_a_ring() {
+    fn ranges_read_back_exactly_with_and_without_the_engine() {
         let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
         let p = dir.path().join("bytes");
         // 10 MiB and a bit: ranges span many pieces (more than a reader
@@ -743,7 +508,7 @@ mod tests {
         let bytes: Vec<u8> = (0..(10 << 20) + 1234u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(&p, &bytes).unwrap();
         let without = || DirectReader {
-            ring: None,
+            engine: false,
             arena: AlignedBuf::new(BUF, HUGE).unwrap(),
         };
         for mut reader in [DirectReader::new().unwrap(), without()] {
@@ -773,7 +538,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_in_place_fill_exactly_what_is_asked_with_and_without_a_ring() {
+    fn reads_in_place_fill_exactly_what_is_asked_with_and_without_the_engine() {
         let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
         let p = dir.path().join("bytes");
         // More requests than are in flight at once ([`MAX_DEPTH`] of
@@ -790,7 +555,7 @@ mod tests {
             return;
         };
         let without = || DirectReader {
-            ring: None,
+            engine: false,
             arena: AlignedBuf::empty(),
         };
         for mut reader in [DirectReader::new().unwrap(), without()] {
@@ -830,9 +595,6 @@ mod tests {
         let p = dir.path().join("bytes");
         std::fs::write(&p, vec![7u8; 12 << 20]).unwrap();
         let mut reader = DirectReader::new().unwrap();
-        if reader.ring.is_none() {
-            return;
-        }
         let buffers = |r: &DirectReader| r.arena.len() / BUF;
         assert_eq!(buffers(&reader), 0, "no buffers before the first read");
         for (len, want) in [
