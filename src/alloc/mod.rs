@@ -25,6 +25,7 @@
 //! - `account`: per-thread accounting, the cap, bypass scopes;
 //! - `trap`: the evictor registry, the token, the soft and hard traps;
 //! - `ffi`: the C entry points for the `LD_PRELOAD` shim;
+//! - `register`: registering a runtime's evictor (and telling the shim);
 //! - this file: the `GlobalAlloc` implementation.
 
 mod account;
@@ -32,6 +33,7 @@ mod ffi;
 mod headroom;
 mod jemalloc;
 pub(crate) mod linebuf;
+mod register;
 mod reserve;
 mod slots;
 mod trap;
@@ -47,7 +49,8 @@ pub use account::{
 pub(crate) use account::{thread_own_net, BypassGuard, EvictScope, COUNTERS};
 pub(crate) use jemalloc::{kept_pages, purge};
 pub use linebuf::set_process_name;
-pub(crate) use trap::{register, Evictor, Freed, Registration};
+pub(crate) use register::{register, Registration};
+pub(crate) use trap::{Evictor, Freed};
 
 /// The outcore global allocator: jemalloc with accounting and an allocation
 /// trap.
