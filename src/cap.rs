@@ -201,6 +201,14 @@ pub(crate) fn auto_cap_shared(l: &Limits, ranks: usize) -> u64 {
         .max(16 << 20)
 }
 
+/// The level proactive eviction brings usage down to: the cap less 1/32
+/// (at least 4 MiB, at most half the cap). The headroom is for the buffers
+/// of loads and for what tasks allocate, so that the trap stays the last
+/// resort.
+pub(crate) fn low_watermark(cap: u64) -> u64 {
+    cap.saturating_sub((cap / 32).max(4 << 20).min(cap / 2))
+}
+
 /// The most memory the process could ever get, and the machine's memory:
 /// `(limit, machine)`, where `machine` is physical memory plus swap (as far
 /// as they can be read) and `limit` is `RLIMIT_AS` if finite, else

@@ -39,20 +39,12 @@ pub(crate) fn kept_budget(cap: usize, used: usize, limit: usize) -> usize {
     cap.saturating_sub(used).min(limit)
 }
 
-/// The level proactive eviction brings usage down to: the cap less 1/32
-/// (at least 4 MiB, at most half the cap). The headroom is for the buffers
-/// of loads and for what tasks allocate, so that the trap stays the last
-/// resort.
-pub(crate) fn low_watermark(cap: u64) -> u64 {
-    cap.saturating_sub((cap / 32).max(4 << 20).min(cap / 2))
-}
-
 /// The level proactive eviction brings the bytes in use down to: the low
 /// watermark less what is resident outside the accounting (`outside`, at
 /// most an eighth of the cap), so that the resident set, which `top` and
 /// the OOM killer judge, stays under the cap too.
 pub(crate) fn target(cap: u64, outside: usize) -> u64 {
-    low_watermark(cap).saturating_sub((outside as u64).min(cap / 8))
+    crate::cap::low_watermark(cap).saturating_sub((outside as u64).min(cap / 8))
 }
 
 impl Shared {

@@ -279,7 +279,7 @@ pub(crate) use crate::executor::drop_user_value;
 /// loads). Without a cap, unlimited (pages then decay as jemalloc decides).
 pub(crate) fn dirty_budget(cap: Option<u64>, l: &crate::cap::Limits) -> usize {
     let Some(cap) = cap else { return usize::MAX };
-    let gap = cap - super::evict::low_watermark(cap);
+    let gap = cap - crate::cap::low_watermark(cap);
     let floor = 2 * gap;
     let memory = [l.cgroup, l.physical]
         .into_iter()
@@ -313,7 +313,7 @@ mod tests {
         };
         // 1.9 GiB under a 2 GiB cgroup: little room, so twice the gap.
         let cap = 2 * GIB / 20 * 19;
-        let gap = cap - crate::runtime::evict::low_watermark(cap);
+        let gap = cap - crate::cap::low_watermark(cap);
         assert_eq!(dirty_budget(Some(cap), &cgroup), 2 * gap as usize);
         // 1 GiB on a 24 GiB machine: the rest of memory less 1/32.
         let free = Limits {
@@ -327,7 +327,7 @@ mod tests {
         assert_eq!(dirty_budget(None, &free), usize::MAX);
         assert_eq!(
             dirty_budget(Some(GIB), &Limits::default()) as u64,
-            2 * (GIB - crate::runtime::evict::low_watermark(GIB))
+            2 * (GIB - crate::cap::low_watermark(GIB))
         );
         // Under an address-space limit of 4 GiB, a 1 GiB cap: what the
         // limit leaves, less what `MemoryCap::Auto` sets aside (1 GiB).
