@@ -37,7 +37,7 @@ impl Shared {
                 // Loads in flight count against the cap in `make_room`, so
                 // that concurrent loads do not each assume the same
                 // headroom: this one counts before it makes room.
-                self.loading_bytes.fetch_add(size, Ordering::Relaxed);
+                self.loading_starts(size);
                 // Making room runs other executors' `Serialize`; whatever
                 // happens there, this load goes on (and the slot never
                 // stays `Loading`).
@@ -45,7 +45,7 @@ impl Shared {
                 size
             }
         };
-        let path = self.store.path_for(slot.id);
+        let path = self.store().path_for(slot.id);
         let before = alloc::thread_own_net();
         // The value's `Deserialize` and the lineage are user code: a panic
         // is a damaged load.
@@ -77,7 +77,7 @@ impl Shared {
             ))
         });
         let delta = alloc::thread_own_net() - before;
-        self.loading_bytes.fetch_sub(size, Ordering::Relaxed);
+        self.loading_ends(size);
         let mut g = slot.lock();
         match result {
             Ok((v, read)) => {
@@ -96,7 +96,7 @@ impl Shared {
                 // Counted before the value is published: a task that uses
                 // it (and whatever its caller reads next) sees the load in
                 // the counters.
-                self.counters.count_load(
+                self.counters().count_load(
                     read.bytes,
                     read.direct_bytes,
                     rebuild.is_some(),
@@ -105,7 +105,7 @@ impl Shared {
                 slot.set_state(&mut g, State::Resident);
                 drop(g);
                 self.note_size(slot, 0);
-                self.generation.fetch_add(1, Ordering::Relaxed);
+                self.bump_generation();
                 self.trim_after_load();
                 Ok(())
             }
@@ -122,10 +122,10 @@ impl Shared {
     /// for an executor that has just come into memory, its size before the
     /// task for one a task changed.
     pub(crate) fn note_size(&self, slot: &Slot, before: usize) {
-        let Some(cap) = self.cap else { return };
+        let Some(cap) = self.soft_cap() else { return };
         let size = slot.size.load(Ordering::Relaxed);
         if size as u64 > cap && before as u64 <= cap {
-            self.counters.note_oversized(&slot.label, size, cap);
+            self.counters().note_oversized(&slot.label, size, cap);
         }
     }
 
@@ -140,7 +140,7 @@ impl Shared {
         } else {
             Error::SpillRead {
                 executor: slot.label.clone(),
-                file: self.store.path_for(slot.id),
+                file: self.store().path_for(slot.id),
                 source,
             }
         }
@@ -165,13 +165,13 @@ impl Shared {
                     }
                     slot.set_state(&mut g, State::Pinned);
                     drop(g);
-                    self.pinned.fetch_add(1, Ordering::AcqRel);
+                    self.pin();
                     if slot.prefetched.swap(false, Ordering::Relaxed) && !waited {
-                        Counters::add(&self.counters.prefetch_hits, 1);
+                        Counters::add(&self.counters().prefetch_hits, 1);
                     }
                     if waited {
                         Counters::add(
-                            &self.counters.load_wait_nanos,
+                            &self.counters().load_wait_nanos,
                             start.elapsed().as_nanos() as u64,
                         );
                     }
@@ -182,7 +182,7 @@ impl Shared {
                     slot.set_state(&mut g, State::Loading);
                     drop(g);
                     waited = true;
-                    Counters::add(&self.counters.demand_loads, 1);
+                    Counters::add(&self.counters().demand_loads, 1);
                     self.load_slot(slot, file_gen, None)?;
                     g = slot.lock();
                 }
@@ -233,8 +233,8 @@ impl Shared {
             slot.set_state(&mut g, State::Removed);
             drop(g);
             drop_user_value(v);
-            self.pinned.fetch_sub(1, Ordering::AcqRel);
-            self.generation.fetch_add(1, Ordering::Relaxed);
+            self.unpin();
+            self.bump_generation();
             return;
         }
         g.value = Some(v);
@@ -251,8 +251,8 @@ impl Shared {
         );
         drop(g);
         slot.last_use.store(self.tick(), Ordering::Relaxed);
-        self.pinned.fetch_sub(1, Ordering::AcqRel);
-        self.generation.fetch_add(1, Ordering::Relaxed);
+        self.unpin();
+        self.bump_generation();
     }
 
     /// Records that a task on `slot` with sequence `seq` is dispatched: it
@@ -270,20 +270,20 @@ impl Shared {
             self.sync_pending(slot, &g);
         }
         if slot.cycle_id.load(Ordering::Relaxed) != crate::executor::NONE {
-            let left = self.registry.lock().set_cursor(slot);
+            let left = self.registry().set_cursor(slot);
             if let Some(left) = left.filter(|s| s.state_hint() == State::Resident) {
                 self.note_idle(&left);
             }
         }
         slot.last_use.store(self.tick(), Ordering::Relaxed);
-        self.prefetch_signal.notify();
+        self.wake_prefetchers();
     }
 
     /// Removes an executor (its handle was dropped or taken). With
     /// `drop_value`, waits for a task or a move in progress to finish and
     /// drops the value.
     pub(crate) fn remove(&self, slot: &Slot, drop_value: bool) {
-        self.registry.lock().remove(slot.id);
+        self.registry().remove(slot.id);
         let mut g = slot.lock();
         if drop_value && g.state == State::Pinned && pinned_here(slot.id) {
             // The task running on it dropped its last handle: the value
@@ -293,7 +293,7 @@ impl Shared {
             let written = spilled(&g);
             drop(g);
             if written {
-                let _ = std::fs::remove_file(self.store.path_for(slot.id));
+                let _ = std::fs::remove_file(self.store().path_for(slot.id));
             }
             return;
         }
@@ -306,7 +306,7 @@ impl Shared {
         drop(g);
         drop_user_value(v);
         if written {
-            let _ = std::fs::remove_file(self.store.path_for(slot.id));
+            let _ = std::fs::remove_file(self.store().path_for(slot.id));
         }
     }
 }
