@@ -104,6 +104,7 @@ mod lineage;
 mod pod;
 mod policy;
 mod runtime;
+mod size;
 mod spill;
 mod stats;
 mod units;
