@@ -94,6 +94,9 @@
 //! ```
 
 #![deny(missing_docs, missing_debug_implementations)]
+// At most 80 lines a function in src/ (the threshold is in clippy.toml);
+// examples, benches and tests/ are not held to it.
+#![deny(clippy::too_many_lines)]
 
 mod alloc;
 mod cap;

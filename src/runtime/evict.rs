@@ -7,9 +7,11 @@
 //! lock (state `Evicting`), and a failed write puts it back intact (see
 //! `writes.rs` for the backoff).
 
+use std::any::Any;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -141,22 +143,7 @@ impl Shared {
                 drop(g);
                 let _bypass = BypassGuard::new();
                 let path = self.store().path_for(slot.id);
-                let result = if self.writes().inject_fault() {
-                    Err(io::Error::new(
-                        io::ErrorKind::StorageFull,
-                        "injected fault (OUTCORE_FAULT_WRITE_EVERY)",
-                    ))
-                } else {
-                    // The value's `Serialize` is user code, and this may
-                    // run inside the allocator: a panic is a failed write.
-                    catch_unwind(AssertUnwindSafe(|| (slot.save)(&*v, &path, slot.key(gen))))
-                        .unwrap_or_else(|p| {
-                            Err(io::Error::other(format!(
-                                "serialization panicked: {}",
-                                panic_message(&*p)
-                            )))
-                        })
-                };
+                let result = self.save(slot, &*v, &path, gen);
                 let mut g = slot.lock();
                 match result {
                     Ok(written) => {
@@ -185,6 +172,25 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// Writes `v`, `slot`'s value, to `path` as its copy `gen`: the bytes
+    /// written, or why not.
+    fn save(&self, slot: &Slot, v: &(dyn Any + Send), path: &Path, gen: u64) -> io::Result<u64> {
+        if self.writes().inject_fault() {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "injected fault (OUTCORE_FAULT_WRITE_EVERY)",
+            ));
+        }
+        // The value's `Serialize` is user code, and this may run inside
+        // the allocator: a panic is a failed write.
+        catch_unwind(AssertUnwindSafe(|| (slot.save)(v, path, slot.key(gen)))).unwrap_or_else(|p| {
+            Err(io::Error::other(format!(
+                "serialization panicked: {}",
+                panic_message(&*p)
+            )))
+        })
     }
 
     fn count_eviction(&self, trap: bool, clean: bool) {

@@ -15,7 +15,7 @@ use super::shared::{drop_user_value, panic_message, pinned_here, Shared};
 use crate::alloc;
 use crate::error::{Error, Result};
 use crate::executor::{PinStep, Slot, State, FROM_LINEAGE};
-use crate::spill;
+use crate::spill::Loaded;
 use crate::stats::Counters;
 
 impl Shared {
@@ -45,37 +45,9 @@ impl Shared {
                 size
             }
         };
-        let path = self.store().path_for(slot.id);
         let before = alloc::thread_own_net();
-        // The value's `Deserialize` and the lineage are user code: a panic
-        // is a damaged load.
-        let rebuild = match (&slot.lineage, file_gen) {
-            (Some(l), FROM_LINEAGE) => Some(l),
-            _ => None,
-        };
-        let result = catch_unwind(AssertUnwindSafe(|| match rebuild {
-            Some(l) => l().map(|v| {
-                (
-                    v,
-                    spill::Loaded {
-                        bytes: 0,
-                        direct_bytes: 0,
-                    },
-                )
-            }),
-            None => (slot.load)(&path, slot.key(file_gen)),
-        }))
-        .unwrap_or_else(|p| {
-            let what = if rebuild.is_some() {
-                "rebuilding"
-            } else {
-                "deserialization"
-            };
-            Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{what} panicked: {}", panic_message(&*p)),
-            ))
-        });
+        let rebuild = slot.lineage.is_some() && file_gen == FROM_LINEAGE;
+        let result = self.read_value(slot, file_gen);
         let delta = alloc::thread_own_net() - before;
         self.loading_ends(size);
         let mut g = slot.lock();
@@ -83,7 +55,7 @@ impl Shared {
             Ok((v, read)) => {
                 g.value = Some(v);
                 g.dirty = false;
-                if rebuild.is_some() && !slot.lineage_repeatable {
+                if rebuild && !slot.lineage_repeatable {
                     // Built once: from now on the executor spills.
                     g.dirty = true;
                     g.file_gen = 0;
@@ -96,12 +68,8 @@ impl Shared {
                 // Counted before the value is published: a task that uses
                 // it (and whatever its caller reads next) sees the load in
                 // the counters.
-                self.counters().count_load(
-                    read.bytes,
-                    read.direct_bytes,
-                    rebuild.is_some(),
-                    prefetch,
-                );
+                self.counters()
+                    .count_load(read.bytes, read.direct_bytes, rebuild, prefetch);
                 slot.set_state(&mut g, State::Resident);
                 drop(g);
                 self.note_size(slot, 0);
@@ -115,6 +83,39 @@ impl Shared {
                 Err(self.load_error(slot, file_gen, source))
             }
         }
+    }
+
+    /// Reads `slot`'s value from the copy `file_gen` names: its spill
+    /// file, or its lineage (which reads nothing from the spill store).
+    fn read_value(&self, slot: &Slot, file_gen: u64) -> io::Result<(Box<dyn Any + Send>, Loaded)> {
+        let path = self.store().path_for(slot.id);
+        let rebuild = match (&slot.lineage, file_gen) {
+            (Some(l), FROM_LINEAGE) => Some(l),
+            _ => None,
+        };
+        // The value's `Deserialize` and the lineage are user code: a panic
+        // is a damaged load.
+        catch_unwind(AssertUnwindSafe(|| match rebuild {
+            Some(l) => l().map(|v| {
+                let nothing = Loaded {
+                    bytes: 0,
+                    direct_bytes: 0,
+                };
+                (v, nothing)
+            }),
+            None => (slot.load)(&path, slot.key(file_gen)),
+        }))
+        .unwrap_or_else(|p| {
+            let what = if rebuild.is_some() {
+                "rebuilding"
+            } else {
+                "deserialization"
+            };
+            Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{what} panicked: {}", panic_message(&*p)),
+            ))
+        })
     }
 
     /// Counts `slot` in [`Stats::oversized`](crate::Stats::oversized) when
