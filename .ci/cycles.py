@@ -51,6 +51,8 @@ import sys
 ROOTS = ["src/lib.rs", "jobs/src/lib.rs", "jobs/src/main.rs", "alloc-shim/src/lib.rs"]
 
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+# The start of a raw string (its hashes in group 1) or of a byte string.
+RAW_OR_BYTES = re.compile(r'b?r(#*)"|b"')
 
 
 def strip(src):
@@ -74,14 +76,14 @@ def strip(src):
                     if src[i] == "\n":
                         out.append("\n")
                     i += 1
-        elif c in "rb" and re.match(r'(?:br|r|b)?#*"', src[i:i + 260]) and (i == 0 or not re.match(r"\w", src[i - 1])):
-            m = re.match(r'(b?r)(#*)"', src[i:])
-            if m:  # raw string
-                end = '"' + m.group(2)
-                j = src.find(end, i + m.end())
+        elif c in "rb" and not (i and (src[i - 1].isalnum() or src[i - 1] == "_")) and RAW_OR_BYTES.match(src, i):
+            m = RAW_OR_BYTES.match(src, i)
+            if m.group(1) is not None:  # r"..", r#".."#, br".."
+                end = '"' + m.group(1)
+                j = src.find(end, m.end())
                 j = n if j < 0 else j + len(end)
-            else:  # b"..."
-                j = skip_string(src, i + src[i:].index('"'))
+            else:  # b".."
+                j = skip_string(src, m.end() - 1)
             out.append(" " + "\n" * src.count("\n", i, j))
             i = j
         elif c == '"':
@@ -439,7 +441,8 @@ def main(argv):
             if len(comp) > len(cyc) - 1:
                 print("  (and more cycles among: %s)" % ", ".join(comp))
     if found:
-        print("%d import cycle(s); each file may depend only on files listed before it (src/alloc/README.md)" % found, file=sys.stderr)
+        print("cycles.py: %d import cycle(s): move what both files need to where it belongs"
+              " (what counts as a dependency: .ci/cycles.py's docstring)" % found, file=sys.stderr)
         return 1
     return 0
 
