@@ -108,46 +108,10 @@ impl fmt::Display for MemoryCap {
 /// assert!(outcore::parse_size("-5M").is_err());
 /// ```
 pub fn parse_size(input: &str) -> Result<u64> {
-    let bad = |reason: &str| Error::BadSize {
+    crate::size::parse(input).map_err(|e| Error::BadSize {
         input: input.to_string(),
-        reason: reason.to_string(),
-    };
-    let s = input.trim();
-    if s.is_empty() {
-        return Err(bad("empty"));
-    }
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    if num.is_empty() {
-        return Err(bad("expected a number, like 512MiB, 2GiB, 1.5G or 4096"));
-    }
-    let value: f64 = num.parse().map_err(|_| bad("not a number"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024.0 * 1024.0,
-        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        _ => {
-            return Err(bad(
-                "unknown unit (use B, K/KiB, M/MiB, G/GiB, T/TiB, KB, MB, GB, TB)",
-            ))
-        }
-    };
-    let bytes = value * mult;
-    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
-        return Err(bad("too large"));
-    }
-    if bytes.fract() != 0.0 && mult == 1.0 {
-        return Err(bad("a byte count must be a whole number"));
-    }
-    Ok(bytes.round() as u64)
+        reason: e.reason().to_string(),
+    })
 }
 
 /// The limits the process runs under, as far as they can be read.
@@ -199,6 +163,14 @@ pub(crate) fn auto_cap_shared(l: &Limits, ranks: usize) -> u64 {
         .min()
         .unwrap_or(u64::MAX)
         .max(16 << 20)
+}
+
+/// The level proactive eviction brings usage down to: the cap less 1/32
+/// (at least 4 MiB, at most half the cap). The headroom is for the buffers
+/// of loads and for what tasks allocate, so that the trap stays the last
+/// resort.
+pub(crate) fn low_watermark(cap: u64) -> u64 {
+    cap.saturating_sub((cap / 32).max(4 << 20).min(cap / 2))
 }
 
 /// The most memory the process could ever get, and the machine's memory:

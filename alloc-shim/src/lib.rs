@@ -278,58 +278,19 @@ fn hopeless_above() -> usize {
     limit
 }
 
-/// Parses sizes as the runtime does (`MemoryCap::parse`): `512MiB`, `2G`,
-/// `1.5GiB`, `300MB`, `1TB`, `4096`, `2 MiB`, any case, spaces around;
-/// 0 when malformed.
+/// The runtime's size parser (`MemoryCap::parse`), the same file: `512MiB`,
+/// `2G`, `1.5GiB`, `300MB`, `1TB`, `4096`, `2 MiB`, any case, spaces
+/// around. It allocates nothing and does not panic.
+#[path = "../../src/size.rs"]
+#[expect(dead_code, reason = "the shim needs no reason, only whether it parsed")]
+mod size;
+
+/// `OUTCORE_MEM_CAP`'s bytes, as the runtime parses them; 0 when malformed.
 fn parse_size(s: &[u8]) -> usize {
-    let s = s.trim_ascii();
-    let mut i = 0;
-    let mut whole: u64 = 0;
-    let mut frac: u64 = 0;
-    let mut frac_div: u64 = 1;
-    while i < s.len() && s[i].is_ascii_digit() {
-        whole = whole
-            .saturating_mul(10)
-            .saturating_add(u64::from(s[i] - b'0'));
-        i += 1;
-    }
-    if i < s.len() && s[i] == b'.' {
-        i += 1;
-        while i < s.len() && s[i].is_ascii_digit() {
-            // Digits past the sixth change nothing a byte count shows.
-            if frac_div < 1_000_000 {
-                frac = frac * 10 + u64::from(s[i] - b'0');
-                frac_div *= 10;
-            }
-            i += 1;
-        }
-    }
-    if i == 0 {
-        return 0;
-    }
-    let unit = s[i..].trim_ascii();
-    let mut lower = [0u8; 3];
-    if unit.len() > lower.len() {
-        return 0;
-    }
-    for (d, c) in lower.iter_mut().zip(unit) {
-        *d = c.to_ascii_lowercase();
-    }
-    let mult: u64 = match &lower[..unit.len()] {
-        b"" | b"b" => 1,
-        b"k" | b"kib" => 1 << 10,
-        b"m" | b"mib" => 1 << 20,
-        b"g" | b"gib" => 1 << 30,
-        b"t" | b"tib" => 1 << 40,
-        b"kb" => 1_000,
-        b"mb" => 1_000_000,
-        b"gb" => 1_000_000_000,
-        b"tb" => 1_000_000_000_000,
-        _ => return 0,
-    };
-    whole
-        .saturating_mul(mult)
-        .saturating_add(frac.saturating_mul(mult) / frac_div) as usize
+    core::str::from_utf8(s)
+        .ok()
+        .and_then(|s| size::parse(s).ok())
+        .map_or(0, |b| usize::try_from(b).unwrap_or(usize::MAX))
 }
 
 macro_rules! real {

@@ -1,5 +1,5 @@
-//! Files in and out: opening an input with its length, and writing an
-//! output atomically.
+//! Files in and out: opening an input with its length (and telling its
+//! format), and writing an output atomically.
 //!
 //! Every output (`.npy` arrays, the JSON statistics) goes through
 //! [`AtomicFile`]: the bytes are written to a temporary file in the
@@ -524,6 +524,42 @@ pub fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
     let mut f = AtomicFile::create(path)?;
     f.write_all(text.as_bytes())?;
     f.commit()
+}
+
+/// The format a file's name gives (`npy`, `npz`, `fvecs`), or, for a
+/// regular file under any other name, the format its first bytes show
+/// (NumPy's magic string, a zip archive's): a `.npy` file renamed is not
+/// read as raw floats (its header taken for rows). Anything else is raw.
+pub(crate) fn format_of(path: &Path) -> String {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if matches!(ext.as_str(), "npy" | "npz" | "fvecs") {
+        return ext;
+    }
+    match sniff(path) {
+        Some(kind) => kind.to_string(),
+        None => ext,
+    }
+}
+
+/// `npy` or `npz` from a regular file's first bytes, if they say so.
+fn sniff(path: &Path) -> Option<&'static str> {
+    use std::io::Read;
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
+    let mut head = [0u8; 6];
+    std::fs::File::open(path).ok()?.read_exact(&mut head).ok()?;
+    if &head == b"\x93NUMPY" {
+        Some("npy")
+    } else if head.starts_with(b"PK\x03\x04") {
+        Some("npz")
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]

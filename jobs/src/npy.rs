@@ -372,7 +372,7 @@ impl Read for CrcRead {
 /// Whether `path` names a `.npz` archive (by its name, or by its first
 /// bytes under another name).
 fn is_npz(path: &Path) -> bool {
-    crate::input::format_of(path) == "npz"
+    crate::files::format_of(path) == "npz"
 }
 
 /// Opens the array at `path`: a `.npy` file, or the member `key` of a
@@ -771,8 +771,46 @@ pub fn read_matrix(path: &Path) -> Result<(Vec<f32>, usize, usize)> {
     }
     let mut out = Vec::with_capacity(rows * cols);
     r.read_rows(rows, &mut out)?;
-    crate::input::check_finite(&out, cols, 0).map_err(|e| bad(path, e))?;
+    check_finite(&out, cols, 0).map_err(|e| bad(path, e))?;
     Ok((out, rows, cols))
+}
+
+/// Checks that every value of the row-major block `x` (`dims` columns,
+/// its first row being row `first_row` of the data) is finite; otherwise
+/// names the first bad row and column. One pass in 16 independent lanes
+/// (`v * 0` is 0 for a finite value, NaN otherwise), then a row-by-row
+/// search only when the block fails.
+pub(crate) fn check_finite(
+    x: &[f32],
+    dims: usize,
+    first_row: u64,
+) -> std::result::Result<(), String> {
+    let mut acc = [0f32; 16];
+    let chunks = x.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            // 0 for a finite value, NaN for NaN and the infinities.
+            *a += v * 0.0;
+        }
+    }
+    let mut ok = acc.iter().all(|a| *a == 0.0);
+    for v in tail {
+        ok &= v.is_finite();
+    }
+    if ok {
+        return Ok(());
+    }
+    let dims = dims.max(1);
+    match x.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(format!(
+            "row {}, column {} is {} (the data must be finite)",
+            first_row + (i / dims) as u64,
+            i % dims,
+            if x[i].is_nan() { "NaN" } else { "infinite" }
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Elements that can be written to `.npy`.

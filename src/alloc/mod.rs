@@ -30,6 +30,8 @@
 //! - `trap.rs`: the `Evictor` contract, the registry of evictors, the
 //!   token and epoch, the soft and hard traps, the diagnostic;
 //! - `ffi.rs`: the C entry points for the `LD_PRELOAD` shim;
+//! - `register.rs`: registering a runtime's evictor: the lifecycle lock,
+//!   the `fork()` handler, the handshake with the shim;
 //! - `mod.rs` (this file): the `GlobalAlloc` implementation and the
 //!   installation probe;
 //! - `tests.rs`: unit tests of the allocator;
@@ -40,6 +42,7 @@ mod ffi;
 mod headroom;
 mod jemalloc;
 pub(crate) mod linebuf;
+mod register;
 mod reserve;
 mod slots;
 mod trap;
@@ -55,7 +58,8 @@ pub use account::{
 pub(crate) use account::{thread_own_net, BypassGuard, EvictScope, COUNTERS};
 pub(crate) use jemalloc::{kept_pages, purge};
 pub use linebuf::set_process_name;
-pub(crate) use trap::{register, Evictor, Freed, Registration};
+pub(crate) use register::{register, Registration};
+pub(crate) use trap::{Evictor, Freed};
 
 /// The outcore global allocator: jemalloc with accounting and an allocation
 /// trap.

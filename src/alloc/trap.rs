@@ -52,7 +52,7 @@ pub(crate) struct Freed {
     pub busy: bool,
 }
 
-struct Entry {
+pub(super) struct Entry {
     evictor: Arc<dyn Evictor>,
     /// `generation()` at the last trap that freed nothing.
     fruitless_at: AtomicU64,
@@ -74,106 +74,45 @@ static TOKEN: AtomicU32 = AtomicU32::new(0);
 /// Bumped when the token is released; waiters futex-wait on it.
 static EPOCH: AtomicU32 = AtomicU32::new(0);
 
-/// Keeps an evictor registered with the allocator; unregisters on drop.
-pub(crate) struct Registration {
-    slot: usize,
-}
-
-/// Registers `evictor` with the trap. `limits` are the limit the process
-/// runs under (requests above it are refused at once, without eviction)
-/// and the machine's memory (a refusal above it prints no diagnostic).
-/// Returns `None` when all slots are taken (more than 64 runtimes alive at
-/// once).
-pub(crate) fn register(evictor: Arc<dyn Evictor>, limits: (usize, usize)) -> Option<Registration> {
-    reserve::init();
-    jemalloc::touch_init();
-    account::set_limits(limits.0, limits.1);
-    install_fork_handler();
-    let entry = Box::new(Entry {
-        evictor,
-        fruitless_at: AtomicU64::new(u64::MAX),
-        forks: FORKS.load(Ordering::Acquire),
-    });
-    let _lifecycle = Lifecycle::lock();
-    let slot = REGISTRY.insert(entry).ok()?;
-    recompute_cap();
-    headroom::keep(crate::cap::rlimit_as());
-    super::ffi::announce_to_shim();
-    Some(Registration { slot })
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        let _lifecycle = Lifecycle::lock();
-        // Waits until no trap can still be looking at the entry (a
-        // store-buffer pattern, hence SeqCst: see `slots.rs` and README.md,
-        // "Memory orderings").
-        drop(REGISTRY.remove(self.slot));
-        recompute_cap();
-        // The last runtime of this process (not counting a parent's,
-        // inherited across a `fork()`).
-        if !with_entries(|_| true) {
-            headroom::forget();
-            super::ffi::withdraw_from_shim();
-        }
-    }
-}
-
-/// Held while a runtime registers or unregisters: the last one going must
-/// not give up the headroom or withdraw from the shim after a new one has
-/// come (a check, then an action). A spin lock, reset in a `fork()` child
-/// (a `std` mutex held by another thread at the fork would stay locked
-/// there). Never taken by the allocator's paths.
-struct Lifecycle(());
-
-static LIFECYCLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-impl Lifecycle {
-    fn lock() -> Lifecycle {
-        while LIFECYCLE
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::thread::yield_now();
-        }
-        Lifecycle(())
-    }
-}
-
-impl Drop for Lifecycle {
-    fn drop(&mut self) {
-        LIFECYCLE.store(false, Ordering::Release);
-    }
-}
-
-/// Set once the fork handler is installed.
-static FORK_HANDLER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Installs (once) a `pthread_atfork` child handler that resets the trap:
-/// a `fork()` while another thread held the token or read the registry
-/// would otherwise leave the child, where that thread does not exist,
-/// waiting for it.
-fn install_fork_handler() {
-    if !FORK_HANDLER.swap(true, Ordering::AcqRel) {
-        // SAFETY: registers a plain `extern "C"` function that only stores
-        // to atomics (async-signal-safe, as a child handler must be).
-        unsafe {
-            libc::pthread_atfork(None, None, Some(reset_after_fork));
-        }
-    }
-}
-
 /// In the child of a `fork()`: only the forking thread exists, so no other
 /// thread holds the token or reads the registry. The runtimes registered so
 /// far are the parent's: the child's traps no longer ask them to evict
 /// (their spill files are the parent's; writing them would overwrite the
-/// parent's executors).
-extern "C" fn reset_after_fork() {
+/// parent's executors). Called by the `pthread_atfork` child handler
+/// (`register.rs`): it only stores to atomics.
+pub(super) fn reset_after_fork() {
     FORKS.fetch_add(1, Ordering::AcqRel);
-    LIFECYCLE.store(false, Ordering::Release);
     REGISTRY.reset_readers();
     EPOCH.fetch_add(1, Ordering::SeqCst);
     TOKEN.store(0, Ordering::SeqCst);
+}
+
+/// A registry entry for `evictor`, made before `register.rs` takes its
+/// lock (it allocates).
+pub(super) fn new_entry(evictor: Arc<dyn Evictor>) -> Box<Entry> {
+    Box::new(Entry {
+        evictor,
+        fruitless_at: AtomicU64::new(u64::MAX),
+        forks: FORKS.load(Ordering::Acquire),
+    })
+}
+
+/// Adds `entry` to the registry of evictors; its slot, or `None` when all
+/// are taken.
+pub(super) fn insert(entry: Box<Entry>) -> Option<usize> {
+    let slot = REGISTRY.insert(entry).ok()?;
+    recompute_cap();
+    Some(slot)
+}
+
+/// Takes the evictor in `slot` out of the registry, once no trap can still
+/// be looking at it (a store-buffer pattern, hence SeqCst: see `slots.rs`
+/// and README.md, "Memory orderings"). Returns whether an evictor of this
+/// process (not counting a parent's, inherited across a `fork()`) is left.
+pub(super) fn remove(slot: usize) -> bool {
+    drop(REGISTRY.remove(slot));
+    recompute_cap();
+    with_entries(|_| true)
 }
 
 fn recompute_cap() {

@@ -355,8 +355,8 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
             done: Condvar::new(),
         });
         if remaining > 0 {
-            sh.pool.submit(state.clone());
-            sh.prefetch_signal.notify();
+            sh.pool().submit(state.clone());
+            sh.wake_prefetchers();
         }
         state
     }
@@ -507,7 +507,7 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
             .store((size as i64 + delta).max(0) as usize, Ordering::Relaxed);
         sh.note_size(&t.slot, size);
     }
-    Counters::add(&sh.counters.tasks, 1);
+    Counters::add(&sh.counters().tasks, 1);
     let panicked = out.is_err();
     sh.release(&t.slot, v, changed, panicked && changed);
     sh.note_idle(&t.slot);

@@ -91,8 +91,8 @@ pub(super) fn stop(
     prefetchers: &mut Vec<JoinHandle<()>>,
 ) {
     registration.take();
-    shared.pool.shut_down();
-    shared.prefetch_signal.notify();
+    shared.pool().shut_down();
+    shared.wake_prefetchers();
     for t in threads.drain(..).chain(prefetchers.drain(..)) {
         let _ = t.join();
     }
@@ -187,7 +187,7 @@ impl Builder {
             let sh = shared.clone();
             let t = std::thread::Builder::new()
                 .name(format!("outcore-worker-{i}"))
-                .spawn(move || super::pool::worker_loop(&sh.pool))
+                .spawn(move || super::pool::worker_loop(sh.pool()))
                 .map_err(|e| {
                     Error::Runtime(format!("cannot start worker thread {i} of {workers}: {e}"))
                 })?;

@@ -7,12 +7,15 @@
 //! lock (state `Evicting`), and a failed write puts it back intact (see
 //! `writes.rs` for the backoff).
 
+use std::any::Any;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::registry::Member;
 use super::shared::{drop_user_value, panic_message, Shared};
 use crate::alloc::{self, linebuf::LineBuf, BypassGuard, Evictor, Freed};
 use crate::error::{Error, Result};
@@ -39,27 +42,19 @@ pub(crate) fn kept_budget(cap: usize, used: usize, limit: usize) -> usize {
     cap.saturating_sub(used).min(limit)
 }
 
-/// The level proactive eviction brings usage down to: the cap less 1/32
-/// (at least 4 MiB, at most half the cap). The headroom is for the buffers
-/// of loads and for what tasks allocate, so that the trap stays the last
-/// resort.
-pub(crate) fn low_watermark(cap: u64) -> u64 {
-    cap.saturating_sub((cap / 32).max(4 << 20).min(cap / 2))
-}
-
 /// The level proactive eviction brings the bytes in use down to: the low
 /// watermark less what is resident outside the accounting (`outside`, at
 /// most an eighth of the cap), so that the resident set, which `top` and
 /// the OOM killer judge, stays under the cap too.
 pub(crate) fn target(cap: u64, outside: usize) -> u64 {
-    low_watermark(cap).saturating_sub((outside as u64).min(cap / 8))
+    crate::cap::low_watermark(cap).saturating_sub((outside as u64).min(cap / 8))
 }
 
 impl Shared {
     /// [`target`] for this runtime's cap and what it last measured outside
     /// the accounting.
     pub(crate) fn eviction_target(&self, cap: u64) -> u64 {
-        target(cap, self.outside.load(Ordering::Relaxed))
+        target(cap, self.outside())
     }
 
     /// The trap's victim, not in `skip`, when `need` bytes must be freed
@@ -69,32 +64,38 @@ impl Shared {
     /// thread (the trap only try-locks), or when no executor is evictable
     /// but some are being loaded or evicted by other threads.
     fn pick_trap_victim(&self, need: usize, skip: &[u64]) -> Result<Option<Arc<Slot>>, ()> {
-        let reg = self.registry.try_lock().ok_or(())?;
-        let mut fit: Option<(u64, &Arc<Slot>)> = None;
-        let mut largest: Option<(usize, u64, &Arc<Slot>)> = None;
-        let mut moving = false;
-        for s in reg.slots.values() {
-            let state = s.state_hint();
-            moving |= matches!(state, State::Loading | State::Evicting);
-            if state != State::Resident || skip.contains(&s.id) {
-                continue;
+        let pick = |all: &mut dyn Iterator<Item = Member<'_>>| {
+            let mut fit: Option<(u64, &Arc<Slot>)> = None;
+            let mut largest: Option<(usize, u64, &Arc<Slot>)> = None;
+            let mut moving = false;
+            for m in all {
+                let s = m.slot;
+                let state = s.state_hint();
+                moving |= matches!(state, State::Loading | State::Evicting);
+                if state != State::Resident || skip.contains(&s.id) {
+                    continue;
+                }
+                let r = self.rank(s, m.cycle());
+                let size = s.size.load(Ordering::Relaxed);
+                if size >= need && fit.is_none_or(|(fr, _)| r > fr) {
+                    fit = Some((r, s));
+                }
+                if largest.is_none_or(|(ls, lr, _)| (size, r) > (ls, lr)) {
+                    largest = Some((size, r, s));
+                }
             }
-            let r = self.rank(s, &reg);
-            let size = s.size.load(Ordering::Relaxed);
-            if size >= need && fit.is_none_or(|(fr, _)| r > fr) {
-                fit = Some((r, s));
+            match fit.map(|(_, s)| s).or(largest.map(|(_, _, s)| s)) {
+                Some(s) => Ok(Some(s.clone())),
+                // Executors on their way in or out will soon be evictable
+                // or freed: that is contention too, not exhaustion.
+                None if moving => Err(()),
+                None => Ok(None),
             }
-            if largest.is_none_or(|(ls, lr, _)| (size, r) > (ls, lr)) {
-                largest = Some((size, r, s));
-            }
-        }
-        match fit.map(|(_, s)| s).or(largest.map(|(_, _, s)| s)) {
-            Some(s) => Ok(Some(s.clone())),
-            // Executors on their way in or out will soon be evictable or
-            // freed: that is contention too, not exhaustion.
-            None if moving => Err(()),
-            None => Ok(None),
-        }
+        };
+        // Only a try-lock: the thread that traps may hold the registry.
+        self.registry()
+            .try_scan(self.lookahead(), pick)
+            .unwrap_or(Err(()))
     }
 
     /// Evicts `slot` if it is resident and idle. `asked`: the application
@@ -118,7 +119,7 @@ impl Shared {
             EvictStep::DropClean => {
                 let v = g.value.take();
                 slot.set_state(&mut g, State::Evicted);
-                self.evicted_mark.fetch_add(1, Ordering::Release);
+                self.note_evicted();
                 drop(g);
                 drop_user_value(v);
                 self.count_eviction(trap, true);
@@ -128,7 +129,7 @@ impl Shared {
                 let now = self.epoch_ms();
                 if !asked
                     && !self
-                        .writes
+                        .writes()
                         .may_write(now, slot.write_retry_at.load(Ordering::Relaxed))
                 {
                     return Evicted::Skipped;
@@ -141,34 +142,19 @@ impl Shared {
                 slot.set_state(&mut g, State::Evicting);
                 drop(g);
                 let _bypass = BypassGuard::new();
-                let path = self.store.path_for(slot.id);
-                let result = if self.writes.inject_fault() {
-                    Err(io::Error::new(
-                        io::ErrorKind::StorageFull,
-                        "injected fault (OUTCORE_FAULT_WRITE_EVERY)",
-                    ))
-                } else {
-                    // The value's `Serialize` is user code, and this may
-                    // run inside the allocator: a panic is a failed write.
-                    catch_unwind(AssertUnwindSafe(|| (slot.save)(&*v, &path, slot.key(gen))))
-                        .unwrap_or_else(|p| {
-                            Err(io::Error::other(format!(
-                                "serialization panicked: {}",
-                                panic_message(&*p)
-                            )))
-                        })
-                };
+                let path = self.store().path_for(slot.id);
+                let result = self.save(slot, &*v, &path, gen);
                 let mut g = slot.lock();
                 match result {
                     Ok(written) => {
-                        self.writes.succeeded();
+                        self.writes().succeeded();
                         g.file_gen = gen;
                         g.dirty = false;
                         slot.set_state(&mut g, State::Evicted);
-                        self.evicted_mark.fetch_add(1, Ordering::Release);
+                        self.note_evicted();
                         drop(g);
                         drop_user_value(v);
-                        Counters::add(&self.counters.bytes_written, written);
+                        Counters::add(&self.counters().bytes_written, written);
                         self.count_eviction(trap, false);
                         Evicted::Freed(size.max(written as usize))
                     }
@@ -176,9 +162,9 @@ impl Shared {
                         g.value = Some(v);
                         slot.set_state(&mut g, State::Resident);
                         drop(g);
-                        Counters::add(&self.counters.failed_writes, 1);
+                        Counters::add(&self.counters().failed_writes, 1);
                         let retry_at = self
-                            .writes
+                            .writes()
                             .failed(self.epoch_ms(), &format!("{}: {e}", path.display()));
                         slot.write_retry_at.store(retry_at, Ordering::Relaxed);
                         Evicted::Failed(e)
@@ -188,13 +174,33 @@ impl Shared {
         }
     }
 
+    /// Writes `v`, `slot`'s value, to `path` as its copy `gen`: the bytes
+    /// written, or why not.
+    fn save(&self, slot: &Slot, v: &(dyn Any + Send), path: &Path, gen: u64) -> io::Result<u64> {
+        if self.writes().inject_fault() {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "injected fault (OUTCORE_FAULT_WRITE_EVERY)",
+            ));
+        }
+        // The value's `Serialize` is user code, and this may run inside
+        // the allocator: a panic is a failed write.
+        catch_unwind(AssertUnwindSafe(|| (slot.save)(v, path, slot.key(gen)))).unwrap_or_else(|p| {
+            Err(io::Error::other(format!(
+                "serialization panicked: {}",
+                panic_message(&*p)
+            )))
+        })
+    }
+
     fn count_eviction(&self, trap: bool, clean: bool) {
-        Counters::add(&self.counters.evictions, 1);
+        let c = self.counters();
+        Counters::add(&c.evictions, 1);
         if trap {
-            Counters::add(&self.counters.trap_evictions, 1);
+            Counters::add(&c.trap_evictions, 1);
         }
         if clean {
-            Counters::add(&self.counters.clean_evictions, 1);
+            Counters::add(&c.clean_evictions, 1);
         }
     }
 
@@ -206,7 +212,7 @@ impl Shared {
     /// of a scan of the registry per victim. Executors join it as soon as
     /// a task leaves them idle (`note_idle`).
     fn next_victim(&self, above: Option<u64>, skip: &[u64]) -> Option<Arc<Slot>> {
-        let mut cache = self.victims.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.victims().lock();
         let now = self.clock_now();
         let mut rebuilt = false;
         loop {
@@ -214,14 +220,12 @@ impl Shared {
                 if rebuilt && cache.is_empty() {
                     return None;
                 }
-                let reg = self.registry.lock();
-                let resident = reg
-                    .slots
-                    .values()
-                    .filter(|s| s.state_hint() == State::Resident)
-                    .map(|s| (self.rank(s, &reg), s.clone()));
-                cache.rebuild(now, resident, true);
-                drop(reg);
+                self.registry().scan(self.lookahead(), |all| {
+                    let resident = all
+                        .filter(|m| m.slot.state_hint() == State::Resident)
+                        .map(|m| (self.rank(m.slot, m.cycle()), m.slot.clone()));
+                    cache.rebuild(now, resident, true);
+                });
                 rebuilt = true;
                 if cache.is_empty() {
                     return None;
@@ -233,12 +237,8 @@ impl Shared {
             if s.state_hint() != State::Resident || skip.contains(&s.id) {
                 continue;
             }
-            let r = {
-                let reg = self.registry.lock();
-                if !reg.slots.contains_key(&s.id) {
-                    continue;
-                }
-                self.rank(&s, &reg)
+            let Some(r) = self.rank_now(&s) else {
+                continue;
             };
             if r < cached && cache.peek().is_some_and(|(next, _)| r < next) {
                 // Needed sooner than when ranked (a task came up for it):
@@ -263,15 +263,11 @@ impl Shared {
     /// ranked lower were evicted, and were loaded again later in the
     /// sweep.
     pub(crate) fn note_idle(&self, slot: &Arc<Slot>) {
-        let r = {
-            let reg = self.registry.lock();
-            if !reg.slots.contains_key(&slot.id) {
-                return;
-            }
-            self.rank(slot, &reg)
+        let Some(r) = self.rank_now(slot) else {
+            return;
         };
         let _bypass = BypassGuard::new();
-        let mut cache = self.victims.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.victims().lock();
         // A stale list is rebuilt from a scan at the next decision anyway.
         if !cache.stale(self.clock_now()) {
             cache.push(r, slot.clone());
@@ -290,18 +286,18 @@ impl Shared {
     /// memory cgroup sized just above the cap, keeping them all pushed the
     /// job into swap (77,000 major faults in a 4 GiB run).
     pub(crate) fn trim_after_load(&self) {
-        let Some(cap) = self.cap else { return };
+        let Some(cap) = self.soft_cap() else { return };
         let kept = alloc::kept_pages();
         let used = alloc::current_usage();
         let rss = crate::cap::resident_set();
         if let Some(rss) = rss {
             let outside = usize::try_from(rss).unwrap_or(usize::MAX);
             let outside = outside.saturating_sub(used).saturating_sub(kept);
-            self.outside.store(outside, Ordering::Relaxed);
+            self.set_outside(outside);
         }
         let cap_bytes = usize::try_from(cap).unwrap_or(usize::MAX);
         if kept > 0
-            && (kept > kept_budget(cap_bytes, used, self.dirty_budget)
+            && (kept > kept_budget(cap_bytes, used, self.dirty_budget())
                 || rss.is_some_and(|rss| rss > cap - cap / 64))
         {
             alloc::purge();
@@ -311,7 +307,9 @@ impl Shared {
     /// Evicts until `bytes` more fit under the eviction target, taking only
     /// victims ranked above `above` when given. Returns whether they fit.
     pub(crate) fn make_room(&self, bytes: usize, above: Option<u64>) -> bool {
-        let Some(cap) = self.cap else { return true };
+        let Some(cap) = self.soft_cap() else {
+            return true;
+        };
         let cap = self.eviction_target(cap);
         let mut skip: Vec<u64> = Vec::new();
         // No purge afterwards: jemalloc reuses the freed extents for the
@@ -320,7 +318,7 @@ impl Shared {
         // zeroed pages again (with TLB shootdowns across the workers). The
         // trap, where memory must go back to the system now, still purges.
         loop {
-            let in_flight = self.loading_bytes.load(Ordering::Relaxed);
+            let in_flight = self.loading_bytes();
             if alloc::current_usage()
                 .saturating_add(in_flight)
                 .saturating_add(bytes) as u64
@@ -340,7 +338,7 @@ impl Shared {
     /// Evicts every idle executor now (writing the dirty ones). Returns how
     /// many were evicted, or the first write that failed.
     pub(crate) fn evict_all(&self) -> Result<usize> {
-        let slots = self.registry.snapshot();
+        let slots = self.registry().snapshot();
         let mut n = 0;
         for s in slots {
             match self.evict_slot(&s, false, true) {
@@ -349,7 +347,7 @@ impl Shared {
                 Evicted::Failed(source) => {
                     return Err(Error::SpillWrite {
                         executor: s.label.clone(),
-                        file: self.store.path_for(s.id),
+                        file: self.store().path_for(s.id),
                         bytes: s.size.load(Ordering::Relaxed),
                         source,
                     });
@@ -395,21 +393,22 @@ impl Evictor for Shared {
     }
 
     fn pinned(&self) -> usize {
-        self.pinned.load(Ordering::Relaxed)
+        self.pinned_now()
     }
 
     fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Relaxed)
+        self.generation_now()
     }
 
     fn cap(&self) -> Option<usize> {
-        self.cap.map(|c| usize::try_from(c).unwrap_or(usize::MAX))
+        self.soft_cap()
+            .map(|c| usize::try_from(c).unwrap_or(usize::MAX))
     }
 
     fn describe(&self, out: &mut LineBuf) {
-        if self.writes.any_failed() {
+        if self.writes().any_failed() {
             out.push(b"; spill writes are failing (is the spill directory ");
-            out.push(self.store.dir().as_os_str().as_bytes());
+            out.push(self.store().dir().as_os_str().as_bytes());
             out.push(b" full?)");
         }
     }

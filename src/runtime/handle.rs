@@ -96,7 +96,7 @@ impl<T: Send + 'static> Handle<T> {
             }
         };
         shared.remove(&slot, false);
-        shared.pinned.fetch_sub(1, Ordering::AcqRel);
+        shared.unpin();
         v.downcast::<T>()
             .map(|b| *b)
             .map_err(|_| Error::UnknownExecutor {

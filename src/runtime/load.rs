@@ -15,7 +15,7 @@ use super::shared::{drop_user_value, panic_message, pinned_here, Shared};
 use crate::alloc;
 use crate::error::{Error, Result};
 use crate::executor::{PinStep, Slot, State, FROM_LINEAGE};
-use crate::spill;
+use crate::spill::Loaded;
 use crate::stats::Counters;
 
 impl Shared {
@@ -37,7 +37,7 @@ impl Shared {
                 // Loads in flight count against the cap in `make_room`, so
                 // that concurrent loads do not each assume the same
                 // headroom: this one counts before it makes room.
-                self.loading_bytes.fetch_add(size, Ordering::Relaxed);
+                self.loading_starts(size);
                 // Making room runs other executors' `Serialize`; whatever
                 // happens there, this load goes on (and the slot never
                 // stays `Loading`).
@@ -45,23 +45,63 @@ impl Shared {
                 size
             }
         };
-        let path = self.store.path_for(slot.id);
         let before = alloc::thread_own_net();
-        // The value's `Deserialize` and the lineage are user code: a panic
-        // is a damaged load.
+        let rebuild = slot.lineage.is_some() && file_gen == FROM_LINEAGE;
+        let result = self.read_value(slot, file_gen);
+        let delta = alloc::thread_own_net() - before;
+        self.loading_ends(size);
+        let mut g = slot.lock();
+        match result {
+            Ok((v, read)) => {
+                g.value = Some(v);
+                g.dirty = false;
+                if rebuild && !slot.lineage_repeatable {
+                    // Built once: from now on the executor spills.
+                    g.dirty = true;
+                    g.file_gen = 0;
+                }
+                if delta > 0 {
+                    slot.size.store(delta as usize, Ordering::Relaxed);
+                }
+                slot.last_use.store(self.tick(), Ordering::Relaxed);
+                slot.prefetched.store(prefetch, Ordering::Relaxed);
+                // Counted before the value is published: a task that uses
+                // it (and whatever its caller reads next) sees the load in
+                // the counters.
+                self.counters()
+                    .count_load(read.bytes, read.direct_bytes, rebuild, prefetch);
+                slot.set_state(&mut g, State::Resident);
+                drop(g);
+                self.note_size(slot, 0);
+                self.bump_generation();
+                self.trim_after_load();
+                Ok(())
+            }
+            Err(source) => {
+                g.damage = Some((source.kind(), source.to_string()));
+                slot.set_state(&mut g, State::Damaged);
+                Err(self.load_error(slot, file_gen, source))
+            }
+        }
+    }
+
+    /// Reads `slot`'s value from the copy `file_gen` names: its spill
+    /// file, or its lineage (which reads nothing from the spill store).
+    fn read_value(&self, slot: &Slot, file_gen: u64) -> io::Result<(Box<dyn Any + Send>, Loaded)> {
+        let path = self.store().path_for(slot.id);
         let rebuild = match (&slot.lineage, file_gen) {
             (Some(l), FROM_LINEAGE) => Some(l),
             _ => None,
         };
-        let result = catch_unwind(AssertUnwindSafe(|| match rebuild {
+        // The value's `Deserialize` and the lineage are user code: a panic
+        // is a damaged load.
+        catch_unwind(AssertUnwindSafe(|| match rebuild {
             Some(l) => l().map(|v| {
-                (
-                    v,
-                    spill::Loaded {
-                        bytes: 0,
-                        direct_bytes: 0,
-                    },
-                )
+                let nothing = Loaded {
+                    bytes: 0,
+                    direct_bytes: 0,
+                };
+                (v, nothing)
             }),
             None => (slot.load)(&path, slot.key(file_gen)),
         }))
@@ -75,46 +115,7 @@ impl Shared {
                 io::ErrorKind::InvalidData,
                 format!("{what} panicked: {}", panic_message(&*p)),
             ))
-        });
-        let delta = alloc::thread_own_net() - before;
-        self.loading_bytes.fetch_sub(size, Ordering::Relaxed);
-        let mut g = slot.lock();
-        match result {
-            Ok((v, read)) => {
-                g.value = Some(v);
-                g.dirty = false;
-                if rebuild.is_some() && !slot.lineage_repeatable {
-                    // Built once: from now on the executor spills.
-                    g.dirty = true;
-                    g.file_gen = 0;
-                }
-                if delta > 0 {
-                    slot.size.store(delta as usize, Ordering::Relaxed);
-                }
-                slot.last_use.store(self.tick(), Ordering::Relaxed);
-                slot.prefetched.store(prefetch, Ordering::Relaxed);
-                // Counted before the value is published: a task that uses
-                // it (and whatever its caller reads next) sees the load in
-                // the counters.
-                self.counters.count_load(
-                    read.bytes,
-                    read.direct_bytes,
-                    rebuild.is_some(),
-                    prefetch,
-                );
-                slot.set_state(&mut g, State::Resident);
-                drop(g);
-                self.note_size(slot, 0);
-                self.generation.fetch_add(1, Ordering::Relaxed);
-                self.trim_after_load();
-                Ok(())
-            }
-            Err(source) => {
-                g.damage = Some((source.kind(), source.to_string()));
-                slot.set_state(&mut g, State::Damaged);
-                Err(self.load_error(slot, file_gen, source))
-            }
-        }
+        })
     }
 
     /// Counts `slot` in [`Stats::oversized`](crate::Stats::oversized) when
@@ -122,10 +123,10 @@ impl Shared {
     /// for an executor that has just come into memory, its size before the
     /// task for one a task changed.
     pub(crate) fn note_size(&self, slot: &Slot, before: usize) {
-        let Some(cap) = self.cap else { return };
+        let Some(cap) = self.soft_cap() else { return };
         let size = slot.size.load(Ordering::Relaxed);
         if size as u64 > cap && before as u64 <= cap {
-            self.counters.note_oversized(&slot.label, size, cap);
+            self.counters().note_oversized(&slot.label, size, cap);
         }
     }
 
@@ -140,7 +141,7 @@ impl Shared {
         } else {
             Error::SpillRead {
                 executor: slot.label.clone(),
-                file: self.store.path_for(slot.id),
+                file: self.store().path_for(slot.id),
                 source,
             }
         }
@@ -165,13 +166,13 @@ impl Shared {
                     }
                     slot.set_state(&mut g, State::Pinned);
                     drop(g);
-                    self.pinned.fetch_add(1, Ordering::AcqRel);
+                    self.pin();
                     if slot.prefetched.swap(false, Ordering::Relaxed) && !waited {
-                        Counters::add(&self.counters.prefetch_hits, 1);
+                        Counters::add(&self.counters().prefetch_hits, 1);
                     }
                     if waited {
                         Counters::add(
-                            &self.counters.load_wait_nanos,
+                            &self.counters().load_wait_nanos,
                             start.elapsed().as_nanos() as u64,
                         );
                     }
@@ -182,7 +183,7 @@ impl Shared {
                     slot.set_state(&mut g, State::Loading);
                     drop(g);
                     waited = true;
-                    Counters::add(&self.counters.demand_loads, 1);
+                    Counters::add(&self.counters().demand_loads, 1);
                     self.load_slot(slot, file_gen, None)?;
                     g = slot.lock();
                 }
@@ -233,8 +234,8 @@ impl Shared {
             slot.set_state(&mut g, State::Removed);
             drop(g);
             drop_user_value(v);
-            self.pinned.fetch_sub(1, Ordering::AcqRel);
-            self.generation.fetch_add(1, Ordering::Relaxed);
+            self.unpin();
+            self.bump_generation();
             return;
         }
         g.value = Some(v);
@@ -251,8 +252,8 @@ impl Shared {
         );
         drop(g);
         slot.last_use.store(self.tick(), Ordering::Relaxed);
-        self.pinned.fetch_sub(1, Ordering::AcqRel);
-        self.generation.fetch_add(1, Ordering::Relaxed);
+        self.unpin();
+        self.bump_generation();
     }
 
     /// Records that a task on `slot` with sequence `seq` is dispatched: it
@@ -270,20 +271,20 @@ impl Shared {
             self.sync_pending(slot, &g);
         }
         if slot.cycle_id.load(Ordering::Relaxed) != crate::executor::NONE {
-            let left = self.registry.lock().set_cursor(slot);
+            let left = self.registry().set_cursor(slot);
             if let Some(left) = left.filter(|s| s.state_hint() == State::Resident) {
                 self.note_idle(&left);
             }
         }
         slot.last_use.store(self.tick(), Ordering::Relaxed);
-        self.prefetch_signal.notify();
+        self.wake_prefetchers();
     }
 
     /// Removes an executor (its handle was dropped or taken). With
     /// `drop_value`, waits for a task or a move in progress to finish and
     /// drops the value.
     pub(crate) fn remove(&self, slot: &Slot, drop_value: bool) {
-        self.registry.lock().remove(slot.id);
+        self.registry().remove(slot.id);
         let mut g = slot.lock();
         if drop_value && g.state == State::Pinned && pinned_here(slot.id) {
             // The task running on it dropped its last handle: the value
@@ -293,7 +294,7 @@ impl Shared {
             let written = spilled(&g);
             drop(g);
             if written {
-                let _ = std::fs::remove_file(self.store.path_for(slot.id));
+                let _ = std::fs::remove_file(self.store().path_for(slot.id));
             }
             return;
         }
@@ -306,7 +307,7 @@ impl Shared {
         drop(g);
         drop_user_value(v);
         if written {
-            let _ = std::fs::remove_file(self.store.path_for(slot.id));
+            let _ = std::fs::remove_file(self.store().path_for(slot.id));
         }
     }
 }

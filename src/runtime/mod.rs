@@ -43,7 +43,6 @@ mod writes;
 
 use std::marker::PhantomData;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -89,11 +88,11 @@ pub struct Runtime {
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field("cap", &self.shared.cap)
-            .field("policy", &self.shared.policy)
+            .field("cap", &self.shared.soft_cap())
+            .field("policy", &self.shared.policy())
             .field("workers", &self.workers)
-            .field("spill_dir", &self.shared.store.dir())
-            .field("executors", &self.shared.registry.lock().slots.len())
+            .field("spill_dir", &self.shared.store().dir())
+            .field("executors", &self.shared.registry().len())
             .finish()
     }
 }
@@ -112,17 +111,17 @@ impl Runtime {
 
     /// The soft cap in bytes, if any.
     pub fn cap(&self) -> Option<u64> {
-        self.shared.cap
+        self.shared.soft_cap()
     }
 
     /// The eviction policy.
     pub fn policy(&self) -> EvictionPolicy {
-        self.shared.policy
+        self.shared.policy()
     }
 
     /// The private spill directory.
     pub fn spill_dir(&self) -> &Path {
-        self.shared.store.dir()
+        self.shared.store().dir()
     }
 
     /// Hands `value` to the runtime and returns its handle.
@@ -224,21 +223,21 @@ impl Runtime {
     {
         let sh = &self.shared;
         sh.check_process()?;
-        let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = sh.new_executor_id();
         let label = match name {
             Some(n) => format!("executor #{id} ({n})"),
             None => format!("executor #{id}"),
         };
         let resident = value.is_some();
         let slot = Arc::new(Slot::new(id, label, value, lineage, size, sh.tick()));
-        let n = sh.registry.insert(id, slot.clone());
+        let n = sh.registry().insert(id, slot.clone());
         sh.room_to_rank(n);
-        sh.generation.fetch_add(1, Ordering::Relaxed);
+        sh.bump_generation();
         if resident {
             sh.note_size(&slot, 0);
             sh.make_room(0, None);
         } else {
-            sh.evicted_mark.fetch_add(1, Ordering::Release);
+            sh.note_evicted();
         }
         Ok(Handle {
             slot: Some(slot),
@@ -305,9 +304,8 @@ impl Runtime {
             return CycleId(0);
         }
         let order: Vec<ExecutorId> = order.into_iter().collect();
-        let ids = Vec::with_capacity(order.len());
-        let id = self.shared.registry.lock().declare_cycle(&order, ids);
-        self.shared.generation.fetch_add(1, Ordering::Relaxed);
+        let id = self.shared.registry().declare_cycle(&order);
+        self.shared.bump_generation();
         id
     }
 
@@ -338,7 +336,7 @@ impl Runtime {
     /// The last spill write that failed (file and reason), if any: a full
     /// or broken spill directory. The executor stayed in memory.
     pub fn last_spill_error(&self) -> Option<String> {
-        self.shared.writes.last_error()
+        self.shared.writes().last_error()
     }
 
     /// Number of executors currently in memory (0 in a child process
@@ -347,13 +345,7 @@ impl Runtime {
         if self.shared.check_process().is_err() {
             return 0;
         }
-        self.shared
-            .registry
-            .lock()
-            .slots
-            .values()
-            .filter(|s| s.state_hint().in_memory())
-            .count()
+        self.shared.registry().count_in_memory()
     }
 
     /// A handle that reads this runtime's counters from any thread (a
@@ -378,7 +370,7 @@ impl Runtime {
     pub fn stats(&self) -> Stats {
         // The caller's own unpublished bytes count in the usage and peak.
         crate::alloc::flush_thread();
-        Stats::collect(&self.shared.counters, self.shared.cap)
+        Stats::collect(self.shared.counters(), self.shared.soft_cap())
     }
 }
 
@@ -397,21 +389,14 @@ impl Monitor {
     /// does not have); `None` once the runtime is dropped.
     pub fn stats(&self) -> Option<Stats> {
         let s = self.shared.upgrade()?;
-        Some(Stats::collect(&s.counters, s.cap))
+        Some(Stats::collect(s.counters(), s.soft_cap()))
     }
 
     /// Executors in memory now (one scan of the registry, under its lock
     /// for the scan's duration); `None` once the runtime is dropped.
     pub fn resident_count(&self) -> Option<usize> {
         let s = self.shared.upgrade()?;
-        let n = s
-            .registry
-            .lock()
-            .slots
-            .values()
-            .filter(|s| s.state_hint().in_memory())
-            .count();
-        Some(n)
+        Some(s.registry().count_in_memory())
     }
 }
 

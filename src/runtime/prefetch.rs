@@ -38,21 +38,21 @@ impl Shared {
         let ahead = self.lookahead();
         let mut soon = Vec::new();
         self.pending_soon(&mut soon);
-        let in_window = {
-            let reg = self.registry.lock();
-            let pending = soon.iter().filter_map(|id| reg.slots.get(id));
-            reg.coming_up(ahead)
-                .chain(pending)
-                .filter(|s| s.state_hint() == State::Evicted)
-                .map(|s| (self.rank(s, &reg), reg.cycle_of(s, ahead), s.clone()))
+        let in_window = self.registry().upcoming(ahead, &soon, |upcoming| {
+            upcoming
+                .filter(|m| m.slot.state_hint() == State::Evicted)
+                .map(|m| {
+                    let cycle = m.cycle();
+                    (self.rank(m.slot, cycle), cycle, m.slot.clone())
+                })
                 .min_by_key(|(r, _, _)| *r)
-        };
-        let mut cache = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
+        });
+        let mut cache = self.wanted().lock();
         let now = self.clock_now();
         let mut rebuilt = false;
         loop {
             if cache.stale(now) {
-                let mark = self.evicted_mark.load(Ordering::Acquire);
+                let mark = self.evicted_mark();
                 if rebuilt || (cache.is_empty() && cache.empty_at == Some(mark)) {
                     // Nothing became evicted since a scan found nothing to
                     // load: a scan per dispatch cost the whole registry
@@ -60,18 +60,17 @@ impl Shared {
                     return in_window;
                 }
                 cache.empty_at = None;
-                let reg = self.registry.lock();
-                let steady = reg
-                    .slots
-                    .values()
-                    .filter(|s| {
-                        (s.next_task.load(Ordering::Relaxed) != NONE
-                            || s.cycle_id.load(Ordering::Relaxed) == NONE)
-                            && s.state_hint() == State::Evicted
-                    })
-                    .map(|s| (self.rank(s, &reg), s.clone()));
-                cache.rebuild(now, steady, false);
-                drop(reg);
+                self.registry().scan(ahead, |all| {
+                    let steady = all
+                        .filter(|m| {
+                            let s = m.slot;
+                            (s.next_task.load(Ordering::Relaxed) != NONE
+                                || s.cycle_id.load(Ordering::Relaxed) == NONE)
+                                && s.state_hint() == State::Evicted
+                        })
+                        .map(|m| (self.rank(m.slot, m.cycle()), m.slot.clone()));
+                    cache.rebuild(now, steady, false);
+                });
                 if cache.is_empty() {
                     cache.empty_at = Some(mark);
                 }
@@ -81,12 +80,9 @@ impl Shared {
             let Some(s) = cache.peek().map(|(_, s)| s.clone()) else {
                 continue;
             };
-            let fresh = {
-                let reg = self.registry.lock();
-                reg.slots
-                    .contains_key(&s.id)
-                    .then(|| (self.rank(&s, &reg), reg.cycle_of(&s, ahead)))
-            };
+            let fresh = self
+                .registry()
+                .ranked(&s, ahead, |s, cycle| self.rank(s, cycle));
             let Some((r, cycle)) = fresh.filter(|_| s.state_hint() == State::Evicted) else {
                 cache.pop();
                 continue;
@@ -123,15 +119,15 @@ impl Shared {
         slot.set_state(&mut g, State::Loading);
         drop(g);
         let size = slot.size.load(Ordering::Relaxed);
-        self.loading_bytes.fetch_add(size, Ordering::Relaxed);
+        self.loading_starts(size);
         // Whatever happens while room is made (user code runs there, each
         // piece of it caught where it runs), the claim is undone below
         // unless the load goes ahead: the executor never stays `Loading`.
         let fits = catch_unwind(AssertUnwindSafe(|| match room {
             Room::Above(floor) => self.make_room(0, Some(floor)),
             Room::IfIdle(cap) => {
-                let in_flight = self.loading_bytes.load(Ordering::Relaxed);
-                self.pool.is_idle()
+                let in_flight = self.loading_bytes();
+                self.pool().is_idle()
                     && alloc::current_usage().saturating_add(in_flight) as u64
                         <= self.eviction_target(cap) / 10 * 9
             }
@@ -139,10 +135,10 @@ impl Shared {
         .unwrap_or(false);
         if !fits {
             // Given back: a task waiting for it loads it itself.
-            self.loading_bytes.fetch_sub(size, Ordering::Relaxed);
+            self.loading_ends(size);
             let mut g = slot.lock();
             slot.set_state(&mut g, State::Evicted);
-            self.evicted_mark.fetch_add(1, Ordering::Release);
+            self.note_evicted();
             drop(g);
             self.keep_wanted(rank, slot);
             return false;
@@ -156,8 +152,7 @@ impl Shared {
     /// Puts a candidate the prefetcher may not load now back in its list:
     /// it stays the most urgent one.
     fn keep_wanted(&self, rank: u64, slot: Arc<Slot>) {
-        let mut cache = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
-        cache.push(rank, slot);
+        self.wanted().lock().push(rank, slot);
     }
 
     /// Whether the prefetcher may load `slot` (of rank `rank` in `cycle`)
@@ -172,15 +167,15 @@ impl Shared {
             let target = if pending {
                 next <= self.pending_horizon()
             } else {
-                self.policy.prefetch_target(rank, cycle)
+                self.policy().prefetch_target(rank, cycle)
             };
             if !target {
                 return None;
             }
-            let floor = self.policy.prefetch_floor(cycle, rank)?;
+            let floor = self.policy().prefetch_floor(cycle, rank)?;
             Some(Room::Above(floor.max(rank)))
         } else {
-            self.cap.map(Room::IfIdle)
+            self.soft_cap().map(Room::IfIdle)
         }
     }
 }
@@ -206,9 +201,9 @@ pub(crate) fn prefetchers() -> usize {
 
 /// A prefetch thread's loop.
 pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
-    while !sh.pool.is_shut_down() {
-        if !sh.prefetch_on || !sh.prefetch_step() {
-            sh.prefetch_signal.wait(Duration::from_millis(50));
+    while !sh.pool().is_shut_down() {
+        if !sh.prefetch_on() || !sh.prefetch_step() {
+            sh.wait_for_prefetch_work(Duration::from_millis(50));
         }
     }
     alloc::flush_thread();

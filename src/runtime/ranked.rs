@@ -7,7 +7,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::alloc::BypassGuard;
 use crate::executor::Slot;
@@ -90,7 +90,7 @@ impl RankedList {
 
     /// Room for `n` entries without allocating. Locked lists are used in
     /// bypass scopes, where an allocation cannot trap: the owner grows them
-    /// outside the lock, through [`grow`].
+    /// outside the lock, through [`Ranked::grow`].
     fn has_room(&self, n: usize) -> bool {
         self.heap.capacity() >= n
     }
@@ -113,23 +113,38 @@ impl RankedList {
     }
 }
 
-/// Makes room for `n` entries in `list`, allocating outside its lock (in
-/// the caller's context, where the trap may evict) and moving the entries
-/// over under it.
-pub(crate) fn grow(list: &Mutex<RankedList>, n: usize) {
-    let locked = || {
-        let bypass = BypassGuard::new();
-        (list.lock().unwrap_or_else(|e| e.into_inner()), bypass)
-    };
-    if locked().0.has_room(n) {
-        return;
+/// A [`RankedList`] behind its lock, shared by the threads that decide
+/// from it. The lock is taken only here: a leaf, except that its holder
+/// may take the registry's (see `shared.rs`, "Locks").
+#[derive(Default)]
+pub(crate) struct Ranked {
+    list: Mutex<RankedList>,
+}
+
+impl Ranked {
+    /// Locks the list (blocking; never from the allocation trap).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, RankedList> {
+        self.list.lock().unwrap_or_else(|e| e.into_inner())
     }
-    let mut fresh: Vec<Entry> = Vec::with_capacity(n.saturating_mul(2));
-    let (mut l, _bypass) = locked();
-    if !l.has_room(n) && l.heap.len() <= fresh.capacity() {
-        // Within `fresh`'s capacity: no allocation under the lock.
-        fresh.extend(std::mem::take(&mut l.heap).into_vec());
-        l.heap = BinaryHeap::from(fresh);
+
+    /// Makes room for `n` entries, allocating outside the lock (in the
+    /// caller's context, where the trap may evict) and moving the entries
+    /// over under it.
+    pub(crate) fn grow(&self, n: usize) {
+        let locked = || {
+            let bypass = BypassGuard::new();
+            (self.lock(), bypass)
+        };
+        if locked().0.has_room(n) {
+            return;
+        }
+        let mut fresh: Vec<Entry> = Vec::with_capacity(n.saturating_mul(2));
+        let (mut l, _bypass) = locked();
+        if !l.has_room(n) && l.heap.len() <= fresh.capacity() {
+            // Within `fresh`'s capacity: no allocation under the lock.
+            fresh.extend(std::mem::take(&mut l.heap).into_vec());
+            l.heap = BinaryHeap::from(fresh);
+        }
     }
 }
 

@@ -36,8 +36,8 @@ struct CycleState {
 
 /// What the registry lock guards.
 #[derive(Default)]
-pub(crate) struct Inner {
-    pub(crate) slots: HashMap<u64, Arc<Slot>>,
+struct Inner {
+    slots: HashMap<u64, Arc<Slot>>,
     cycles: HashMap<u64, CycleState>,
     next_cycle: u64,
 }
@@ -45,7 +45,7 @@ pub(crate) struct Inner {
 impl Inner {
     /// The cycle `s` belongs to, for ranking, with `ahead` positions
     /// counting as coming up; the empty cycle when it is in none.
-    pub(crate) fn cycle_of(&self, s: &Slot, ahead: u64) -> Cycle {
+    fn cycle_of(&self, s: &Slot, ahead: u64) -> Cycle {
         let id = s.cycle_id.load(Ordering::Relaxed);
         match self.cycles.get(&id) {
             Some(c) if id != NONE => Cycle {
@@ -61,7 +61,7 @@ impl Inner {
     /// skipped). An executor named twice takes its last position. `ids`
     /// is an empty vector with room for `order`, allocated by the caller
     /// before it took the lock (where an allocation cannot trap).
-    pub(crate) fn declare_cycle(&mut self, order: &[u64], mut ids: Vec<u64>) -> CycleId {
+    fn declare_cycle(&mut self, order: &[u64], mut ids: Vec<u64>) -> CycleId {
         self.next_cycle += 1;
         let id = self.next_cycle;
         let mut len = 0u64;
@@ -97,7 +97,7 @@ impl Inner {
     /// The executors of every cycle at the `ahead` positions after its
     /// cursor, nearest first (those still at the position they were
     /// declared at): what the sweeps need next, found without a scan.
-    pub(crate) fn coming_up(&self, ahead: u64) -> impl Iterator<Item = &Arc<Slot>> + '_ {
+    fn coming_up(&self, ahead: u64) -> impl Iterator<Item = &Arc<Slot>> + '_ {
         self.cycles.iter().flat_map(move |(&cid, c)| {
             (1..=ahead.min(c.len)).filter_map(move |k| {
                 let pos = (c.cursor + k) % c.len.max(1);
@@ -112,7 +112,7 @@ impl Inner {
     /// Records that the sweep of `s`'s cycle has reached `s`. Returns the
     /// executor the cursor left, if another: its rank has just jumped
     /// (from the one the sweep is on to one needed later).
-    pub(crate) fn set_cursor(&mut self, s: &Slot) -> Option<Arc<Slot>> {
+    fn set_cursor(&mut self, s: &Slot) -> Option<Arc<Slot>> {
         let id = s.cycle_id.load(Ordering::Relaxed);
         let pos = s.cycle_pos.load(Ordering::Relaxed);
         let c = self.cycles.get_mut(&id)?;
@@ -124,7 +124,7 @@ impl Inner {
     }
 
     /// Removes an executor, taking it out of its cycle.
-    pub(crate) fn remove(&mut self, id: u64) -> Option<Arc<Slot>> {
+    fn remove(&mut self, id: u64) -> Option<Arc<Slot>> {
         let s = self.slots.remove(&id)?;
         let old = s.cycle_id.swap(NONE, Ordering::Relaxed);
         s.cycle_pos.store(NONE, Ordering::Relaxed);
@@ -143,14 +143,30 @@ impl Inner {
     }
 }
 
-/// The registry's lock.
+/// An executor as the registry's scans hand it out, under the lock.
+pub(crate) struct Member<'a> {
+    pub(crate) slot: &'a Arc<Slot>,
+    inner: &'a Inner,
+    ahead: u64,
+}
+
+impl Member<'_> {
+    /// The executor's cycle, for ranking (see `Inner::cycle_of`), looked
+    /// up only when asked for.
+    pub(crate) fn cycle(&self) -> Cycle {
+        self.inner.cycle_of(self.slot, self.ahead)
+    }
+}
+
+/// The registry's lock. Taken only by its own methods, each of which
+/// releases it before returning (the closures of the scans run under it).
 #[derive(Default)]
 pub(crate) struct Registry {
     inner: Mutex<Inner>,
 }
 
 /// The registry's guard, with the trap bypassed while it is held.
-pub(crate) struct RegistryGuard<'a> {
+struct RegistryGuard<'a> {
     guard: MutexGuard<'a, Inner>,
     _bypass: BypassGuard,
 }
@@ -166,6 +182,15 @@ impl std::ops::DerefMut for RegistryGuard<'_> {
     fn deref_mut(&mut self) -> &mut Inner {
         &mut self.guard
     }
+}
+
+/// `slots` as [`Member`]s of `inner`.
+fn members<'a>(
+    inner: &'a Inner,
+    slots: impl Iterator<Item = &'a Arc<Slot>> + 'a,
+    ahead: u64,
+) -> impl Iterator<Item = Member<'a>> + 'a {
+    slots.map(move |slot| Member { slot, inner, ahead })
 }
 
 impl Registry {
@@ -205,8 +230,101 @@ impl Registry {
         }
     }
 
+    /// How many executors the registry holds.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().slots.len()
+    }
+
+    /// How many executors are in memory (one scan, under the lock).
+    pub(crate) fn count_in_memory(&self) -> usize {
+        self.lock()
+            .slots
+            .values()
+            .filter(|s| s.state_hint().in_memory())
+            .count()
+    }
+
+    /// Declares a new cycle over `order` (see `Inner::declare_cycle`).
+    pub(crate) fn declare_cycle(&self, order: &[u64]) -> CycleId {
+        // Allocated before the lock is taken, where an allocation may trap.
+        let ids = Vec::with_capacity(order.len());
+        self.lock().declare_cycle(order, ids)
+    }
+
+    /// Records that the sweep of `s`'s cycle has reached `s` (see
+    /// `Inner::set_cursor`).
+    pub(crate) fn set_cursor(&self, s: &Slot) -> Option<Arc<Slot>> {
+        self.lock().set_cursor(s)
+    }
+
+    /// Removes an executor, taking it out of its cycle.
+    pub(crate) fn remove(&self, id: u64) -> Option<Arc<Slot>> {
+        self.lock().remove(id)
+    }
+
+    /// `rank` of `s` and its cycle (`ahead` positions counting as coming
+    /// up), computed under the lock; `None` when `s` is no longer
+    /// registered.
+    pub(crate) fn ranked(
+        &self,
+        s: &Slot,
+        ahead: u64,
+        rank: impl Fn(&Slot, Cycle) -> u64,
+    ) -> Option<(u64, Cycle)> {
+        let reg = self.lock();
+        if !reg.slots.contains_key(&s.id) {
+            return None;
+        }
+        let cycle = reg.cycle_of(s, ahead);
+        Some((rank(s, cycle), cycle))
+    }
+
+    /// Calls `f`, under the lock, with every executor (their cycles with
+    /// `ahead` positions counting as coming up).
+    pub(crate) fn scan<R>(
+        &self,
+        ahead: u64,
+        f: impl FnOnce(&mut dyn Iterator<Item = Member<'_>>) -> R,
+    ) -> R {
+        let reg = self.lock();
+        let out = f(&mut members(&reg, reg.slots.values(), ahead));
+        out
+    }
+
+    /// As [`Registry::scan`], for the allocation trap: the lock is only
+    /// try-locked (spinning briefly), and `None` says it was busy.
+    pub(crate) fn try_scan<R>(
+        &self,
+        ahead: u64,
+        f: impl FnOnce(&mut dyn Iterator<Item = Member<'_>>) -> R,
+    ) -> Option<R> {
+        let reg = self.try_lock()?;
+        let out = f(&mut members(&reg, reg.slots.values(), ahead));
+        Some(out)
+    }
+
+    /// Calls `f`, under the lock, with the executors the sweeps need next
+    /// (every cycle's `ahead` positions after its cursor, see
+    /// `Inner::coming_up`) followed by those of `pending` (ids) still
+    /// registered.
+    pub(crate) fn upcoming<R>(
+        &self,
+        ahead: u64,
+        pending: &[u64],
+        f: impl FnOnce(&mut dyn Iterator<Item = Member<'_>>) -> R,
+    ) -> R {
+        let reg = self.lock();
+        let pending = pending.iter().filter_map(|id| reg.slots.get(id));
+        let out = f(&mut members(
+            &reg,
+            reg.coming_up(ahead).chain(pending),
+            ahead,
+        ));
+        out
+    }
+
     /// Locks the registry (blocking).
-    pub(crate) fn lock(&self) -> RegistryGuard<'_> {
+    fn lock(&self) -> RegistryGuard<'_> {
         let bypass = BypassGuard::new();
         let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         RegistryGuard {
@@ -216,7 +334,7 @@ impl Registry {
     }
 
     /// Try-locks the registry, spinning briefly (for the trap).
-    pub(crate) fn try_lock(&self) -> Option<RegistryGuard<'_>> {
+    fn try_lock(&self) -> Option<RegistryGuard<'_>> {
         for i in 0..200 {
             let bypass = BypassGuard::new();
             match self.inner.try_lock() {

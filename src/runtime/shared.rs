@@ -3,57 +3,95 @@
 //! allocator's evictor registration and (weakly) every handle.
 //!
 //! The behaviour lives next door, one job a file (listed in `mod.rs`).
+//!
+//! # Locks
+//!
+//! `Shared`'s fields are private: the other files reach them through the
+//! methods below, and every lock is taken only by the methods of the type
+//! that owns it, each of which releases it before returning (or hands out
+//! a guard that releases it on drop):
+//!
+//! - a slot's lock: [`Slot::lock`], [`Slot::try_lock`] (`executor/`);
+//! - the registry's: the methods of `Registry` (`registry.rs`); its scans
+//!   run their closure under it;
+//! - the ranked lists' (`victims` for `make_room`, `wanted` for the
+//!   prefetchers): `Ranked::lock` (`ranked.rs`);
+//! - the pending heads' (`heads`): [`Shared::sync_pending`],
+//!   [`Shared::pending_horizon`], [`Shared::pending_soon`] (here);
+//! - the last failed write's: `WriteHealth` (`writes.rs`);
+//! - the worker pool's queue, the prefetch signal and each batch's state
+//!   (parking_lot: `pool.rs`, `batch.rs`): never reached from the trap.
+//!
+//! The order: a thread holding one of these may take only locks further
+//! down this list, never one above it:
+//!
+//! 1. `victims` or `wanted` (never both);
+//! 2. the registry (nothing is taken under it);
+//!
+//! and, apart:
+//!
+//! 1. a slot's lock (never held with the registry, either way round);
+//! 2. `heads` (a leaf).
+//!
+//! The allocation trap ([`Evictor::evict_for_trap`](crate::alloc::Evictor))
+//! may run in any thread, while it holds any of these: so it never
+//! blocks on one. It only try-locks the registry (`Registry::try_scan`,
+//! giving up after a brief spin), a slot ([`Slot::try_lock`]) and the last
+//! failed write (`WriteHealth::failed`), and takes no other lock. Holders
+//! of the registry, slot and `heads` locks are in a bypass scope, so an
+//! allocation under them never traps.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::pool::{Pool, Signal};
+use super::ranked::Ranked;
 use super::registry::Registry;
 use super::writes::WriteHealth;
 use crate::alloc::BypassGuard;
 use crate::executor::{Slot, SlotGuard, NONE};
-use crate::policy::{EvictionPolicy, UseInfo};
+use crate::policy::{Cycle, EvictionPolicy, UseInfo};
 use crate::spill::SpillStore;
 use crate::stats::Counters;
 
 pub(crate) struct Shared {
-    pub(crate) cap: Option<u64>,
-    pub(crate) policy: EvictionPolicy,
-    pub(crate) store: SpillStore,
-    pub(crate) registry: Registry,
-    pub(crate) counters: Counters,
+    cap: Option<u64>,
+    policy: EvictionPolicy,
+    store: SpillStore,
+    registry: Registry,
+    counters: Counters,
     /// Executors pinned by running tasks.
-    pub(crate) pinned: AtomicUsize,
+    pinned: AtomicUsize,
     /// Bytes of loads in progress.
-    pub(crate) loading_bytes: AtomicUsize,
+    loading_bytes: AtomicUsize,
     /// Bumped whenever an executor may have become evictable.
-    pub(crate) generation: AtomicU64,
+    generation: AtomicU64,
     /// Logical clock for last-use times.
     clock: AtomicU64,
     /// Next dispatch sequence number.
     seq: AtomicU64,
     /// Next executor id.
-    pub(crate) next_id: AtomicU64,
-    pub(crate) pool: Pool,
-    pub(crate) prefetch_on: bool,
-    pub(crate) prefetch_signal: Signal,
-    pub(crate) workers: usize,
-    pub(crate) writes: WriteHealth,
+    next_id: AtomicU64,
+    pool: Pool,
+    prefetch_on: bool,
+    prefetch_signal: Signal,
+    workers: usize,
+    writes: WriteHealth,
     /// Victims ranked by one registry scan, for `make_room` (see
     /// `evict.rs`). Never taken by the trap.
-    pub(crate) victims: std::sync::Mutex<super::ranked::RankedList>,
+    victims: Ranked,
     /// Freed pages jemalloc may keep for reuse before a load purges them
     /// (see `trim_after_load`).
-    pub(crate) dirty_budget: usize,
+    dirty_budget: usize,
     /// Resident bytes outside the accounting (code, stacks, the
     /// allocator's bookkeeping, C allocations), last measured after a load:
     /// proactive eviction leaves room for them under the cap (see
     /// `evict::target`).
-    pub(crate) outside: AtomicUsize,
+    outside: AtomicUsize,
     /// Evicted executors ranked by one scan, for the prefetcher.
-    pub(crate) wanted: std::sync::Mutex<super::ranked::RankedList>,
+    wanted: Ranked,
     /// The first pending task of every executor that has one (its
     /// dispatch sequence number, to the executor's id): the order in which
     /// the workers will want them, so the prefetcher looks only a bounded
@@ -66,7 +104,7 @@ pub(crate) struct Shared {
     /// Bumped whenever an executor becomes `Evicted` (evicted, inserted
     /// lazily, or given back by a prefetcher): while it stays put, a scan
     /// for executors to load that found none would find none again.
-    pub(crate) evicted_mark: AtomicU64,
+    evicted_mark: AtomicU64,
 }
 
 impl Shared {
@@ -96,8 +134,8 @@ impl Shared {
             writes: WriteHealth::from_env(),
             dirty_budget: dirty_budget(cap, &crate::cap::detect_limits()),
             outside: AtomicUsize::new(0),
-            victims: std::sync::Mutex::new(super::ranked::RankedList::default()),
-            wanted: std::sync::Mutex::new(super::ranked::RankedList::default()),
+            victims: Ranked::default(),
+            wanted: Ranked::default(),
             heads: std::sync::Mutex::new(BTreeMap::new()),
             started: Instant::now(),
             owner: std::process::id(),
@@ -109,8 +147,8 @@ impl Shared {
     /// added between rebuilds) without allocating under their locks.
     pub(crate) fn room_to_rank(&self, executors: usize) {
         let n = executors.saturating_add(executors / 2).saturating_add(64);
-        super::ranked::grow(&self.victims, n);
-        super::ranked::grow(&self.wanted, n);
+        self.victims.grow(n);
+        self.wanted.grow(n);
     }
 
     /// `Err(Error::Forked)` in a child process created by `fork()` (where
@@ -200,15 +238,152 @@ impl Shared {
         out.extend(heads.values().take(n).copied());
     }
 
-    /// The rank of `s` (the caller holds the registry lock, `reg`).
-    pub(crate) fn rank(&self, s: &Slot, reg: &super::registry::Inner) -> u64 {
+    /// The rank of `s` in `cycle` (computed under the registry lock, which
+    /// hands out the cycle: see `Registry::scan`).
+    pub(crate) fn rank(&self, s: &Slot, cycle: Cycle) -> u64 {
         let opt = |v: u64| (v != NONE).then_some(v);
         let u = UseInfo {
             next_task: opt(s.next_task.load(Ordering::Relaxed)),
             cycle_pos: opt(s.cycle_pos.load(Ordering::Relaxed)),
             last_use: s.last_use.load(Ordering::Relaxed),
         };
-        self.policy.rank(u, reg.cycle_of(s, self.lookahead()))
+        self.policy.rank(u, cycle)
+    }
+
+    /// The rank of `s` now, `None` when it is no longer registered.
+    pub(crate) fn rank_now(&self, s: &Slot) -> Option<u64> {
+        self.registry
+            .ranked(s, self.lookahead(), |s, c| self.rank(s, c))
+            .map(|(r, _)| r)
+    }
+
+    /// The soft cap in bytes, if any.
+    pub(crate) fn soft_cap(&self) -> Option<u64> {
+        self.cap
+    }
+
+    pub(crate) fn policy(&self) -> EvictionPolicy {
+        self.policy
+    }
+
+    pub(crate) fn store(&self) -> &SpillStore {
+        &self.store
+    }
+
+    /// The executors (the registry owns its lock).
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The worker pool (it owns its lock).
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The health of spill writes (it owns its lock, try-locked by the
+    /// trap).
+    pub(crate) fn writes(&self) -> &WriteHealth {
+        &self.writes
+    }
+
+    /// The ranked victims of `make_room` (`evict.rs`).
+    pub(crate) fn victims(&self) -> &Ranked {
+        &self.victims
+    }
+
+    /// The ranked candidates of the prefetchers (`prefetch.rs`).
+    pub(crate) fn wanted(&self) -> &Ranked {
+        &self.wanted
+    }
+
+    /// Whether the prefetchers load executors ahead of the workers.
+    pub(crate) fn prefetch_on(&self) -> bool {
+        self.prefetch_on
+    }
+
+    /// Wakes the prefetchers.
+    pub(crate) fn wake_prefetchers(&self) {
+        self.prefetch_signal.notify();
+    }
+
+    /// A prefetcher waits for work, at most `timeout`.
+    pub(crate) fn wait_for_prefetch_work(&self, timeout: Duration) {
+        self.prefetch_signal.wait(timeout);
+    }
+
+    /// Freed pages jemalloc may keep (see [`dirty_budget`]).
+    pub(crate) fn dirty_budget(&self) -> usize {
+        self.dirty_budget
+    }
+
+    /// A new executor's id.
+    pub(crate) fn new_executor_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Executors pinned by running tasks now.
+    pub(crate) fn pinned_now(&self) -> usize {
+        self.pinned.load(Ordering::Relaxed)
+    }
+
+    /// One more executor pinned by a task.
+    pub(crate) fn pin(&self) {
+        self.pinned.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// One executor fewer pinned.
+    pub(crate) fn unpin(&self) {
+        self.pinned.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Bytes of loads in progress.
+    pub(crate) fn loading_bytes(&self) -> usize {
+        self.loading_bytes.load(Ordering::Relaxed)
+    }
+
+    /// A load of `bytes` starts.
+    pub(crate) fn loading_starts(&self, bytes: usize) {
+        self.loading_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// A load of `bytes` is over (or given back).
+    pub(crate) fn loading_ends(&self, bytes: usize) {
+        self.loading_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// The counter that moves whenever an executor may have become
+    /// evictable.
+    pub(crate) fn generation_now(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// An executor may have become evictable.
+    pub(crate) fn bump_generation(&self) {
+        self.generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The marker that moves whenever an executor becomes `Evicted`.
+    pub(crate) fn evicted_mark(&self) -> u64 {
+        self.evicted_mark.load(Ordering::Acquire)
+    }
+
+    /// An executor has become `Evicted`.
+    pub(crate) fn note_evicted(&self) {
+        self.evicted_mark.fetch_add(1, Ordering::Release);
+    }
+
+    /// Resident bytes outside the accounting, as last measured.
+    pub(crate) fn outside(&self) -> usize {
+        self.outside.load(Ordering::Relaxed)
+    }
+
+    /// Records the resident bytes outside the accounting.
+    pub(crate) fn set_outside(&self, bytes: usize) {
+        self.outside.store(bytes, Ordering::Relaxed);
     }
 }
 
@@ -276,7 +451,7 @@ pub(crate) use crate::executor::drop_user_value;
 /// loads). Without a cap, unlimited (pages then decay as jemalloc decides).
 pub(crate) fn dirty_budget(cap: Option<u64>, l: &crate::cap::Limits) -> usize {
     let Some(cap) = cap else { return usize::MAX };
-    let gap = cap - super::evict::low_watermark(cap);
+    let gap = cap - crate::cap::low_watermark(cap);
     let floor = 2 * gap;
     let memory = [l.cgroup, l.physical]
         .into_iter()
@@ -310,7 +485,7 @@ mod tests {
         };
         // 1.9 GiB under a 2 GiB cgroup: little room, so twice the gap.
         let cap = 2 * GIB / 20 * 19;
-        let gap = cap - crate::runtime::evict::low_watermark(cap);
+        let gap = cap - crate::cap::low_watermark(cap);
         assert_eq!(dirty_budget(Some(cap), &cgroup), 2 * gap as usize);
         // 1 GiB on a 24 GiB machine: the rest of memory less 1/32.
         let free = Limits {
@@ -324,7 +499,7 @@ mod tests {
         assert_eq!(dirty_budget(None, &free), usize::MAX);
         assert_eq!(
             dirty_budget(Some(GIB), &Limits::default()) as u64,
-            2 * (GIB - crate::runtime::evict::low_watermark(GIB))
+            2 * (GIB - crate::cap::low_watermark(GIB))
         );
         // Under an address-space limit of 4 GiB, a 1 GiB cap: what the
         // limit leaves, less what `MemoryCap::Auto` sets aside (1 GiB).

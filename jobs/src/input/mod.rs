@@ -35,6 +35,7 @@ mod rows;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::files::format_of;
 use crate::npy::NpyWriter;
 
 pub(crate) use blobs::{mix, Blobs};
@@ -228,81 +229,6 @@ impl BlockReader {
         self.region
             .read(first, n, &std::sync::OnceLock::new())
             .map_err(|e| Error::Input(e.to_string()))
-    }
-}
-
-/// Checks that every value of the row-major block `x` (`dims` columns,
-/// its first row being row `first_row` of the data) is finite; otherwise
-/// names the first bad row and column. One pass in 16 independent lanes
-/// (`v * 0` is 0 for a finite value, NaN otherwise), then a row-by-row
-/// search only when the block fails.
-pub(crate) fn check_finite(
-    x: &[f32],
-    dims: usize,
-    first_row: u64,
-) -> std::result::Result<(), String> {
-    let mut acc = [0f32; 16];
-    let chunks = x.chunks_exact(16);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (a, v) in acc.iter_mut().zip(c) {
-            // 0 for a finite value, NaN for NaN and the infinities.
-            *a += v * 0.0;
-        }
-    }
-    let mut ok = acc.iter().all(|a| *a == 0.0);
-    for v in tail {
-        ok &= v.is_finite();
-    }
-    if ok {
-        return Ok(());
-    }
-    let dims = dims.max(1);
-    match x.iter().position(|v| !v.is_finite()) {
-        Some(i) => Err(format!(
-            "row {}, column {} is {} (the data must be finite)",
-            first_row + (i / dims) as u64,
-            i % dims,
-            if x[i].is_nan() { "NaN" } else { "infinite" }
-        )),
-        None => Ok(()),
-    }
-}
-
-/// The lower-case extension of `path` ("" when there is none).
-/// The format a file's name gives (`npy`, `npz`, `fvecs`), or, for a
-/// regular file under any other name, the format its first bytes show
-/// (NumPy's magic string, a zip archive's): a `.npy` file renamed is not
-/// read as raw floats (its header taken for rows). Anything else is raw.
-pub(crate) fn format_of(path: &Path) -> String {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .unwrap_or("")
-        .to_ascii_lowercase();
-    if matches!(ext.as_str(), "npy" | "npz" | "fvecs") {
-        return ext;
-    }
-    match sniff(path) {
-        Some(kind) => kind.to_string(),
-        None => ext,
-    }
-}
-
-/// `npy` or `npz` from a regular file's first bytes, if they say so.
-fn sniff(path: &Path) -> Option<&'static str> {
-    use std::io::Read;
-    if !std::fs::metadata(path).ok()?.is_file() {
-        return None;
-    }
-    let mut head = [0u8; 6];
-    std::fs::File::open(path).ok()?.read_exact(&mut head).ok()?;
-    if &head == b"\x93NUMPY" {
-        Some("npy")
-    } else if head.starts_with(b"PK\x03\x04") {
-        Some("npz")
-    } else {
-        None
     }
 }
 

@@ -360,7 +360,7 @@ impl Region {
                 };
                 m.record(first, n as u64, crc)?;
             }
-            if let Err(bad) = super::check_finite(&values[skip..], self.dims, first) {
+            if let Err(bad) = crate::npy::check_finite(&values[skip..], self.dims, first) {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!("{}: {bad}", self.path.display()),
@@ -447,7 +447,7 @@ impl Region {
         for (chunk, &r) in raw.chunks_exact(record.max(1)).zip(rows) {
             let at = out.len();
             self.convert_into(r, chunk, &mut out)?;
-            if let Err(bad) = super::check_finite(&out[at..], self.dims, r) {
+            if let Err(bad) = crate::npy::check_finite(&out[at..], self.dims, r) {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!("{}: {bad}", self.path.display()),

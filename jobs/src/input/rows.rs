@@ -202,7 +202,7 @@ impl Rows {
             Rows::Npy(r) => r.label().to_path_buf(),
             Rows::Plain { path, .. } => path.clone(),
         };
-        super::check_finite(&out[start..], self.dims(), first)
+        crate::npy::check_finite(&out[start..], self.dims(), first)
             .map_err(|bad| Error::Input(format!("{}: {bad}", path.display())))
     }
 

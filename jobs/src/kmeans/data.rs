@@ -134,7 +134,7 @@ pub fn load(
                 &["the rows", "the dimensions", "k", "the settings (a hash)"],
                 &[rows, dims as u64, cfg.k as u64, crate::ranks::hash_of(cfg)],
             )?;
-            Some(super::plan::segments(rows, dims, cfg, ranks, part_bytes)?)
+            Some(super::shards::segments(rows, dims, cfg, ranks, part_bytes)?)
         }
         None => None,
     };

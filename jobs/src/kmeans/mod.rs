@@ -39,7 +39,8 @@
 //!
 //! - `mod.rs`: the public types ([`Config`], [`Outcome`]...), [`run`], [`predict`], the driver.
 //! - `data.rs`: [`Partition`], [`Dataset`] and [`load`] (a rank's shards, through the input layer).
-//! - `plan.rs`: tasks, shards, the segments a rank loads; its `Plan` and the order of its passes.
+//! - `shards.rs`: rows into tasks, tasks into shards, shards among ranks; the segments a rank loads.
+//! - `plan.rs`: this process's tasks in its partitions (`Plan`) and the order of its passes.
 //! - `assign.rs`: a task's nearest centres, sums and labels; the sweep that folds them in order.
 //! - `kernel.rs`: the fused AVX2/FMA (and AVX-512) distance and argmin kernel.
 //! - `minibatch.rs`: mini-batch epochs: the running-mean update and early stopping.
@@ -53,13 +54,14 @@ mod kernel;
 mod lloyd;
 mod minibatch;
 mod plan;
+mod shards;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 pub use data::{load, Dataset, Partition};
 pub use init::init_sample_bytes;
-pub use plan::{rank_rows, shards};
+pub use shards::{rank_rows, shards};
 
 use self::assign::{sweep, Want};
 use self::lloyd::Lloyd;
