@@ -87,6 +87,9 @@
 //!   its license).
 
 #![deny(missing_docs, missing_debug_implementations)]
+// At most 80 lines a function, here and in the command line (main.rs);
+// the threshold is in clippy.toml.
+#![deny(clippy::too_many_lines)]
 
 mod error;
 mod files;

@@ -5,6 +5,9 @@
 //! `docs/cli.md`. The application, not the library, installs outcore's
 //! allocator: the line below.
 
+// At most 80 lines a function (the threshold is in clippy.toml).
+#![deny(clippy::too_many_lines)]
+
 mod cli;
 
 use std::io::Write;

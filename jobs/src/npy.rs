@@ -396,24 +396,12 @@ fn open_array(path: &Path, key: Option<&str>) -> Result<Array> {
     })
 }
 
-fn open_member(path: &Path, key: Option<&str>) -> Result<Array> {
-    let (file, _) = open_input(path)?;
-    let mut zip = zip::ZipArchive::new(BufReader::new(file))
-        .map_err(|e| bad(path, format!("not a readable .npz archive ({e})")))?;
-    let mut names = Vec::with_capacity(zip.len());
-    for i in 0..zip.len() {
-        let m = zip
-            .by_index_raw(i)
-            .map_err(|e| bad(path, format!("unreadable archive member {i} ({e})")))?;
-        names.push(m.name().map(|n| n.into_owned()).unwrap_or_default());
-    }
-    let index = match key {
-        None => {
-            if names.is_empty() {
-                return Err(bad(path, "the archive holds no array"));
-            }
-            0
-        }
+/// The index of the member named `key` (with or without `.npy`) among
+/// an archive's `names`; the first without a key.
+fn member_index(path: &Path, names: &[String], key: Option<&str>) -> Result<usize> {
+    match key {
+        None if names.is_empty() => Err(bad(path, "the archive holds no array")),
+        None => Ok(0),
         Some(k) => names
             .iter()
             .position(|n| n == k || n.strip_suffix(".npy") == Some(k))
@@ -426,8 +414,22 @@ fn open_member(path: &Path, key: Option<&str>) -> Result<Array> {
                     path,
                     format!("no array named '{k}' (it holds: {})", all.join(", ")),
                 )
-            })?,
-    };
+            }),
+    }
+}
+
+fn open_member(path: &Path, key: Option<&str>) -> Result<Array> {
+    let (file, _) = open_input(path)?;
+    let mut zip = zip::ZipArchive::new(BufReader::new(file))
+        .map_err(|e| bad(path, format!("not a readable .npz archive ({e})")))?;
+    let mut names = Vec::with_capacity(zip.len());
+    for i in 0..zip.len() {
+        let m = zip
+            .by_index_raw(i)
+            .map_err(|e| bad(path, format!("unreadable archive member {i} ({e})")))?;
+        names.push(m.name().map(|n| n.into_owned()).unwrap_or_default());
+    }
+    let index = member_index(path, &names, key)?;
     let shown = names[index].strip_suffix(".npy").unwrap_or(&names[index]);
     let label = PathBuf::from(format!("{}[{shown}]", path.display()));
     let m = zip

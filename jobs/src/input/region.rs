@@ -299,35 +299,9 @@ impl Region {
         };
         // A member's block read for the first time: its CRC-32.
         let crc_wanted = self.member.is_some() && first_sum.get().is_none();
-        let mut crc = None;
-        let (values, skip, sum) = match (placed, self.encoding) {
-            (Some(r), _) => r,
-            (None, Encoding::F32) => {
-                let count = n * self.dims;
-                let mut v: Vec<f32> = Vec::with_capacity(count);
-                huge_pages(v.spare_capacity_mut());
-                populate(&mut v.spare_capacity_mut()[..count]);
-                let sum =
-                    self.read_exact_at(pos, uninit_bytes(&mut v.spare_capacity_mut()[..count]))?;
-                // SAFETY: `read_exact_at` initialised all `count * 4` bytes
-                // of the first `count` elements, and any bits are a valid f32.
-                unsafe { v.set_len(count) };
-                (v, 0, sum)
-            }
-            (None, Encoding::Convert(_) | Encoding::Fvecs) => {
-                let len = n * self.record();
-                let mut raw: Vec<u8> = Vec::with_capacity(len);
-                populate(&mut raw.spare_capacity_mut()[..len]);
-                let sum = self.read_exact_at(pos, &mut raw.spare_capacity_mut()[..len])?;
-                // SAFETY: `read_exact_at` initialised the first `len` bytes.
-                unsafe { raw.set_len(len) };
-                if crc_wanted {
-                    let mut c = flate2::Crc::new();
-                    c.update(&raw);
-                    crc = Some(c);
-                }
-                (self.convert(first, &raw)?, 0, sum)
-            }
+        let (values, skip, sum, crc) = match placed {
+            Some((v, skip, sum)) => (v, skip, sum, None),
+            None => self.read_values(first, n, pos, crc_wanted)?,
         };
         self.read_bytes
             .fetch_add((n * self.record()) as u64, Ordering::Relaxed);
@@ -342,32 +316,81 @@ impl Region {
             return Err(self.changed(first, n, "its bytes differ from the first read"));
         }
         if first_read {
-            if let Some(m) = &self.member {
-                let crc = match crc {
-                    Some(c) => c,
-                    None => {
-                        // Float32 rows: the values are the file's bytes.
-                        let v = &values[skip..skip + n * self.dims];
-                        // SAFETY: any f32 is 4 initialised bytes, and u8
-                        // has no alignment; the slice outlives `bytes`.
-                        let bytes = unsafe {
-                            std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), v.len() * 4)
-                        };
-                        let mut c = flate2::Crc::new();
-                        c.update(bytes);
-                        c
-                    }
-                };
-                m.record(first, n as u64, crc)?;
-            }
-            if let Err(bad) = crate::npy::check_finite(&values[skip..], self.dims, first) {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}: {bad}", self.path.display()),
-                ));
-            }
+            self.validate_first(first, n, &values[skip..], crc)?;
         }
         Ok((values, skip))
+    }
+
+    /// `n` rows from byte `pos` read into a new vector (converted to
+    /// float32 if the file holds another type), with their checksum and,
+    /// when `crc_wanted`, the CRC-32 of the file's bytes (for a member
+    /// whose values are converted; float32 values are their bytes).
+    fn read_values(
+        &self,
+        first: u64,
+        n: usize,
+        pos: u64,
+        crc_wanted: bool,
+    ) -> io::Result<(Vec<f32>, usize, u64, Option<flate2::Crc>)> {
+        if let Encoding::F32 = self.encoding {
+            let count = n * self.dims;
+            let mut v: Vec<f32> = Vec::with_capacity(count);
+            huge_pages(v.spare_capacity_mut());
+            populate(&mut v.spare_capacity_mut()[..count]);
+            let sum =
+                self.read_exact_at(pos, uninit_bytes(&mut v.spare_capacity_mut()[..count]))?;
+            // SAFETY: `read_exact_at` initialised all `count * 4` bytes
+            // of the first `count` elements, and any bits are a valid f32.
+            unsafe { v.set_len(count) };
+            return Ok((v, 0, sum, None));
+        }
+        let len = n * self.record();
+        let mut raw: Vec<u8> = Vec::with_capacity(len);
+        populate(&mut raw.spare_capacity_mut()[..len]);
+        let sum = self.read_exact_at(pos, &mut raw.spare_capacity_mut()[..len])?;
+        // SAFETY: `read_exact_at` initialised the first `len` bytes.
+        unsafe { raw.set_len(len) };
+        let crc = crc_wanted.then(|| {
+            let mut c = flate2::Crc::new();
+            c.update(&raw);
+            c
+        });
+        Ok((self.convert(first, &raw)?, 0, sum, crc))
+    }
+
+    /// The checks of a block's first read: a member's CRC-32 recorded
+    /// (`crc`, or the float32 `values`' own bytes), every value finite.
+    fn validate_first(
+        &self,
+        first: u64,
+        n: usize,
+        values: &[f32],
+        crc: Option<flate2::Crc>,
+    ) -> io::Result<()> {
+        if let Some(m) = &self.member {
+            let crc = match crc {
+                Some(c) => c,
+                None => {
+                    // Float32 rows: the values are the file's bytes.
+                    let v = &values[..n * self.dims];
+                    // SAFETY: any f32 is 4 initialised bytes, and u8
+                    // has no alignment; the slice outlives `bytes`.
+                    let bytes =
+                        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), v.len() * 4) };
+                    let mut c = flate2::Crc::new();
+                    c.update(bytes);
+                    c
+                }
+            };
+            m.record(first, n as u64, crc)?;
+        }
+        if let Err(bad) = crate::npy::check_finite(values, self.dims, first) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {bad}", self.path.display()),
+            ));
+        }
+        Ok(())
     }
 
     /// Bytes `n` rows take in the file.
