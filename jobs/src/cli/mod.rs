@@ -3,7 +3,16 @@
 //!
 //! The library speaks of its parameters; this module checks every flag
 //! before the library sees it, so that a bad value is reported by the flag
-//! the user typed.
+//! the user typed. Each subcommand parses its flags into a configuration,
+//! runs the job through a [`Session`](outcore_jobs::Session) and reports.
+//!
+//! - `mod.rs` (this file): the shared flags (memory, spill, workers,
+//!   outputs), building the runtime, the address-space checks;
+//! - `kmeans.rs`, `train.rs`, `predict.rs`, `gen.rs`, `plot.rs`: one
+//!   subcommand each;
+//! - `progress.rs`: progress on stderr (a bar on a terminal, lines
+//!   otherwise);
+//! - `interrupt.rs`: the signals that end a run, and the cleanup they do.
 
 /// A line on stderr, on rank 0 only: the other ranks of an MPI run stay
 /// quiet (their errors still print, with [`tell!`]).
