@@ -102,6 +102,10 @@
 //! - `error.rs`: the one error enum;
 //! - `lineage.rs`: [`Lineage`];
 //! - `pod.rs`: [`PodVec`], plain numeric vectors that spill at memory speed;
+//! - `readahead.rs`: the one read-ahead engine (native AIO), for spill
+//!   loads and the jobs' input reads (hidden from the docs: not a stable
+//!   API);
+//! - `size.rs`: the size parser, shared with the shim (`#[path]`);
 //! - `stats.rs`: counters and the JSON snapshot;
 //! - `units.rs`: [`format_bytes`].
 
