@@ -206,6 +206,23 @@ fn take_context() -> Option<Context> {
 
 /// Keeps `ctx` for this thread's next load. Where the thread's storage is
 /// gone (it is exiting), the pthread key's destructor destroys it.
+/// Whether this thread can read through the engine: a 64-bit
+/// little-endian Linux where the kernel grants an AIO context (a seccomp
+/// filter or an exhausted `aio-max-nr` refuses it). The context is kept
+/// for the thread's next [`read`].
+pub fn available() -> bool {
+    if !cfg!(all(target_pointer_width = "64", target_endian = "little")) {
+        return false;
+    }
+    match take_context() {
+        Some(ctx) => {
+            give_back(ctx);
+            true
+        }
+        None => false,
+    }
+}
+
 fn give_back(ctx: Context) {
     let _ = CONTEXT.try_with(|c| c.set(ctx.0));
 }
@@ -255,15 +272,16 @@ pub enum Submit {
 ///
 /// Each request's `dst` is valid for writes of its `len` bytes, and nothing
 /// else touches them from its submission until it is handed to `landed`
-/// (or the call returns): request `i` is submitted only after request
-/// `i - window` was handed over.
+/// (or the call returns, normally or by unwinding: memory the closures
+/// own is freed only after every read in flight is done): request `i` is
+/// submitted only after request `i - window` was handed over.
 pub unsafe fn read(
     file: &File,
     count: usize,
     window: usize,
     how: Submit,
     request: impl Fn(usize) -> Request,
-    landed: impl FnMut(usize),
+    mut landed: impl FnMut(usize),
 ) -> bool {
     if !cfg!(all(target_pointer_width = "64", target_endian = "little")) {
         return false;
@@ -271,8 +289,10 @@ pub unsafe fn read(
     let Some(ctx) = take_context() else {
         return false;
     };
-    // Where `landed` panics with reads in flight, the context is destroyed
-    // (waiting for them) before the caller's memory is unwound.
+    // Where `landed` or `request` panics with reads in flight, the context
+    // is destroyed (waiting for them) before the caller's memory is
+    // unwound, and before the two closures (parameters, dropped after
+    // this local; `read_with` only borrows them) free what they own.
     struct Guard(libc::c_ulong);
     impl Drop for Guard {
         fn drop(&mut self) {
@@ -286,7 +306,7 @@ pub unsafe fn read(
         count,
     };
     // SAFETY: the caller's promise, passed on.
-    let outcome = unsafe { read_with(&ctx, file, &jobs, request, landed) };
+    let outcome = unsafe { read_with(&ctx, file, &jobs, &request, &mut landed) };
     std::mem::forget(guard);
     match outcome {
         Outcome::Read => {
@@ -366,8 +386,8 @@ unsafe fn read_with(
     ctx: &Context,
     file: &File,
     jobs: &Jobs,
-    request: impl Fn(usize) -> Request,
-    mut landed: impl FnMut(usize),
+    request: &impl Fn(usize) -> Request,
+    landed: &mut impl FnMut(usize),
 ) -> Outcome {
     let Ok(fd) = u32::try_from(file.as_raw_fd()) else {
         return Outcome::Failed;

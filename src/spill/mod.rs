@@ -48,9 +48,8 @@
 //!
 //! Files:
 //!
-//! - `mod.rs` (this file): the format, writing and loading;
-//! - `aio.rs`: direct reads with several requests in flight (Linux native
-//!   AIO);
+//! - `mod.rs` (this file): the format, writing and loading (direct loads
+//!   through the crate's read-ahead engine, `readahead.rs`);
 //! - `dir.rs`: the private spill directory, its lock and the sweep of
 //!   directories left by killed runs;
 //! - `tests.rs`: round trips and every kind of corruption.

@@ -115,10 +115,12 @@ impl std::fmt::Debug for DirectReader {
 }
 
 impl DirectReader {
-    /// A reader; its buffers are made at its first read.
+    /// A reader; its buffers are made at its first read. Where the
+    /// read-ahead engine is refused, it reads one `pread` at a time and
+    /// makes one buffer, not a window of them.
     pub(crate) fn new() -> io::Result<DirectReader> {
         Ok(DirectReader {
-            engine: true,
+            engine: readahead::available(),
             arena: AlignedBuf::empty(),
         })
     }

@@ -540,17 +540,16 @@ impl Region {
 
     /// Runs `f` with one of the file's readers (made at its first use).
     ///
-    /// A reader whose last user panicked may have reads in flight into
-    /// memory that is gone: it is given up for good (leaked, so the kernel
-    /// never writes into its buffers after they are reused) and replaced.
+    /// A reader whose last user panicked is dropped and replaced: its
+    /// state may be half updated, but no read is in flight into its
+    /// buffers (the read-ahead engine waits for its reads before a panic
+    /// unwinds past it).
     fn with_reader<R>(&self, f: impl FnOnce(&mut DirectReader) -> io::Result<R>) -> io::Result<R> {
         fn recover<'a>(
             p: std::sync::PoisonError<MutexGuard<'a, Option<DirectReader>>>,
         ) -> MutexGuard<'a, Option<DirectReader>> {
             let mut g = p.into_inner();
-            if let Some(old) = g.take() {
-                std::mem::forget(old);
-            }
+            g.take();
             g
         }
         let free = self.readers.iter().find_map(|r| match r.try_lock() {
