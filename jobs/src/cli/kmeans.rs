@@ -210,12 +210,11 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     let intro = job.intro(&a, &session, &ds, part_bytes, load_seconds);
     let mut rep = Reporter::new(&session, fb, intro, &job);
     session.phase("init");
-    // Rank 0 starts the labels' file before the run, so a target it cannot
-    // write fails first; the labels go out as the final pass makes them.
-    let mut labels = match &a.labels {
-        Some(p) => Some(LabelsOut::create(&session, p, job.rows)?),
-        None => None,
-    };
+    // The labels go out as the final pass makes them.
+    let mut labels = a
+        .labels
+        .as_deref()
+        .map(|p| LabelsOut::new(&session, p, job.rows));
     let out = match labels.as_mut() {
         Some(l) => {
             kmeans::run_with_labels(&session, &ds, &job.cfg, |ev| rep.on(ev), |v| l.write(v))?

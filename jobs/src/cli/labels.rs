@@ -22,13 +22,27 @@ use outcore_jobs::{Error, Result, Session};
 /// the way to a rank's temporary file.
 const PIECE: usize = 64 << 10;
 
-/// Where this rank's labels go.
-pub(super) enum LabelsOut {
-    /// Rank 0: the output file; its scratch for the conversion to int32.
-    File(NpyWriter<i32>, Vec<i32>),
-    /// Another rank: an unnamed temporary file in this directory, and
-    /// the bytes written.
-    Kept(BufWriter<File>, PathBuf, u64),
+/// Where this rank's labels go, started at the first labels (nothing is
+/// held during the epochs).
+pub(super) struct LabelsOut {
+    /// The output (rank 0 writes it) and its rows in all.
+    path: PathBuf,
+    rows: u64,
+    root: bool,
+    /// The spill directory, for the temporary file of the other ranks.
+    spill: PathBuf,
+    sink: Option<Sink>,
+    /// Labels written so far by this rank.
+    written: u64,
+    /// The labels as int32.
+    scratch: Vec<i32>,
+}
+
+enum Sink {
+    /// Rank 0: the output file.
+    File(NpyWriter<i32>),
+    /// Another rank: an unnamed temporary file in the spill directory.
+    Kept(BufWriter<File>),
 }
 
 /// An I/O error on the temporary file of directory `dir`.
@@ -41,48 +55,62 @@ fn io<'a>(dir: &'a Path, action: &'static str) -> impl Fn(std::io::Error) -> Err
 }
 
 impl LabelsOut {
-    /// Starts the labels of `rows` rows in all: the output at `path` on
-    /// rank 0, a temporary file on the others.
-    pub(super) fn create(session: &Session, path: &Path, rows: u64) -> Result<LabelsOut> {
-        if session.is_root() {
-            return Ok(LabelsOut::File(
-                NpyWriter::create(path, &[rows])?,
-                Vec::new(),
-            ));
+    /// The labels of `rows` rows in all: the output at `path` on rank 0,
+    /// a temporary file on the others.
+    pub(super) fn new(session: &Session, path: &Path, rows: u64) -> LabelsOut {
+        LabelsOut {
+            path: path.to_path_buf(),
+            rows,
+            root: session.is_root(),
+            spill: session.runtime().spill_dir().to_path_buf(),
+            sink: None,
+            written: 0,
+            scratch: Vec::new(),
         }
-        let dir = session.runtime().spill_dir();
-        let f = tempfile::tempfile_in(dir).map_err(io(dir, "cannot write in"))?;
-        Ok(LabelsOut::Kept(
-            BufWriter::with_capacity(PIECE, f),
-            dir.to_path_buf(),
-            0,
-        ))
+    }
+
+    /// Where the labels go, started at the first call.
+    fn sink(&mut self) -> Result<&mut Sink> {
+        if self.sink.is_none() {
+            self.sink = Some(if self.root {
+                Sink::File(NpyWriter::create(&self.path, &[self.rows])?)
+            } else {
+                let f = tempfile::tempfile_in(&self.spill)
+                    .map_err(io(&self.spill, "cannot write in"))?;
+                Sink::Kept(BufWriter::with_capacity(PIECE, f))
+            });
+        }
+        self.sink
+            .as_mut()
+            .ok_or_else(|| Error::Input("no labels' sink".into()))
     }
 
     /// The next labels of this rank's rows, in row order.
     pub(super) fn write(&mut self, labels: &[u32]) -> Result<()> {
-        match self {
-            LabelsOut::File(w, scratch) => {
-                scratch.clear();
-                scratch.extend(labels.iter().map(|&l| l as i32));
-                w.write(scratch)
-            }
-            LabelsOut::Kept(f, dir, n) => {
-                for &l in labels {
-                    f.write_all(&(l as i32).to_le_bytes())
-                        .map_err(io(dir, "cannot write in"))?;
-                }
-                *n += 4 * labels.len() as u64;
-                Ok(())
-            }
-        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        scratch.extend(labels.iter().map(|&l| l as i32));
+        let spill = self.spill.clone();
+        let r = match self.sink()? {
+            Sink::File(w) => w.write(&scratch),
+            Sink::Kept(f) => scratch
+                .iter()
+                .try_for_each(|l| f.write_all(&l.to_le_bytes()))
+                .map_err(io(&spill, "cannot write in")),
+        };
+        self.written += labels.len() as u64;
+        self.scratch = scratch;
+        r
     }
 
     /// Brings the other ranks' labels into rank 0's file, in rank order,
     /// and moves it into place. Collective.
-    pub(super) fn finish(self, ranks: &Ranks) -> Result<()> {
-        match self {
-            LabelsOut::File(mut w, _) => {
+    pub(super) fn finish(mut self, ranks: &Ranks) -> Result<()> {
+        let (n, spill) = (4 * self.written, self.spill.clone());
+        // Started even without rows of this rank's.
+        self.sink()?;
+        match self.sink.take() {
+            Some(Sink::File(mut w)) => {
                 let mut scratch = Vec::with_capacity(PIECE / 4);
                 ranks.funnel(
                     0,
@@ -100,19 +128,19 @@ impl LabelsOut {
                 )?;
                 w.finish()
             }
-            LabelsOut::Kept(f, dir, n) => {
-                let mut f = f
-                    .into_inner()
-                    .map_err(|e| io(&dir, "cannot write in")(e.into_error()))?;
+            Some(Sink::Kept(mut f)) => {
+                f.flush().map_err(io(&spill, "cannot write in"))?;
+                let f = f.get_mut();
                 f.seek(SeekFrom::Start(0))
-                    .map_err(io(&dir, "cannot read in"))?;
+                    .map_err(io(&spill, "cannot read in"))?;
                 ranks.funnel(
                     n,
                     PIECE,
-                    |buf| f.read_exact(buf).map_err(io(&dir, "cannot read in")),
+                    |buf| f.read_exact(buf).map_err(io(&spill, "cannot read in")),
                     |_| Ok(()),
                 )
             }
+            None => Err(Error::Input("the labels were not started".into())),
         }
     }
 }
