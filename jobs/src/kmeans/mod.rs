@@ -41,7 +41,7 @@
 //!
 //! Files, one concept each:
 //!
-//! - `mod.rs`: the public types ([`Config`], [`Outcome`]...), [`run`], [`predict`], the driver.
+//! - `mod.rs`: the public types ([`Config`], [`Outcome`]...), [`run`], [`run_with_labels`], [`predict`], the driver.
 //! - `data.rs`: [`Partition`], [`Dataset`] and [`load`] (a rank's shards, through the input layer).
 //! - `shards.rs`: rows into tasks, tasks into shards, shards among ranks; the segments a rank loads.
 //! - `plan.rs`: this process's tasks in its partitions (`Plan`) and the order of its passes.
