@@ -245,13 +245,27 @@ impl Ranks {
         }
     }
 
-    /// Every rank's `local` values, concatenated in rank order, on rank 0
-    /// (`None` on the others).
-    pub fn gather_u32(&self, local: &[u32]) -> Result<Option<Vec<u32>>> {
+    /// Streams the other ranks' bytes to rank 0, rank after rank, a piece
+    /// of at most `piece` bytes at a time: every rank but 0 sends its
+    /// `len` bytes, each piece filled by `read`; rank 0 hands the pieces
+    /// of rank 1, then of rank 2, and so on, to `write` (its own `len` and
+    /// `read` are not used). Only a piece is held at once on each side:
+    /// rank 0 can write everything into one file, in rank order, without
+    /// holding it. Nothing to do on one process. Collective.
+    pub fn funnel(
+        &self,
+        len: u64,
+        piece: usize,
+        read: impl FnMut(&mut [u8]) -> Result<()>,
+        write: impl FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
         match &self.inner {
-            Inner::Single => Ok(Some(local.to_vec())),
+            Inner::Single => {
+                let _ = (len, piece, read, write);
+                Ok(())
+            }
             #[cfg(feature = "mpi")]
-            Inner::Mpi(w) => w.gather_u32(local),
+            Inner::Mpi(w) => w.funnel(len, piece.max(1), read, write),
         }
     }
 
@@ -329,6 +343,7 @@ fn add(a: &mut [f64], b: &[f64]) {
 mod mpi_impl {
     use mpi::datatype::{Partition, PartitionMut};
     use mpi::environment::Universe;
+    use mpi::point_to_point::{Destination, Source};
     use mpi::topology::SimpleCommunicator;
     use mpi::traits::{Communicator, CommunicatorCollectives, Root};
     use mpi::Threading;
@@ -484,25 +499,35 @@ mod mpi_impl {
             Ok(out)
         }
 
-        pub fn gather_u32(&self, local: &[u32]) -> Result<Option<Vec<u32>>> {
-            let root = self.world.process_at_rank(0);
-            let mine = count(local.len(), "gather")?;
+        pub fn funnel(
+            &self,
+            len: u64,
+            piece: usize,
+            mut read: impl FnMut(&mut [u8]) -> Result<()>,
+            mut write: impl FnMut(&[u8]) -> Result<()>,
+        ) -> Result<()> {
+            let lens = self.all_gather_u64(&[len]);
+            let mut buf = crate::zeros::<u8>(piece);
+            let pieces = |n: u64| {
+                (0..n.div_ceil(piece as u64))
+                    .map(move |i| (n - i * piece as u64).min(piece as u64) as usize)
+            };
             if self.rank != 0 {
-                root.gather_into(&mine);
-                root.gather_varcount_into(local);
-                return Ok(None);
+                let root = self.world.process_at_rank(0);
+                for n in pieces(len) {
+                    read(&mut buf[..n])?;
+                    root.send(&buf[..n]);
+                }
+                return Ok(());
             }
-            let mut counts = vec![0i32; self.size];
-            root.gather_into_root(&mine, &mut counts[..]);
-            let total: usize = counts.iter().map(|&c| c as usize).sum();
-            count(total, "gather")?;
-            let d = displacements(&counts)?;
-            let mut out = crate::zeros::<u32>(total);
-            {
-                let mut r = PartitionMut::new(&mut out[..], &counts[..], &d[..]);
-                root.gather_varcount_into_root(local, &mut r);
+            for (r, &n) in lens.iter().enumerate().skip(1) {
+                let from = self.world.process_at_rank(r as i32);
+                for n in pieces(n) {
+                    from.receive_into(&mut buf[..n]);
+                    write(&buf[..n])?;
+                }
             }
-            Ok(Some(out))
+            Ok(())
         }
 
         pub fn gather_rows(&self, local: &[f64]) -> Result<Option<Vec<Vec<f64>>>> {
@@ -609,6 +634,17 @@ mod tests {
         assert_eq!(r.ordered_sum(&v, 2).unwrap(), vec![0.0, 6.0]);
         assert!(r.ordered_sum(&v, 3).is_err());
         assert_eq!(r.all_gather(&[1.0, 2.0]).unwrap(), vec![1.0, 2.0]);
-        assert_eq!(r.gather_u32(&[3]).unwrap(), Some(vec![3]));
+        let mut wrote = 0;
+        r.funnel(
+            8,
+            4,
+            |_| Ok(()),
+            |_| {
+                wrote += 1;
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(wrote, 0, "one process has no other rank's bytes");
     }
 }

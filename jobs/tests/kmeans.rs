@@ -455,3 +455,71 @@ fn narrow_rows_are_not_sampled_a_page_each() {
         assert_eq!(first.inertia.to_bits(), second.inertia.to_bits(), "{name}");
     }
 }
+
+/// `outcore kmeans` (the binary) under a watchdog, in `dir`: panics
+/// unless it succeeds.
+fn outcore_in(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("timeout")
+        .args(["-k", "5", "600", env!("CARGO_BIN_EXE_outcore")])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("timeout(1) runs");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `--labels` on tall thin data (4 bytes of labels for 16 of data a row)
+/// streams the labels to their file as the final pass makes them: the
+/// accounted peak stays near the cap instead of growing by the labels
+/// (several times, as they were gathered, converted and written whole),
+/// and the file is the uncapped run's, byte for byte.
+#[test]
+fn labels_of_tall_thin_data_stream_under_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rows, cap) = ((64u64 << 20) / 16, 8u64 << 20);
+    let run = |cap: &str, labels: &str, stats: &str| {
+        outcore_in(
+            dir.path(),
+            &[
+                "kmeans",
+                "--synthetic",
+                "64MiB",
+                "--dims",
+                "4",
+                "--true-k",
+                "4",
+                "--k",
+                "4",
+                "--epochs",
+                "1",
+                "--mem-cap",
+                cap,
+                "--labels",
+                labels,
+                "--stats",
+                stats,
+            ],
+        )
+    };
+    run("8MiB", "capped.npy", "capped.json");
+    run("none", "free.npy", "free.json");
+    let st: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("capped.json")).unwrap())
+            .unwrap();
+    let peak = st["peak_bytes"].as_u64().unwrap();
+    // The slack of tests/timeline.rs (one flush threshold per thread, the
+    // allocation being trapped), the labels file's write buffer (1 MiB),
+    // and the row norms the data layer keeps outside the partitions (4
+    // bytes a row): the labels (4 bytes a row, 16 MiB) are not held.
+    let flush = (cap / 256).max(64 << 10);
+    let bound = cap + 4 * flush + cap / 64 + (1 << 20) + 4 * rows;
+    assert!(peak <= bound, "peak {peak} > {bound} under a cap of {cap}");
+    let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
+    let (capped, free) = (read("capped.npy"), read("free.npy"));
+    assert_eq!(capped.len() as u64, 128 + 4 * rows, "header and labels");
+    assert!(capped == free, "the labels differ under a cap");
+}

@@ -280,6 +280,63 @@ fn lloyd_from_a_file_is_the_same_on_any_number_of_ranks() {
     );
 }
 
+/// `--labels` of tall thin data on 2 ranks: each rank streams its rows'
+/// labels (rank 0 into the file, rank 1 to rank 0 a piece at a time once
+/// the run is done), so no rank's accounted peak grows by the labels (4
+/// bytes a row; rank 0 used to gather them all), and the file is one
+/// process's, byte for byte.
+#[test]
+fn labels_of_tall_thin_data_stream_on_two_ranks() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (rows, cap) = ((32u64 << 20) / 16, 4u64 << 20);
+    let mut files = Vec::new();
+    for n in [0, 2] {
+        let (l, st) = (format!("l{n}.npy"), format!("s{n}.json"));
+        outcore(
+            dir.path(),
+            n,
+            &[
+                "kmeans",
+                "--synthetic",
+                "32MiB",
+                "--dims",
+                "4",
+                "--true-k",
+                "4",
+                "--k",
+                "4",
+                "--epochs",
+                "1",
+                "--workers",
+                "1",
+                "--mem-cap",
+                "4MiB",
+                "--labels",
+                &l,
+                "--stats",
+                &st,
+            ],
+        );
+        let s = stats(&dir.path().join(&st));
+        // The slack of tests/timeline.rs (a flush threshold per thread,
+        // the allocation being trapped), the labels' write buffer (1 MiB)
+        // and the row norms the data layer keeps outside the partitions (4
+        // bytes a row of the rank's): not the labels (8 MiB in all).
+        let flush = (cap / 256).max(64 << 10);
+        let bound = cap + 4 * flush + cap / 64 + (1 << 20) + 4 * rows / n.max(1) as u64;
+        for r in s["per_process"].as_array().unwrap() {
+            let peak = r["peak_bytes"].as_u64().unwrap();
+            assert!(peak <= bound, "{n} ranks: peak {peak} > {bound}: {r}");
+        }
+        files.push(std::fs::read(dir.path().join(&l)).unwrap());
+    }
+    assert_eq!(files[0].len() as u64, 128 + 4 * rows, "header and labels");
+    assert!(files[0] == files[1], "the labels differ on 2 ranks");
+}
+
 #[test]
 fn training_is_the_same_on_any_number_of_ranks() {
     if !have_mpirun() {

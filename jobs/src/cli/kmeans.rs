@@ -12,6 +12,7 @@ use outcore_jobs::{
 };
 use serde::Serialize;
 
+use super::labels::LabelsOut;
 use super::progress::Feedback;
 use super::{
     cap_over_limit, file_source, finish_session, named, plural, positive, runtime,
@@ -209,7 +210,17 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     let intro = job.intro(&a, &session, &ds, part_bytes, load_seconds);
     let mut rep = Reporter::new(&session, fb, intro, &job);
     session.phase("init");
-    let out = kmeans::run(&session, &ds, &job.cfg, |ev| rep.on(ev))?;
+    // The labels go out as the final pass makes them.
+    let mut labels = a
+        .labels
+        .as_deref()
+        .map(|p| LabelsOut::new(&session, p, job.rows));
+    let out = match labels.as_mut() {
+        Some(l) => {
+            kmeans::run_with_labels(&session, &ds, &job.cfg, |ev| rep.on(ev), |v| l.write(v))?
+        }
+        None => kmeans::run(&session, &ds, &job.cfg, |ev| rep.on(ev))?,
+    };
     let figures = rep.finish();
     session.phase("output");
     let ran = Ran {
@@ -219,7 +230,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         figures: &figures,
         load_seconds,
     };
-    ran.finish(&a, session)
+    ran.finish(&a, labels, session)
 }
 
 /// Warnings for flags given that do not apply to the run.
@@ -501,7 +512,6 @@ fn config(a: &KmeansArgs, init: Init, k: usize, shards: usize) -> Config {
         batch_tasks: a.batch_tasks.max(1),
         task_points: a.task_points,
         seed: a.data.seed,
-        labels: a.labels.is_some(),
         tol: a.tol.unwrap_or(match a.algorithm {
             AlgorithmArg::Minibatch => 0.0,
             AlgorithmArg::Lloyd => 1e-4,
@@ -693,7 +703,12 @@ struct Ran<'a> {
 impl Ran<'_> {
     /// Writes the outputs (rank 0 writes them), then on rank 0 the
     /// statistics and the summary line; every rank's figures go to rank 0.
-    fn finish(&self, a: &KmeansArgs, mut session: Session) -> Result<()> {
+    fn finish(
+        &self,
+        a: &KmeansArgs,
+        labels: Option<LabelsOut>,
+        mut session: Session,
+    ) -> Result<()> {
         let root = session.is_root();
         let mut outs = Outputs::new(&[
             ("--output", if root { &a.output } else { &None }),
@@ -706,10 +721,9 @@ impl Ran<'_> {
             let centres = npy::write_array(p, &[k, dims], &self.out.centers.values);
             outs.write("--output", centres)?;
         }
-        if let (Some(p), Some(labels)) = (&a.labels, &self.out.labels) {
-            let as_i32: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
-            let r = npy::write_array(p, &[labels.len() as u64], &as_i32);
-            outs.write("--labels", r)?;
+        if let Some(l) = labels {
+            // Every rank's labels into rank 0's file.
+            outs.write("--labels", l.finish(session.ranks()))?;
         }
         // The timeline ends with the totals, so the two agree.
         let s = finish_session(&mut session, &mut outs)?;

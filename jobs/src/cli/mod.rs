@@ -10,6 +10,8 @@
 //!   outputs), building the runtime, the address-space checks;
 //! - `kmeans.rs`, `train.rs`, `predict.rs`, `gen.rs`, `plot.rs`: one
 //!   subcommand each;
+//! - `labels.rs`: `kmeans --labels` streamed into its file (from every
+//!   rank);
 //! - `progress.rs`: progress on stderr (a bar on a terminal, lines
 //!   otherwise);
 //! - `interrupt.rs`: the signals that end a run, and the cleanup they do.
@@ -37,6 +39,7 @@ macro_rules! tell {
 mod gen;
 mod interrupt;
 mod kmeans;
+mod labels;
 mod plot;
 mod predict;
 mod progress;

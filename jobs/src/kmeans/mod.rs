@@ -35,9 +35,13 @@
 //!                                    final_pass: inertia, labels
 //! ```
 //!
+//! **Labels** ([`run_with_labels`]) are never held whole: the final pass
+//! then takes the tasks in row order and hands each task's labels to the
+//! caller as it finishes, which writes them out.
+//!
 //! Files, one concept each:
 //!
-//! - `mod.rs`: the public types ([`Config`], [`Outcome`]...), [`run`], [`predict`], the driver.
+//! - `mod.rs`: the public types ([`Config`], [`Outcome`]...), [`run`], [`run_with_labels`], [`predict`], the driver.
 //! - `data.rs`: [`Partition`], [`Dataset`] and [`load`] (a rank's shards, through the input layer).
 //! - `shards.rs`: rows into tasks, tasks into shards, shards among ranks; the segments a rank loads.
 //! - `plan.rs`: this process's tasks in its partitions (`Plan`) and the order of its passes.
@@ -160,8 +164,6 @@ pub struct Config {
     pub task_points: usize,
     /// Seed for the initialisation.
     pub seed: u64,
-    /// Compute labels in the final pass.
-    pub labels: bool,
     /// Convergence tolerance, relative to the data's mean per-feature
     /// variance, as scikit-learn's `tol`. Lloyd stops when the squared
     /// shift of the centres in an iteration is at most `tol` times that
@@ -198,7 +200,6 @@ impl Default for Config {
             batch_tasks: 40,
             task_points: 1100,
             seed: 0,
-            labels: false,
             tol: 0.0,
             max_no_improvement: None,
             n_init: 1,
@@ -266,7 +267,7 @@ pub enum Event {
         why: Converged,
     },
     /// The last pass over the data starts: the final inertia (and the
-    /// labels, when asked).
+    /// labels, with [`run_with_labels`]).
     FinalPass,
     /// A run finished, with its final inertia (with more than one run).
     RunDone {
@@ -294,8 +295,6 @@ pub struct Outcome {
     /// of the epoch; the rest is the centre sums, the updates and the
     /// loads.
     pub epoch_kernel_seconds: Vec<f64>,
-    /// Labels, when asked.
-    pub labels: Option<Vec<u32>>,
     /// Epochs (mini-batch) or iterations (Lloyd) run.
     pub iterations: usize,
     /// Mini-batch steps (batches) run.
@@ -331,13 +330,48 @@ fn squared_shift(a: &[f32], b: &[f32]) -> f64 {
 /// On a session of several ranks, each holds its share of the rows
 /// (loaded by [`load`] with the same `cfg`). Collective: every rank calls
 /// it with the same configuration, and every rank gets the same centres,
-/// bit for bit those of one process; the labels, when asked, are all on
-/// rank 0 (none on the others).
+/// bit for bit those of one process.
 pub fn run(
     session: &Session,
     ds: &Dataset,
     cfg: &Config,
     mut on: impl FnMut(Event),
+) -> Result<Outcome> {
+    drive(session, ds, cfg, &mut on, None)
+}
+
+/// What receives the labels: each task's, in row order.
+type LabelSink<'a> = &'a mut dyn FnMut(&[u32]) -> Result<()>;
+
+/// [`run`], and the labels of the final centres (each row's nearest,
+/// ties to the lowest index, as scikit-learn) handed to `labels` as the
+/// final pass makes them: this rank's rows (all of them on one process),
+/// a task's rows at a time, in row order. They are never held whole, so
+/// the caller can write them out under the cap (the `outcore` command
+/// streams them into their `.npy` file). An error from `labels` stops the
+/// run and is returned.
+///
+/// A callback, not an [`Event`]: events only report (they cannot fail,
+/// and their handler may ignore them), while the labels are an output
+/// whose writing may fail and must stop the run.
+pub fn run_with_labels(
+    session: &Session,
+    ds: &Dataset,
+    cfg: &Config,
+    mut on: impl FnMut(Event),
+    mut labels: impl FnMut(&[u32]) -> Result<()>,
+) -> Result<Outcome> {
+    drive(session, ds, cfg, &mut on, Some(&mut labels))
+}
+
+/// [`run`] and [`run_with_labels`]: the runs, the best kept, its labels
+/// to `labels` when given.
+fn drive(
+    session: &Session,
+    ds: &Dataset,
+    cfg: &Config,
+    on: &mut dyn FnMut(Event),
+    mut labels: Option<LabelSink<'_>>,
 ) -> Result<Outcome> {
     check(cfg, ds)?;
     let rt = session.runtime();
@@ -359,8 +393,9 @@ pub fn run(
         } else {
             mix(cfg.seed ^ 0x6e69_6e69, r as u64)
         };
-        let labels = cfg.labels && runs == 1;
-        let mut o = run_once(rt, ds, cfg, &plan, seed, labels, &mut on)?;
+        // With one run, its final pass makes the labels.
+        let sink = if runs == 1 { labels.take() } else { None };
+        let mut o = run_once(rt, ds, cfg, &plan, seed, sink, on)?;
         if runs > 1 {
             on(Event::RunDone {
                 index: r,
@@ -374,9 +409,9 @@ pub fn run(
         }
     }
     let mut out = best.ok_or_else(|| Error::Input("no run".into()))?;
-    if cfg.labels && runs > 1 {
+    if let Some(sink) = labels {
         on(Event::FinalPass);
-        out.labels = final_pass(rt, ds, &plan, &out.centers, true)?.1;
+        final_pass(rt, ds, &plan, &out.centers, Some(sink))?;
     }
     out.init_inertia = init_inertia;
     Ok(out)
@@ -472,7 +507,7 @@ fn run_once(
     cfg: &Config,
     plan: &Plan<'_>,
     seed: u64,
-    labels: bool,
+    labels: Option<LabelSink<'_>>,
     on: &mut dyn FnMut(Event),
 ) -> Result<Outcome> {
     // Every pass (the initialisation's sample, the epochs or iterations,
@@ -507,7 +542,7 @@ fn run_once(
         }
     }
     on(Event::FinalPass);
-    let (inertia, labels) = final_pass(rt, ds, plan, &centers, labels)?;
+    let inertia = final_pass(rt, ds, plan, &centers, labels)?;
     Ok(Outcome {
         centers,
         inertia,
@@ -515,7 +550,6 @@ fn run_once(
         epoch_seconds: history.seconds,
         epoch_inertia: history.inertia,
         epoch_kernel_seconds: history.kernel,
-        labels,
         steps: solver.steps(),
         converged: history.converged,
         best_init: 0,
@@ -558,38 +592,42 @@ impl History {
 }
 
 /// Inertia of `c` over all the data (added by shard, then across shards),
-/// and the labels when asked (all of them on rank 0, none elsewhere).
+/// and with a sink this rank's labels, handed to it task by task in row
+/// order.
 fn final_pass(
     rt: &Runtime,
     ds: &Dataset,
     plan: &Plan<'_>,
     c: &Centers,
-    labels: bool,
-) -> Result<(f64, Option<Vec<u32>>)> {
+    mut labels: Option<LabelSink<'_>>,
+) -> Result<f64> {
     let shared = Arc::new(c.clone());
     let mut accs = vec![vec![0f64]; plan.mine.len()];
-    let mut all = labels.then(|| vec![0u32; plan.local_rows() as usize]);
     let want = Want {
-        labels,
+        labels: labels.is_some(),
         ..Want::default()
     };
-    // In the passes' order (each shard's tasks in task order); the labels
-    // land at their rows.
-    let (list, owner) = plan.chunks_of(&plan.sweep_order());
+    // Without labels, in the passes' order (the resident part of the data
+    // stays right); with, in row order (the order is declared again), so
+    // the labels go out as they come. Each shard's tasks come in task
+    // order either way, so the inertia is the same, bit for bit.
+    let order = match labels {
+        Some(_) => {
+            let rows = plan.local_tasks();
+            plan.declare(rt, ds, rows.iter().map(|&(t, _)| t));
+            rows
+        }
+        None => plan.sweep_order(),
+    };
+    let (list, owner) = plan.chunks_of(&order);
     sweep(rt, ds, &list, &shared, want, None, |i, p| {
         accs[owner[i]][0] += p.inertia;
-        if let Some(all) = all.as_mut() {
-            let at = (list[i].row - ds.first_row) as usize;
-            all[at..at + p.labels.len()].copy_from_slice(&p.labels);
+        match labels.as_mut() {
+            Some(sink) => sink(&p.labels),
+            None => Ok(()),
         }
-        Ok(())
     })?;
-    let inertia = plan.ranks.ordered_sum(&accs, 1)?[0];
-    let labels = match all {
-        Some(l) => plan.ranks.gather_u32(&l)?,
-        None => None,
-    };
-    Ok((inertia, labels))
+    Ok(plan.ranks.ordered_sum(&accs, 1)?[0])
 }
 
 /// Labels every row with its nearest centre (ties to the lowest index, as

@@ -18,8 +18,6 @@ pub(super) struct Chunk {
     pub(super) start: usize,
     pub(super) len: usize,
     pub(super) task: u64,
-    /// Global index of its first row.
-    pub(super) row: u64,
 }
 
 /// The dataset's rows cut at global task boundaries (multiples of
@@ -40,7 +38,6 @@ pub(super) fn chunks(ds: &Dataset, task_points: usize) -> Vec<Chunk> {
                 start: (r - first) as usize,
                 len: (stop - r) as usize,
                 task,
-                row: r,
             });
             r = stop;
         }
