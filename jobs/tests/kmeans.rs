@@ -455,3 +455,101 @@ fn narrow_rows_are_not_sampled_a_page_each() {
         assert_eq!(first.inertia.to_bits(), second.inertia.to_bits(), "{name}");
     }
 }
+
+/// The stats of a run (`--stats`).
+fn stats_of(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// Runs the `outcore` binary; panics with its stderr when it fails.
+fn outcore_ok(args: &[&str]) {
+    let (code, err) = bin_common::outcore_cli(args);
+    assert_eq!(code, Some(0), "{args:?}: {err}");
+}
+
+/// Tall thin data (one column: 4 bytes of values a row) keeps no row-sized
+/// state outside the executors: a K-means run and a predict run of 64 MiB
+/// under a 16 MiB cap stay within the cap (plus the slack of
+/// `tests/timeline.rs`: one flush threshold per thread and one partition)
+/// and give the uncapped run's centres and labels. A partition's row norms
+/// kept for its rebuilds took as much memory as the data.
+#[test]
+fn tall_thin_data_stays_within_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let data = p("x.npy");
+    outcore_ok(&[
+        "gen",
+        "--synthetic",
+        "64MiB",
+        "--dims",
+        "1",
+        "--true-k",
+        "4",
+        "--output",
+        &data,
+    ]);
+    let cap: u64 = 16 << 20;
+    let flush = (cap / 256).max(64 << 10);
+    let slack = 4 * flush + cap / 64;
+    let mut centres = Vec::new();
+    for c in ["none", "16MiB"] {
+        let (out, st) = (p(&format!("c-{c}.npy")), p(&format!("s-{c}.json")));
+        outcore_ok(&[
+            "kmeans",
+            "--input",
+            &data,
+            "--k",
+            "4",
+            "--epochs",
+            "1",
+            "--workers",
+            "2",
+            "--mem-cap",
+            c,
+            "--output",
+            &out,
+            "--stats",
+            &st,
+        ]);
+        centres.push(std::fs::read(&out).unwrap());
+        if c != "none" {
+            let s = stats_of(Path::new(&st));
+            let peak = s["peak_bytes"].as_u64().unwrap();
+            assert!(
+                peak <= cap + slack,
+                "kmeans: peak {peak} > {cap} + {slack}: {s}"
+            );
+        }
+    }
+    assert!(centres[0] == centres[1], "capped centres differ");
+    let mut labels = Vec::new();
+    for c in ["none", "16MiB"] {
+        let (l, st) = (p(&format!("l-{c}.npy")), p(&format!("t-{c}.json")));
+        outcore_ok(&[
+            "predict",
+            "--centroids",
+            &p("c-none.npy"),
+            "--input",
+            &data,
+            "--labels",
+            &l,
+            "--workers",
+            "2",
+            "--mem-cap",
+            c,
+            "--stats",
+            &st,
+        ]);
+        labels.push(std::fs::read(&l).unwrap());
+        if c != "none" {
+            let s = stats_of(Path::new(&st));
+            let peak = s["peak_bytes"].as_u64().unwrap();
+            assert!(
+                peak <= cap + slack,
+                "predict: peak {peak} > {cap} + {slack}: {s}"
+            );
+        }
+    }
+    assert!(labels[0] == labels[1], "capped labels differ");
+}
