@@ -1,9 +1,7 @@
 //! K-means' data: partitions of rows with their squared norms, loaded
 //! through the input layer.
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
 
 use outcore::{PodVec, Runtime};
 use serde::{Deserialize, Serialize};
@@ -164,27 +162,16 @@ fn load_segments(
     };
     // A row takes its values, its norm and its weight.
     let bytes_per_row = 4 * src.shape()?.1 as u64 + if weights.is_some() { 8 } else { 4 };
-    // Each partition's row norms, kept from its first build: a partition
-    // read again from the input holds the same rows (the reader checks
-    // them against their first read's checksum), so a reload costs no
-    // second pass over its values. They take 4 bytes a row, 1/d of the
-    // data.
-    let norms: Mutex<HashMap<u64, Vec<f32>>> = Mutex::new(HashMap::new());
+    // A partition's row norms are computed each time it is built, from
+    // the values just read: one pass over data already in cache, and
+    // nothing row-sized kept outside the executors (on one-column data
+    // the norms are as large as the data).
     loader.load_lazy(
         rt,
         bytes_per_row,
-        move |b| {
-            let lock = || norms.lock().unwrap_or_else(|e| e.into_inner());
-            let kept = lock().get(&b.first).cloned();
+        |b| {
             let values = &b.x[b.skip..];
-            let norms = match kept {
-                Some(n) if n.len() * b.dims == values.len() => n,
-                _ => {
-                    let n: Vec<f32> = values.chunks_exact(b.dims.max(1)).map(norm2).collect();
-                    lock().insert(b.first, n.clone());
-                    n
-                }
-            };
+            let norms: Vec<f32> = values.chunks_exact(b.dims.max(1)).map(norm2).collect();
             Partition {
                 first_row: b.first,
                 rows: norms.len() as u32,
