@@ -456,8 +456,8 @@ fn narrow_rows_are_not_sampled_a_page_each() {
     }
 }
 
-/// `outcore kmeans` (the binary) under a watchdog, in `dir`: panics
-/// unless it succeeds.
+/// The `outcore` binary under a watchdog, in `dir`: panics with its
+/// stderr unless it succeeds.
 fn outcore_in(dir: &Path, args: &[&str]) {
     let out = std::process::Command::new("timeout")
         .args(["-k", "5", "600", env!("CARGO_BIN_EXE_outcore")])
@@ -507,16 +507,14 @@ fn labels_of_tall_thin_data_stream_under_the_cap() {
     };
     run("8MiB", "capped.npy", "capped.json");
     run("none", "free.npy", "free.json");
-    let st: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("capped.json")).unwrap())
-            .unwrap();
-    let peak = st["peak_bytes"].as_u64().unwrap();
+    let peak = stats_of(&dir.path().join("capped.json"))["peak_bytes"]
+        .as_u64()
+        .unwrap();
     // The slack of tests/timeline.rs (one flush threshold per thread, the
     // allocation being trapped), the labels file's write buffer (1 MiB),
     // and one partition (at least 1 MiB of values, and their norms): the
     // labels (4 bytes a row, 16 MiB) are not held.
-    let flush = (cap / 256).max(64 << 10);
-    let bound = cap + 4 * flush + cap / 64 + (1 << 20) + (2 << 20);
+    let bound = cap + bin_common::flush_slack(cap) + cap / 64 + (1 << 20) + (2 << 20);
     assert!(peak <= bound, "peak {peak} > {bound} under a cap of {cap}");
     let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
     let (capped, free) = (read("capped.npy"), read("free.npy"));
@@ -527,12 +525,6 @@ fn labels_of_tall_thin_data_stream_under_the_cap() {
 /// The stats of a run (`--stats`).
 fn stats_of(p: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-/// Runs the `outcore` binary; panics with its stderr when it fails.
-fn outcore_ok(args: &[&str]) {
-    let (code, err) = bin_common::outcore_cli(args);
-    assert_eq!(code, Some(0), "{args:?}: {err}");
 }
 
 /// Tall thin data (one column: 4 bytes of values a row) keeps no row-sized
@@ -546,42 +538,47 @@ fn tall_thin_data_stays_within_the_cap() {
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
     let data = p("x.npy");
-    outcore_ok(&[
-        "gen",
-        "--synthetic",
-        "64MiB",
-        "--dims",
-        "1",
-        "--true-k",
-        "4",
-        "--output",
-        &data,
-    ]);
+    outcore_in(
+        dir.path(),
+        &[
+            "gen",
+            "--synthetic",
+            "64MiB",
+            "--dims",
+            "1",
+            "--true-k",
+            "4",
+            "--output",
+            &data,
+        ],
+    );
     let cap: u64 = 16 << 20;
-    let flush = (cap / 256).max(64 << 10);
     // One partition: 1 MiB of values (the smallest partitions, under
     // small caps) and, on one column, as many bytes of norms.
-    let slack = 4 * flush + (2 << 20);
+    let slack = bin_common::flush_slack(cap) + (2 << 20);
     let mut centres = Vec::new();
     for c in ["none", "16MiB"] {
         let (out, st) = (p(&format!("c-{c}.npy")), p(&format!("s-{c}.json")));
-        outcore_ok(&[
-            "kmeans",
-            "--input",
-            &data,
-            "--k",
-            "4",
-            "--epochs",
-            "1",
-            "--workers",
-            "2",
-            "--mem-cap",
-            c,
-            "--output",
-            &out,
-            "--stats",
-            &st,
-        ]);
+        outcore_in(
+            dir.path(),
+            &[
+                "kmeans",
+                "--input",
+                &data,
+                "--k",
+                "4",
+                "--epochs",
+                "1",
+                "--workers",
+                "2",
+                "--mem-cap",
+                c,
+                "--output",
+                &out,
+                "--stats",
+                &st,
+            ],
+        );
         centres.push(std::fs::read(&out).unwrap());
         if c != "none" {
             let s = stats_of(Path::new(&st));
@@ -596,21 +593,24 @@ fn tall_thin_data_stays_within_the_cap() {
     let mut labels = Vec::new();
     for c in ["none", "16MiB"] {
         let (l, st) = (p(&format!("l-{c}.npy")), p(&format!("t-{c}.json")));
-        outcore_ok(&[
-            "predict",
-            "--centroids",
-            &p("c-none.npy"),
-            "--input",
-            &data,
-            "--labels",
-            &l,
-            "--workers",
-            "2",
-            "--mem-cap",
-            c,
-            "--stats",
-            &st,
-        ]);
+        outcore_in(
+            dir.path(),
+            &[
+                "predict",
+                "--centroids",
+                &p("c-none.npy"),
+                "--input",
+                &data,
+                "--labels",
+                &l,
+                "--workers",
+                "2",
+                "--mem-cap",
+                c,
+                "--stats",
+                &st,
+            ],
+        );
         labels.push(std::fs::read(&l).unwrap());
         if c != "none" {
             let s = stats_of(Path::new(&st));

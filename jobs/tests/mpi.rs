@@ -7,6 +7,8 @@
 //! blocking it.
 #![cfg(feature = "mpi")]
 
+mod bin_common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -325,8 +327,7 @@ fn labels_of_tall_thin_data_stream_on_two_ranks() {
         // the allocation being trapped), the labels' write buffer (1 MiB)
         // and one partition (at least 1 MiB of values, and their norms):
         // not the labels (8 MiB in all).
-        let flush = (cap / 256).max(64 << 10);
-        let bound = cap + 4 * flush + cap / 64 + (1 << 20) + (2 << 20);
+        let bound = cap + bin_common::flush_slack(cap) + cap / 64 + (1 << 20) + (2 << 20);
         for r in s["per_process"].as_array().unwrap() {
             let peak = r["peak_bytes"].as_u64().unwrap();
             assert!(peak <= bound, "{n} ranks: peak {peak} > {bound}: {r}");

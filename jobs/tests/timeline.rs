@@ -121,8 +121,7 @@ fn a_capped_kmeans_timeline_follows_the_run_within_the_cap() {
     // prefetcher, the main thread) one flush threshold not yet published
     // (cap / 256, at least 64 KiB), plus the allocation being trapped (at
     // most a partition, cap / 64 here).
-    let flush = (cap / 256).max(64 << 10);
-    let slack = 4 * flush + cap / 64;
+    let slack = bin_common::flush_slack(cap) + cap / 64;
     let worst = t.iter().map(|x| x.accounted_bytes).max().unwrap();
     assert!(
         worst <= cap + slack,
