@@ -505,6 +505,60 @@ fn results_are_handed_over_in_order_while_later_tasks_run() {
     assert_eq!(seen, want);
 }
 
+/// With `ahead(n)`, tasks start at most `n` past the first result not
+/// handed over yet: the results held and the tasks running stay `n` at
+/// most. Here the first eight tasks share one executor (they run one at
+/// a time, each slow) and the next eight have one each: without the
+/// window, the second worker runs all of those while the shared
+/// executor's tasks go one by one, and their results wait (the test
+/// checks that too, so it can fail).
+#[test]
+fn a_window_bounds_the_tasks_started_ahead_of_the_results() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let rt = rt();
+    let shared = rt.insert(vec![0u64; 10]).unwrap();
+    let own: Vec<_> = (1..9u64).map(|i| rt.insert(vec![i; 10]).unwrap()).collect();
+    let run = |window: Option<usize>| {
+        // Tasks started and results not yet handed over, and its maximum.
+        let live = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let mut b = rt.batch();
+        for i in 0..16u64 {
+            let (live, most) = (live.clone(), most.clone());
+            let f = move |v: &Vec<u64>| {
+                let now = live.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                std::thread::sleep(std::time::Duration::from_millis(if i < 8 { 15 } else { 1 }));
+                v[0] + i
+            };
+            match i {
+                0..8 => b.read(&shared, f),
+                _ => b.read(&own[i as usize - 8], f),
+            };
+        }
+        if let Some(n) = window {
+            b.ahead(n);
+        }
+        let mut got = Vec::new();
+        b.run_in_order(|_, r| {
+            live.fetch_sub(1, Ordering::SeqCst);
+            got.push(r.unwrap());
+        });
+        let want: Vec<u64> = (0..16).map(|i| if i < 8 { i } else { 2 * i - 7 }).collect();
+        assert_eq!(got, want);
+        most.load(Ordering::SeqCst)
+    };
+    assert!(run(None) > 4, "without a window the later tasks run ahead");
+    for n in [1, 2, 3] {
+        let most = run(Some(n));
+        assert!(
+            most <= n,
+            "window {n}: {most} tasks started ahead of their results"
+        );
+    }
+}
+
 /// Results that finish while the caller waits for an earlier one do not
 /// wake it; the awaited one does, at once, and every result is handed over
 /// in order. Here tasks 1 to n - 2 finish while the caller waits for task

@@ -332,6 +332,85 @@ impl Ranks {
     }
 }
 
+/// Each local shard's vector made by additions, then the shards'
+/// vectors added in shard order across the ranks: what
+/// [`Ranks::ordered_sum`] of the shards' vectors gives, bit for bit,
+/// without holding every shard's vector on one process.
+///
+/// On one process, with the shards coming in order, a shard's vector is
+/// added to the total as soon as the next one opens: two vectors are held
+/// whatever the number of shards (a model-sized sum is as large as a
+/// partition of the data). Otherwise every local shard's vector is kept
+/// for the combine.
+pub(crate) struct ShardSums {
+    len: usize,
+    /// One process, shards in order: the total and the open shard.
+    streaming: Option<(Vec<f64>, Option<Open>)>,
+    /// Every local shard's vector (not streaming).
+    kept: Vec<Vec<f64>>,
+}
+
+/// The shard a streaming [`ShardSums`] adds to, and its vector.
+type Open = (usize, Vec<f64>);
+
+impl ShardSums {
+    /// Sums of `len` values over `shards` local shards on `ranks`;
+    /// `in_order`: the shards will come in order.
+    pub(crate) fn new(ranks: &Ranks, shards: usize, len: usize, in_order: bool) -> ShardSums {
+        let streaming = ranks.size() == 1 && in_order;
+        ShardSums {
+            len,
+            streaming: streaming.then(|| (crate::zeros(len), None)),
+            kept: if streaming {
+                Vec::new()
+            } else {
+                (0..shards).map(|_| crate::zeros(len)).collect()
+            },
+        }
+    }
+
+    /// The vector of local shard `s`, to add to. Streaming, opening a
+    /// shard closes the one before it; a shard closed cannot open again.
+    pub(crate) fn shard(&mut self, s: usize) -> Result<&mut [f64]> {
+        let len = self.len;
+        let Some((total, open)) = self.streaming.as_mut() else {
+            return self
+                .kept
+                .get_mut(s)
+                .map(Vec::as_mut_slice)
+                .ok_or_else(|| Error::Input(format!("internal: no local shard {s}")));
+        };
+        match open {
+            Some((at, _)) if *at == s => {}
+            Some((at, _)) if *at > s => {
+                return Err(Error::Input(format!(
+                    "internal: shard {s} after shard {at} in an ordered sum"
+                )))
+            }
+            _ => {
+                if let Some((_, v)) = open.take() {
+                    add(total, &v);
+                }
+                *open = Some((s, crate::zeros(len)));
+            }
+        }
+        Ok(open.as_mut().map_or(&mut [][..], |(_, v)| v.as_mut_slice()))
+    }
+
+    /// The sum over every rank's shards. Collective.
+    pub(crate) fn finish(self, ranks: &Ranks) -> Result<Vec<f64>> {
+        match self.streaming {
+            Some((mut total, open)) => {
+                if let Some((_, v)) = open {
+                    add(&mut total, &v);
+                }
+                Ok(total)
+            }
+            None => ranks.ordered_sum(&self.kept, self.len),
+        }
+    }
+}
+
 /// `a += b`, element by element.
 fn add(a: &mut [f64], b: &[f64]) {
     for (x, y) in a.iter_mut().zip(b) {
@@ -350,6 +429,10 @@ mod mpi_impl {
 
     use super::add;
     use crate::error::{Error, Result};
+
+    /// Values an ordered sum sends through MPI at once, from each vector
+    /// (8 MiB of f64).
+    const SUM_PIECE: usize = 1 << 20;
 
     pub(super) struct World {
         world: SimpleCommunicator,
@@ -433,16 +516,40 @@ mod mpi_impl {
                 }
                 return Ok(acc);
             }
-            let bound = |j: usize| j * len / n;
             // How many vectors each rank adds.
             let mine = count(local.len(), "ordered_sum")?;
             let mut counts = vec![0i32; n];
             self.world.all_gather_into(&mine, &mut counts[..]);
+            // Piece by piece: what goes through MPI at once is a few times
+            // a piece, not a few times every vector (model-sized sums
+            // are as large as a partition of the data).
+            let mut out = crate::zeros::<f64>(len);
+            let mut at = 0;
+            while at < len {
+                let end = (at + SUM_PIECE).min(len);
+                self.ordered_sum_piece(local, &counts, at..end, &mut out[at..end])?;
+                at = end;
+            }
+            Ok(out)
+        }
+
+        /// [`ordered_sum`](Self::ordered_sum) of the values `range` of the
+        /// vectors (every rank's vector counts in `counts`) into `out`.
+        fn ordered_sum_piece(
+            &self,
+            local: &[Vec<f64>],
+            counts: &[i32],
+            range: std::ops::Range<usize>,
+            out: &mut [f64],
+        ) -> Result<()> {
+            let n = self.size;
+            let len = range.len();
+            let bound = |j: usize| j * len / n;
             // Slice j of every local vector goes to rank j.
             let mut send = Vec::with_capacity(local.len() * len);
             let mut scounts = Vec::with_capacity(n);
             for j in 0..n {
-                let (a, b) = (bound(j), bound(j + 1));
+                let (a, b) = (range.start + bound(j), range.start + bound(j + 1));
                 for v in local {
                     send.extend_from_slice(&v[a..b]);
                 }
@@ -476,12 +583,9 @@ mod mpi_impl {
                 .map(|j| count(bound(j + 1) - bound(j), "ordered_sum"))
                 .collect::<Result<Vec<i32>>>()?;
             let wd = displacements(&widths)?;
-            let mut out = crate::zeros::<f64>(len);
-            {
-                let mut r = PartitionMut::new(&mut out[..], &widths[..], &wd[..]);
-                self.world.all_gather_varcount_into(&acc[..], &mut r);
-            }
-            Ok(out)
+            let mut r = PartitionMut::new(out, &widths[..], &wd[..]);
+            self.world.all_gather_varcount_into(&acc[..], &mut r);
+            Ok(())
         }
 
         pub fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {

@@ -167,6 +167,7 @@ impl Session {
             bytes_read: stats.bytes_read + input,
             input_bytes_read: input,
             peak_bytes: stats.peak_bytes,
+            peak_resident_bytes: peak_resident(),
             wall_seconds: self.seconds(),
         }
     }
@@ -217,6 +218,20 @@ impl Session {
     }
 }
 
+/// This process's largest resident set so far (`VmHWM` in
+/// `/proc/self/status`), in bytes; 0 when it cannot be read.
+fn peak_resident() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().strip_suffix("kB"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// A job's memory and traffic: one process's, or every process's added up
 /// (the largest peak and wall time). Flattened into each job's statistics.
 #[derive(Serialize, Debug, Clone, Copy, Default, PartialEq)]
@@ -239,13 +254,16 @@ pub struct Totals {
     pub input_bytes_read: u64,
     /// The most memory accounted at once.
     pub peak_bytes: u64,
+    /// The process's largest resident set so far (`VmHWM`, what `top`
+    /// showed at its highest), in bytes; 0 where `/proc` does not say.
+    pub peak_resident_bytes: u64,
     /// Seconds from the session's start.
     pub wall_seconds: f64,
 }
 
 impl Totals {
     /// Number of figures in a row of [`Totals::to_row`].
-    const FIELDS: usize = 10;
+    const FIELDS: usize = 11;
 
     fn to_row(self) -> Vec<f64> {
         vec![
@@ -258,6 +276,7 @@ impl Totals {
             self.bytes_read as f64,
             self.input_bytes_read as f64,
             self.peak_bytes as f64,
+            self.peak_resident_bytes as f64,
             self.wall_seconds,
         ]
     }
@@ -274,7 +293,8 @@ impl Totals {
             bytes_read: at(6) as u64,
             input_bytes_read: at(7) as u64,
             peak_bytes: at(8) as u64,
-            wall_seconds: at(9),
+            peak_resident_bytes: at(9) as u64,
+            wall_seconds: at(10),
         }
     }
 
@@ -289,6 +309,7 @@ impl Totals {
         self.bytes_read += o.bytes_read;
         self.input_bytes_read += o.input_bytes_read;
         self.peak_bytes = self.peak_bytes.max(o.peak_bytes);
+        self.peak_resident_bytes = self.peak_resident_bytes.max(o.peak_resident_bytes);
         self.wall_seconds = self.wall_seconds.max(o.wall_seconds);
     }
 }

@@ -404,40 +404,39 @@ fn an_output_never_overwrites_an_input_or_another_output() {
     assert!(!d.join("o.npy").exists());
 }
 
+/// A cap smaller than what the run must hold at once (here the
+/// initialisation's sample: 4096 points of 1 KiB) stops it at the start,
+/// with one line that says how much it needs and writes nothing. (It used
+/// to warn and run over the cap.)
 #[test]
-fn a_cap_smaller_than_what_the_run_holds_at_once_is_warned_about() {
+fn a_cap_smaller_than_what_the_run_holds_at_once_stops_it() {
     let dir = tempfile::tempdir().unwrap();
     let run = |cap: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
+        Command::new(env!("CARGO_BIN_EXE_outcore"))
             .current_dir(dir.path())
-            .args([
-                "kmeans",
-                "--synthetic",
-                "4MiB",
-                "--dims",
-                "256",
-                "--k",
-                "4",
-                "--epochs",
-                "1",
-                "--mem-cap",
-                cap,
-            ])
+            .args(["kmeans", "--synthetic", "4MiB", "--dims", "256", "--k", "4"])
+            .args(["--epochs", "1", "--mem-cap", cap, "--output", "c.npy"])
             .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{cap}: {err}");
-        err
+            .unwrap()
     };
-    // The sample: 4096 points of 1 KiB.
-    let err = run("2MiB");
+    let out = run("2MiB");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
-        err.contains(
-            "warning: the cap of 2.0 MiB is smaller than the initialisation's sample (4.0 MiB)"
-        ),
+        err.contains("K-means with k = 4 on 256 dimensions needs 5.3 MiB at once")
+            && err.contains("the initialisation's sample 4.2 MiB")
+            && err.contains("more than the memory cap of 2.0 MiB"),
         "{err}"
     );
-    let err = run("64MiB");
+    assert!(
+        !err.contains("--"),
+        "no flag in the library's message: {err}"
+    );
+    assert!(!dir.path().join("c.npy").exists());
+    let out = run("64MiB");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
     assert!(!err.contains("warning"), "{err}");
 }
 

@@ -102,7 +102,7 @@ fn kmeans(dir: &Path, tag: &str, input: &Path, extra: &[&str]) -> (Vec<u8>, serd
         "--partitions",
         "8",
         "--mem-cap",
-        "640KiB",
+        "1100KiB",
         "--output",
         s(&out),
         "--stats",

@@ -587,6 +587,15 @@ fn tall_thin_data_stays_within_the_cap() {
                 peak <= cap + slack,
                 "kmeans: peak {peak} > {cap} + {slack}: {s}"
             );
+            // A batch uses every shard's partition side by side: they
+            // must fit together, or each batch evicts what the next one
+            // needs (partitions of 1 MiB and their norms read the data
+            // 50 times over an epoch).
+            let read = s["epoch_bytes_read"][0].as_u64().unwrap();
+            assert!(
+                read <= 3 * (64 << 20),
+                "kmeans: {read} bytes read in an epoch: {s}"
+            );
         }
     }
     assert!(centres[0] == centres[1], "capped centres differ");
@@ -622,4 +631,86 @@ fn tall_thin_data_stays_within_the_cap() {
         }
     }
     assert!(labels[0] == labels[1], "capped labels differ");
+}
+
+/// A model as large as the data's partitions (100 centres of 10,000
+/// dimensions, the seed's width: 8 MB of sums a step, 4 MB of centres)
+/// keeps the cap: the accounted peak within the cap (plus the accounting
+/// slack of `tall_thin_data_stays_within_the_cap`), the resident set
+/// within 1.05 x the cap + 32 MiB, and the centres the uncapped run's,
+/// whatever the partitioning. Every shard's sums (8 x 8 MB), the tasks'
+/// own sums and a copy of the centres were held at once outside the
+/// executors: over 90 MiB under the 48 MiB cap.
+#[test]
+fn a_wide_model_stays_within_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let (data, init) = (p("x.npy"), p("init.npy"));
+    for (size, to) in [("48MiB", &data), ("4000000", &init)] {
+        outcore_in(
+            dir.path(),
+            &[
+                "gen",
+                "--synthetic",
+                size,
+                "--dims",
+                "10000",
+                "--true-k",
+                "20",
+                "--output",
+                to,
+            ],
+        );
+    }
+    let cap: u64 = 48 << 20;
+    let slack = bin_common::flush_slack(cap) + (4 << 20);
+    for algorithm in [["--epochs", "2"], ["--algorithm", "lloyd"]] {
+        let mut centres = Vec::new();
+        for (c, parts) in [("none", None), ("48MiB", None), ("48MiB", Some("40"))] {
+            let tag = format!("{}-{c}-{}", algorithm[0], parts.unwrap_or("auto"));
+            let (out, st) = (p(&format!("c{tag}.npy")), p(&format!("s{tag}.json")));
+            let mut args = vec![
+                "kmeans",
+                "--input",
+                &data,
+                "--init",
+                &init,
+                "--k",
+                "100",
+                "--task-points",
+                "100",
+                "--workers",
+                "2",
+                "--mem-cap",
+                c,
+                "--output",
+                &out,
+                "--stats",
+                &st,
+            ];
+            args.extend(algorithm);
+            if algorithm[0] == "--algorithm" {
+                args.extend(["--iterations", "2"]);
+            }
+            if let Some(n) = parts {
+                args.extend(["--partitions", n]);
+            }
+            outcore_in(dir.path(), &args);
+            centres.push(std::fs::read(&out).unwrap());
+            if c == "none" {
+                continue;
+            }
+            let s = stats_of(Path::new(&st));
+            let peak = s["peak_bytes"].as_u64().unwrap();
+            assert!(peak <= cap + slack, "{tag}: peak {peak} > {cap} + {slack}");
+            let resident = s["peak_resident_bytes"].as_u64().unwrap();
+            let most = cap + cap / 20 + (32 << 20);
+            assert!(resident <= most, "{tag}: resident {resident} > {most}");
+        }
+        assert!(
+            centres.iter().all(|c| *c == centres[0]),
+            "{}: the centres differ between capped and uncapped runs",
+            algorithm[0]
+        );
+    }
 }

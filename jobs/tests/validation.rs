@@ -60,7 +60,7 @@ fn nan_and_inf_in_npy_files_name_the_row_and_column() {
         // read again (a cap).
         for cap in [
             &["--mem-cap", "none"][..],
-            &["--mem-cap", "512KiB", "--partitions", "20"],
+            &["--mem-cap", "1300KiB", "--partitions", "20"],
         ] {
             for algo in ["minibatch", "lloyd"] {
                 let mut args = vec![
@@ -123,7 +123,7 @@ fn raw_fvecs_init_centroids_and_training_data_are_checked_too() {
             "--k",
             "4",
             "--mem-cap",
-            "512KiB",
+            "2200KiB",
             "--output",
             s(&out),
         ],

@@ -82,6 +82,9 @@ pub struct Batch<'rt, R> {
     /// Each task's executor (or, for a handle of another runtime, the
     /// executor's label for the error), access and function.
     tasks: Vec<(TaskSlot, bool, TaskFn<R>)>,
+    /// At most this many tasks start past the first result not yet handed
+    /// back ([`Batch::ahead`]).
+    ahead: usize,
 }
 
 impl<R> std::fmt::Debug for Batch<'_, R> {
@@ -97,7 +100,43 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         Batch {
             shared,
             tasks: Vec::new(),
+            ahead: usize::MAX,
         }
+    }
+
+    /// Starts at most `n` tasks (at least one) past the first result not
+    /// yet handed back by [`Batch::run_in_order`] (or collected by
+    /// [`Batch::run`]): the results waiting to be handed back and the
+    /// tasks running are then `n` at most, so a sweep whose results are
+    /// large (a task's partial sums the size of a model) holds `n` of them
+    /// at most, however the tasks' executors make them finish out of
+    /// order. Without it, a worker that finds the next task's executor
+    /// busy runs any later task, and its result waits.
+    ///
+    /// With `n` at least the number of workers, every worker still has a
+    /// task while the results are taken as they come.
+    ///
+    /// ```
+    /// # use outcore::Runtime;
+    /// # #[global_allocator]
+    /// # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+    /// let rt = Runtime::builder().workers(2).build()?;
+    /// let parts: Vec<_> = (0..8u32)
+    ///     .map(|i| rt.insert(vec![i; 1000]))
+    ///     .collect::<Result<_, _>>()?;
+    /// let mut batch = rt.batch();
+    /// for h in &parts {
+    ///     // A large result per task: at most two exist at once.
+    ///     batch.read(h, |v: &Vec<u32>| vec![f64::from(v[0]); 1 << 20]);
+    /// }
+    /// let mut total = 0.0;
+    /// batch.ahead(2).run_in_order(|_, r| total += r.expect("task")[0]);
+    /// assert_eq!(total, 28.0);
+    /// # Ok::<(), outcore::Error>(())
+    /// ```
+    pub fn ahead(&mut self, n: usize) -> &mut Self {
+        self.ahead = n.max(1);
+        self
     }
 
     fn slot_of<T>(&self, h: &Handle<T>) -> TaskSlot {
@@ -289,6 +328,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
             for (i, r) in ready.drain(..).enumerate() {
                 f(first + i, r);
             }
+            state.hand_back(next);
         }
     }
 
@@ -351,8 +391,10 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
                 results,
                 remaining,
                 awaited: NOT_WAITING,
+                limit: self.ahead,
             }),
             done: Condvar::new(),
+            ahead: self.ahead,
         });
         if remaining > 0 {
             sh.pool().submit(state.clone());
@@ -405,9 +447,13 @@ impl<R> Queue<R> {
         self.len
     }
 
-    /// Takes the first task whose executor is not in `busy`.
-    fn take_free(&mut self, busy: &HashSet<u64>) -> Option<Task<R>> {
-        let (&first, &id) = self.fronts.iter().find(|(_, id)| !busy.contains(id))?;
+    /// Takes the first task before index `limit` whose executor is not in
+    /// `busy`.
+    fn take_free(&mut self, busy: &HashSet<u64>, limit: usize) -> Option<Task<R>> {
+        let (&first, &id) = self
+            .fronts
+            .range(..limit)
+            .find(|(_, id)| !busy.contains(id))?;
         self.fronts.remove(&first);
         let q = self.by_executor.get_mut(&id)?;
         let t = q.pop_front()?;
@@ -434,6 +480,8 @@ struct BatchInner<R> {
     /// finishes ahead of an earlier one (a wake-up interrupts the core a
     /// worker computes on).
     awaited: usize,
+    /// Tasks from this index on do not start yet ([`Batch::ahead`]).
+    limit: usize,
 }
 
 /// [`BatchInner::awaited`] when the caller is not waiting.
@@ -443,6 +491,26 @@ struct BatchState<R> {
     shared: Arc<Shared>,
     inner: Mutex<BatchInner<R>>,
     done: Condvar,
+    /// See [`Batch::ahead`].
+    ahead: usize,
+}
+
+impl<R> BatchState<R> {
+    /// The results before `next` are handed back: with a window
+    /// ([`Batch::ahead`]), the tasks it now lets start may run (the
+    /// workers that found none are woken).
+    fn hand_back(&self, next: usize) {
+        if self.ahead == usize::MAX {
+            return;
+        }
+        let limit = next.saturating_add(self.ahead);
+        let mut g = self.inner.lock();
+        if limit > g.limit {
+            g.limit = limit;
+            drop(g);
+            self.shared.pool().wake_all();
+        }
+    }
 }
 
 impl<R: Send + 'static> Job for BatchState<R> {
@@ -454,7 +522,7 @@ impl<R: Send + 'static> Job for BatchState<R> {
                 return Step::Exhausted;
             }
             let inner = &mut *g;
-            let Some(t) = inner.queue.take_free(&inner.busy) else {
+            let Some(t) = inner.queue.take_free(&inner.busy, inner.limit) else {
                 return Step::Blocked;
             };
             inner.busy.insert(t.slot.id);

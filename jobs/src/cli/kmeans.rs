@@ -207,7 +207,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         |done, _| fb.progress(done),
     )?;
     let load_seconds = t.elapsed().as_secs_f64();
-    let intro = job.intro(&a, &session, &ds, part_bytes, load_seconds);
+    let intro = job.intro(&a, &session, &ds, load_seconds);
     let mut rep = Reporter::new(&session, fb, intro, &job);
     session.phase("init");
     // The labels go out as the final pass makes them.
@@ -362,7 +362,6 @@ impl Job {
         a: &KmeansArgs,
         session: &Session,
         ds: &Dataset,
-        part_bytes: u64,
         load_seconds: f64,
     ) -> Vec<String> {
         let (rt, rows, dims) = (session.runtime(), self.rows, self.dims);
@@ -407,10 +406,6 @@ impl Job {
                 format_bytes(part_size)
             )
         });
-        let part = part_bytes.min(self.data_bytes());
-        if let Some(cap) = rt.cap().filter(|_| session.is_root()) {
-            intro.extend(small_cap(cap, &self.cfg, rows, dims, part, rt.workers()));
-        }
         intro.extend(cap_over_limit(rt).filter(|_| session.is_root()));
         intro
     }
@@ -824,44 +819,4 @@ fn open_source(d: &DataArgs) -> Result<(Source, u64, usize)> {
     };
     let (rows, dims) = src.shape()?;
     Ok((src, rows, dims))
-}
-
-/// A warning when the cap is smaller than what the run must hold at once:
-/// the initialisation's sample (held outside the executors) and a
-/// partition for each worker to compute on. The run goes ahead; its memory
-/// then exceeds the cap, which its summary's peak shows.
-fn small_cap(
-    cap: u64,
-    cfg: &Config,
-    rows: u64,
-    dims: usize,
-    part: u64,
-    workers: usize,
-) -> Option<String> {
-    let sample = match cfg.init {
-        Init::Given(_) => 0,
-        _ => kmeans::init_sample_bytes(rows, dims, cfg.k),
-    };
-    let parts = part * workers as u64;
-    if sample.max(parts) <= cap {
-        return None;
-    }
-    let mut what = Vec::new();
-    if sample > cap {
-        what.push(format!(
-            "the initialisation's sample ({})",
-            format_bytes(sample)
-        ));
-    }
-    if parts > cap {
-        what.push(format!(
-            "a partition for each of {workers} workers ({workers} x {})",
-            format_bytes(part)
-        ));
-    }
-    Some(format!(
-        "outcore: warning: the cap of {} is smaller than {}, which the run holds at once: memory will exceed the cap (a larger --mem-cap keeps it)",
-        format_bytes(cap),
-        what.join(" and ")
-    ))
 }

@@ -49,11 +49,6 @@ pub(super) struct Want {
     pub(super) dists: bool,
 }
 
-/// Partial sums (`k x dims` each) allowed for in memory while a sweep
-/// folds them as they come: those being computed and those that finished
-/// ahead of an earlier task.
-pub(super) const IN_FLIGHT: usize = 8;
-
 /// Rows per GEMM block (keeps the distance block small for large k).
 const BLOCK: usize = 256;
 
@@ -198,8 +193,35 @@ pub(super) fn assign(
     want: Want,
     reference: Option<&[f32]>,
 ) -> Partial {
+    let (mut out, nearest) = assign_rows(p, start, len, c, want, reference);
+    if want.sums {
+        let rows = &p.values()[start * c.dims..(start + len) * c.dims];
+        out.sums = centre_sums(
+            rows,
+            c.dims,
+            &nearest,
+            &out.counts,
+            weights_of(p, start, len),
+        );
+    }
+    out
+}
+
+/// The sample weights of rows `start..start + len` of `p`, if it has any.
+pub(super) fn weights_of(p: &Partition, start: usize, len: usize) -> Option<&[f32]> {
+    (!p.weights.is_empty()).then(|| &p.weights[start..start + len])
+}
+
+/// [`assign`] without the per-centre sums, and each row's nearest centre.
+pub(super) fn assign_rows(
+    p: &Partition,
+    start: usize,
+    len: usize,
+    c: &Centers,
+    want: Want,
+    reference: Option<&[f32]>,
+) -> (Partial, Vec<u32>) {
     let d = c.dims;
-    let weights = (!p.weights.is_empty()).then(|| &p.weights[start..start + len]);
     let mut out = Partial::default();
     if let Some(r) = reference {
         (out.colsum, out.colsq) = column_sums(p, start, len, r, d);
@@ -210,11 +232,8 @@ pub(super) fn assign(
     let kernel = Instant::now();
     let (nearest, nearest_d) = nearest(rows, &p.norms[start..start + len], c);
     out.kernel_seconds = kernel.elapsed().as_secs_f64();
-    out.tally(&nearest, &nearest_d, weights, c.k, want);
-    if want.sums {
-        out.sums = centre_sums(rows, d, &nearest, &out.counts, weights);
-    }
-    out
+    out.tally(&nearest, &nearest_d, weights_of(p, start, len), c.k, want);
+    (out, nearest)
 }
 
 /// Per-column sums of `x - r` and of its square over rows
@@ -339,7 +358,7 @@ fn by_centre(nearest: &[u32], counts: &[u64]) -> Vec<u32> {
 /// (the bits of adding it to a zero, a -0.0 included), so the k x d sums
 /// are written once instead of zeroed first; centres with no rows get
 /// zeros.
-fn centre_sums(
+pub(super) fn centre_sums(
     rows: &[f32],
     d: usize,
     nearest: &[u32],
@@ -373,6 +392,44 @@ fn centre_sums(
     sums
 }
 
+/// Adds [`centre_sums`] of the same rows to `acc` (`k x d`) without
+/// making them: each centre's sum is made in a `d`-value scratch, from
+/// zero and in row order as there, and added. The bits are those of
+/// adding the whole `k x d` sums: a centre with no rows would add zeros,
+/// and adding +0.0 leaves any sum that started at +0.0 unchanged (only
+/// -0.0 + -0.0 is -0.0).
+pub(super) fn add_centre_sums(
+    acc: &mut [f64],
+    rows: &[f32],
+    d: usize,
+    nearest: &[u32],
+    counts: &[u64],
+    weights: Option<&[f32]>,
+) {
+    let order = by_centre(nearest, counts);
+    let weight = |i: usize| weights.map(|w| f64::from(w[i]));
+    let mut scratch = Vec::with_capacity(d);
+    let mut o = 0;
+    for (j, &n) in counts.iter().enumerate() {
+        let n = n as usize;
+        if n == 0 {
+            continue;
+        }
+        scratch.clear();
+        for (m, &i) in order[o..o + n].iter().enumerate() {
+            let i = i as usize;
+            let x = &rows[i * d..(i + 1) * d];
+            if m == 0 {
+                first_row(&mut scratch, x, weight(i));
+            } else {
+                add_row(&mut scratch, x, weight(i));
+            }
+        }
+        add(&mut acc[j * d..(j + 1) * d], &scratch);
+        o += n;
+    }
+}
+
 /// The layout of a step's sums in one vector: per-cluster sums (`k x d`),
 /// cluster weights (`k`), the inertia, and with `stats` the column sums
 /// and sums of squares (`d` each).
@@ -390,8 +447,13 @@ impl Packed {
 
     /// Adds a task's partial results to `acc`.
     pub(super) fn fold(self, acc: &mut [f64], p: &Partial) {
+        add(&mut acc[..self.k * self.d], &p.sums);
+        self.fold_small(acc, p);
+    }
+
+    /// Adds a task's partial results but the per-centre sums to `acc`.
+    pub(super) fn fold_small(self, acc: &mut [f64], p: &Partial) {
         let (k, d) = (self.k, self.d);
-        add(&mut acc[..k * d], &p.sums);
         add(&mut acc[k * d..k * d + k], &p.wsum);
         acc[k * d + k] += p.inertia;
         if self.stats {

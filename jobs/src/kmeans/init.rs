@@ -14,9 +14,30 @@ use crate::input::mix;
 use crate::ranks::Ranks;
 
 /// Points sampled for the initialisation: at least 10,000 and 20 per
-/// cluster, at most all of them.
-fn sample_size(rows: u64, k: usize) -> u64 {
-    rows.min((20 * k as u64).max(10_000))
+/// cluster, at most all of them, and at most [`SAMPLE_BYTES`] of them
+/// (but 3 per cluster, as scikit-learn's `MiniBatchKMeans` takes, at
+/// least). The sample is held outside the executors, and its size must
+/// not depend on the cap (capped and uncapped runs start from the same
+/// centres): at the seed's shape (k = 1000, 10,000 dimensions) 20 per
+/// cluster were 800 MB, most of the data.
+fn sample_size(rows: u64, dims: usize, k: usize) -> u64 {
+    let k = k as u64;
+    let wanted = (20 * k).max(10_000);
+    let by_bytes = (SAMPLE_BYTES / (4 * dims.max(1) as u64)).max(3 * k);
+    rows.min(wanted).min(by_bytes)
+}
+
+/// The initialisation's sample takes at most this many bytes (see
+/// [`sample_size`]).
+const SAMPLE_BYTES: u64 = 128 << 20;
+
+/// Bytes k-means++ works with besides its sample of `rows` of `dims`
+/// columns for `k` clusters: each sampled row's distances (to its nearest
+/// centre, to each candidate, and the best candidate's) and weights.
+pub(super) fn plus_plus_scratch(rows: u64, dims: usize, k: usize) -> u64 {
+    let n = sample_size(rows, dims, k);
+    let trials = 2 + (k as f64).ln() as u64;
+    n * (4 * (3 + trials) + 8 + 4 + 8)
 }
 
 /// Bytes the k-means++ or random initialisation's sample of `rows` points
@@ -24,7 +45,7 @@ fn sample_size(rows: u64, k: usize) -> u64 {
 /// executors while the initialisation runs (it does not depend on the cap,
 /// so that capped and uncapped runs start from the same centres).
 pub fn init_sample_bytes(rows: u64, dims: usize, k: usize) -> u64 {
-    sample_size(rows, k) * dims as u64 * 4
+    sample_size(rows, dims, k) * dims as u64 * 4
 }
 
 /// A sample is read row by row from the input (rather than from the built
@@ -222,7 +243,7 @@ pub(super) fn initial_centers(
     if let Init::Given(v) = &cfg.init {
         return given(rt, ds, cfg, ranks, seed, v);
     }
-    let want = sample_size(ds.rows, k);
+    let want = sample_size(ds.rows, d, k);
     // Room for the sample, its pieces and the distances.
     rt.make_room(want as usize * (d * 8 + 16));
     let (s, sw) = sample_of_k(rt, ds, ranks, want, seed, k)?;
@@ -271,7 +292,7 @@ fn given(
         )));
     }
     let variance = if cfg.tol > 0.0 && cfg.algorithm == Algorithm::MiniBatch {
-        let want = sample_size(ds.rows, k);
+        let want = sample_size(ds.rows, d, k);
         mean_variance(&sample(rt, ds, ranks, want, seed)?.0, d)
     } else {
         0.0

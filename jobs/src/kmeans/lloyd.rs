@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use super::assign::{sweep, Packed, Reduced, Want, IN_FLIGHT};
-use super::{squared_shift, Centers, Config, Converged, Event, Pass, Solver, Swept};
+use super::assign::{Packed, Reduced};
+use super::fold::sweep_sums;
+use super::{lend, Centers, Config, Converged, Event, Pass, Solver, Swept};
 use crate::error::Result;
-use crate::zeros;
 
 /// A Lloyd pass reports progress every this many tasks.
 const PROGRESS_EVERY: usize = 32;
@@ -47,50 +47,40 @@ impl Lloyd {
         }
     }
 
-    /// The sums of every task (one batch per pass: the partial sums are
-    /// folded as they come, so only a few are held at once), with the
-    /// column statistics when `stats`, and the seconds the tasks spent in
-    /// the kernel.
+    /// The sums of every task (one batch per pass: each task adds its
+    /// sums in turn, see `fold.rs`), with the column statistics when
+    /// `stats`, and the seconds the tasks spent in the kernel.
     fn sums(
         &self,
         pass: &mut Pass<'_>,
-        centers: &Centers,
+        centers: &mut Centers,
         stats: bool,
         on: &mut dyn FnMut(Event),
     ) -> Result<(Reduced, f64)> {
         let plan = pass.plan;
-        let shared = Arc::new(centers.clone());
         let packed = Packed {
             k: self.k,
             d: self.d,
             stats,
         };
-        pass.rt
-            .make_room((plan.mine.len() + IN_FLIGHT) * packed.len() * 8);
-        let mut accs = vec![zeros::<f64>(packed.len()); plan.mine.len()];
+        let (list, owner) = plan.chunks_of(&self.tasks);
+        let summing = pass.summing(&list, &owner, packed, stats.then_some(&self.reference));
         let mut done = 0u64;
         let mut kernel = 0.0;
-        let (list, owner) = plan.chunks_of(&self.tasks);
-        let want = Want {
-            sums: true,
-            ..Want::default()
-        };
-        let reference = stats.then_some(&self.reference);
         let at = &*pass;
-        sweep(at.rt, at.ds, &list, &shared, want, reference, |i, p| {
-            packed.fold(&mut accs[owner[i]], &p);
-            kernel += p.kernel_seconds;
-            done += list[i].len as u64;
-            if i % PROGRESS_EVERY == PROGRESS_EVERY - 1 || i + 1 == list.len() {
-                on(Event::Progress {
-                    done: at.progress(done),
-                    total: at.ds.rows,
-                });
-            }
-            Ok(())
+        let sums = lend(centers, |c| {
+            sweep_sums(at.rt, at.ds, &summing, c, |i, p| {
+                kernel += p.kernel_seconds;
+                done += list[i].len as u64;
+                if i % PROGRESS_EVERY == PROGRESS_EVERY - 1 || i + 1 == list.len() {
+                    on(Event::Progress {
+                        done: at.progress(done),
+                        total: at.ds.rows,
+                    });
+                }
+            })
         })?;
-        let r = packed.unpack(pass.combine(&accs, packed.len())?);
-        drop(accs);
+        let r = packed.unpack(pass.combine(sums, packed.len())?);
         Ok((r, kernel))
     }
 
@@ -122,19 +112,31 @@ impl Solver for Lloyd {
         if stats {
             self.tol = self.relative_tol * self.variance(&r, pass.ds.rows);
         }
-        let mut values = centers.values.clone();
+        // In place, the old panels dropped first: the centres are held
+        // once while they move.
+        centers.packed = None;
+        let mut values = std::mem::take(&mut centers.values);
+        let mut shift = 0.0;
         for c in 0..k {
-            if r.wsum[c] > 0.0 {
-                for j in 0..d {
-                    values[c * d + j] = (r.sums[c * d + j] / r.wsum[c]) as f32;
-                }
+            let moves = r.wsum[c] > 0.0;
+            for j in 0..d {
+                let old = values[c * d + j];
+                let new = if moves {
+                    (r.sums[c * d + j] / r.wsum[c]) as f32
+                } else {
+                    old
+                };
+                let t = f64::from(old) - f64::from(new);
+                shift += t * t;
+                values[c * d + j] = new;
             }
         }
-        let shift = squared_shift(&centers.values, &values);
+        let inertia = r.inertia;
+        drop(r);
         *centers = Centers::new(k, d, values);
         self.iterations += 1;
         Ok(Swept {
-            inertia: r.inertia,
+            inertia,
             kernel_seconds,
             converged: (shift <= self.tol).then_some(Converged::CenterShift),
         })

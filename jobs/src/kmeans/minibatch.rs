@@ -2,12 +2,10 @@
 //! tasks from every shard and moves each centre to the running mean of
 //! the points it was assigned; scikit-learn's early stopping.
 
-use std::sync::Arc;
-
-use super::assign::{sweep, Packed, Reduced, Want, IN_FLIGHT};
-use super::{squared_shift, Centers, Config, Converged, Event, Pass, Solver, Swept};
+use super::assign::{Packed, Reduced};
+use super::fold::sweep_sums;
+use super::{lend, squared_shift, Centers, Config, Converged, Event, Pass, Solver, Swept};
 use crate::error::Result;
-use crate::zeros;
 
 /// A mini-batch run's state across its epochs.
 pub(super) struct MiniBatch {
@@ -56,7 +54,12 @@ impl MiniBatch {
 
     /// The sums of batch `b` over every shard, the rows this process
     /// assigned in it, and the seconds its tasks spent in the kernel.
-    fn batch(&self, pass: &mut Pass<'_>, centers: &Centers, b: u64) -> Result<(Reduced, u64, f64)> {
+    fn batch(
+        &self,
+        pass: &mut Pass<'_>,
+        centers: &mut Centers,
+        b: u64,
+    ) -> Result<(Reduced, u64, f64)> {
         let (plan, packed) = (pass.plan, self.packed);
         let tasks: Vec<(u64, usize)> = plan
             .mine
@@ -67,24 +70,14 @@ impl MiniBatch {
             })
             .collect();
         let (list, owner) = plan.chunks_of(&tasks);
-        // Room for the batch's sums and the partial sums in flight (a few:
-        // they are folded as they come).
-        pass.rt
-            .make_room((plan.mine.len() + IN_FLIGHT) * packed.len() * 8);
-        let shared = Arc::new(centers.clone());
-        let sums_only = Want {
-            sums: true,
-            ..Want::default()
-        };
-        let mut accs = vec![zeros::<f64>(packed.len()); plan.mine.len()];
+        let summing = pass.summing(&list, &owner, packed, None);
         let mut kernel = 0.0;
-        sweep(pass.rt, pass.ds, &list, &shared, sums_only, None, |i, p| {
-            packed.fold(&mut accs[owner[i]], &p);
-            kernel += p.kernel_seconds;
-            Ok(())
+        let sums = lend(centers, |c| {
+            sweep_sums(pass.rt, pass.ds, &summing, c, |_, p| {
+                kernel += p.kernel_seconds;
+            })
         })?;
-        let r = packed.unpack(pass.combine(&accs, packed.len())?);
-        drop(accs);
+        let r = packed.unpack(pass.combine(sums, packed.len())?);
         let local = list.iter().map(|c| c.len as u64).sum::<u64>();
         Ok((r, local, kernel))
     }
@@ -177,6 +170,8 @@ impl Solver for MiniBatch {
 /// centre's accumulated weight (its count without sample weights).
 fn update(c: &mut Centers, totals: &mut [f64], sums: &[f64], w: &[f64]) {
     let d = c.dims;
+    // The old panels go first: the new ones are built from the values.
+    c.packed = None;
     for j in 0..c.k {
         if w[j] == 0.0 {
             continue;

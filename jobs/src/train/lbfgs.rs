@@ -28,7 +28,7 @@ use super::load::Shard;
 use super::TASK_ROWS;
 use super::{rank_rows, training_rows, Event, Iteration, Job, Model, Share, TrainConfig, Trained};
 use crate::error::{Error, Result};
-use crate::ranks::{Ranks, Shards};
+use crate::ranks::{Ranks, ShardSums, Shards};
 use crate::session::Session;
 
 /// Why the optimiser stopped.
@@ -677,11 +677,14 @@ impl<'a> Objective<'a> {
         let classes = self.job.classes;
         let held_out = self.held_out;
         // Per reduction shard: the gradient, the loss, the held-out rows
-        // right and seen.
+        // right and seen; on one process added to the total as each shard
+        // closes (two vectors the size of the model, whatever the shards).
         let len = w.len() + 3;
-        let mut accs = vec![vec![0.0; len]; self.mine.max(1)];
+        let in_order = self.plan.windows(2).all(|p| p[0].2 <= p[1].2);
+        let mut sums = ShardSums::new(self.ranks, self.mine.max(1), len, in_order);
         // One batch per evaluation; the partial gradients are folded as
-        // they come (in plan order), so only a few are held at once.
+        // they come (in plan order), and only as many tasks as workers run
+        // ahead of the fold, so a few gradients are held at once.
         let mut b = self.rt.batch();
         for &(s, t, _) in &self.plan {
             let w = shared.clone();
@@ -689,8 +692,9 @@ impl<'a> Objective<'a> {
                 sh.loss_part(t, &w, classes, held_out && t == 0)
             });
         }
+        b.ahead(self.rt.workers().max(1));
         crate::fold_in_order(b, |i, p| {
-            let acc = &mut accs[self.plan[i].2];
+            let acc = sums.shard(self.plan[i].2)?;
             for (a, v) in acc.iter_mut().zip(&p.grad) {
                 *a += v;
             }
@@ -699,7 +703,7 @@ impl<'a> Objective<'a> {
             acc[len - 1] += p.held as f64;
             Ok(())
         })?;
-        self.ranks.ordered_sum(&accs[..self.mine], len)
+        sums.finish(self.ranks)
     }
 }
 

@@ -15,7 +15,7 @@ use outcore::PodVec;
 use super::load::Shard;
 use super::{training_rows, Event, Job, Model, Round, Share, TrainConfig, Trained};
 use crate::error::{Error, Result};
-use crate::ranks::{Ranks, Shards};
+use crate::ranks::{Ranks, ShardSums, Shards};
 use crate::session::Session;
 
 impl Shard {
@@ -158,20 +158,20 @@ fn round(
             s.model.w.clone()
         });
     }
-    let replicas = b.run()?;
-    // Weighted average, in shard order (across ranks).
+    // Weighted average, in shard order (across ranks), folded as the
+    // replicas come: as many are held as tasks run at once, and on one
+    // process the sum alone (not every shard's term) is kept.
     let len = global.w.len();
-    let terms: Vec<Vec<f64>> = replicas
-        .iter()
-        .zip(&job.weights)
-        .map(|(w, &n)| {
-            let f = n as f64 / total as f64;
-            w.iter().map(|&v| f * f64::from(v)).collect()
-        })
-        .collect();
-    drop(replicas);
-    let avg = ranks.ordered_sum(&terms, len)?;
-    drop(terms);
+    let mut sums = ShardSums::new(ranks, job.shards.len(), len, true);
+    b.ahead(rt.workers().max(1));
+    crate::fold_in_order(b, |i, w| {
+        let f = job.weights[i] as f64 / total as f64;
+        for (a, &v) in sums.shard(i)?.iter_mut().zip(w.iter()) {
+            *a += f * f64::from(v);
+        }
+        Ok(())
+    })?;
+    let avg = sums.finish(ranks)?;
     let avg: Vec<f32> = avg.into_iter().map(|v| v as f32).collect();
     rt.write(&job.global, move |m: &mut Model| m.w = PodVec::from(avg))?;
     let accuracy = accuracy(session, job)?;
