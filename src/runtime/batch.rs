@@ -130,7 +130,8 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
     ///     batch.read(h, |v: &Vec<u32>| vec![f64::from(v[0]); 1 << 20]);
     /// }
     /// let mut total = 0.0;
-    /// batch.ahead(2).run_in_order(|_, r| total += r.expect("task")[0]);
+    /// batch.ahead(2);
+    /// batch.run_in_order(|_, r| total += r.expect("task")[0]);
     /// assert_eq!(total, 28.0);
     /// # Ok::<(), outcore::Error>(())
     /// ```

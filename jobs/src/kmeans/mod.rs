@@ -162,12 +162,12 @@ pub fn aligned_partition_bytes(part_bytes: u64, dims: usize, task_points: usize)
 /// again with them after an eviction).
 ///
 /// `cfg`: the run the data is for. Given, the session's rank loads its
-/// shards of the tasks under `cfg` only (see [`super::rank_rows`]), each
+/// shards of the tasks under `cfg` only (see [`rank_rows`]), each
 /// partition read (or generated) from its own rows only, and cut shard by
 /// shard so that a mini-batch's share of a shard is whole partitions.
 /// Sources that can only be read whole and in order (standard input,
 /// compressed `.npz` members) cannot be split among ranks. `None`: every
-/// row, in partitions of `part_bytes` (to [`predict`](super::predict), or
+/// row, in partitions of `part_bytes` (to [`predict`], or
 /// for runs of any configuration on one process).
 ///
 /// Under a cap, a run whose working memory (see `budget.rs`) does not fit
