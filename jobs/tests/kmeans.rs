@@ -590,10 +590,11 @@ fn tall_thin_data_stays_within_the_cap() {
             // A batch uses every shard's partition side by side: they
             // must fit together, or each batch evicts what the next one
             // needs (partitions of 1 MiB and their norms read the data
-            // 50 times over an epoch).
+            // 50 times over an epoch; now about 3 times, with the
+            // initialisation's and the first pass's reads).
             let read = s["epoch_bytes_read"][0].as_u64().unwrap();
             assert!(
-                read <= 3 * (64 << 20),
+                read <= 5 * (64 << 20),
                 "kmeans: {read} bytes read in an epoch: {s}"
             );
         }

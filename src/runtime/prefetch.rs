@@ -203,6 +203,8 @@ pub(crate) fn prefetchers() -> usize {
 pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
     while !sh.pool().is_shut_down() {
         if !sh.prefetch_on() || !sh.prefetch_step() {
+            // Nothing to load: pages freed meanwhile are trimmed here too.
+            sh.trim(0);
             sh.wait_for_prefetch_work(Duration::from_millis(50));
         }
     }

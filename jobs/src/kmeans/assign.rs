@@ -348,16 +348,8 @@ fn by_centre(nearest: &[u32], counts: &[u64]) -> Vec<u32> {
 
 /// Per-centre sums (`k x d`) of `rows` (weighted by `weights`, one per
 /// row, when given), the rows assigned to `nearest`, `counts[j]` of them
-/// to centre `j`.
-///
-/// Centre by centre, each centre's rows in row order: the same additions
-/// in the same order as row by row, but each centre's k-th of the sums
-/// (d f64) stays in the level-1 cache while its rows are added, instead of
-/// all of them (k x d f64) going through the caches for every block of
-/// rows. Each centre's sums start as its first row, written as `0.0 + x`
-/// (the bits of adding it to a zero, a -0.0 included), so the k x d sums
-/// are written once instead of zeroed first; centres with no rows get
-/// zeros.
+/// to centre `j`: [`add_centre_sums`] to zeros (each centre's sum starts
+/// at +0.0, so adding it to a zero leaves its bits).
 pub(super) fn centre_sums(
     rows: &[f32],
     d: usize,
@@ -365,39 +357,22 @@ pub(super) fn centre_sums(
     counts: &[u64],
     weights: Option<&[f32]>,
 ) -> Vec<f64> {
-    let order = by_centre(nearest, counts);
-    let weight = |i: usize| weights.map(|w| f64::from(w[i]));
-    let mut sums = Vec::with_capacity(counts.len() * d);
-    let mut o = 0;
-    for &n in counts {
-        let (start, n) = (sums.len(), n as usize);
-        if n == 0 {
-            sums.resize(start + d, 0.0);
-            continue;
-        }
-        for (m, &i) in order[o..o + n].iter().enumerate() {
-            let i = i as usize;
-            if let Some(&next) = order.get(o + m + 1) {
-                prefetch(&rows[next as usize * d..(next as usize + 1) * d]);
-            }
-            let x = &rows[i * d..(i + 1) * d];
-            if m == 0 {
-                first_row(&mut sums, x, weight(i));
-            } else {
-                add_row(&mut sums[start..start + d], x, weight(i));
-            }
-        }
-        o += n;
-    }
+    let mut sums = zeros::<f64>(counts.len() * d);
+    add_centre_sums(&mut sums, rows, d, nearest, counts, weights);
     sums
 }
 
-/// Adds [`centre_sums`] of the same rows to `acc` (`k x d`) without
-/// making them: each centre's sum is made in a `d`-value scratch, from
-/// zero and in row order as there, and added. The bits are those of
-/// adding the whole `k x d` sums: a centre with no rows would add zeros,
-/// and adding +0.0 leaves any sum that started at +0.0 unchanged (only
-/// -0.0 + -0.0 is -0.0).
+/// Adds the per-centre sums of `rows` (weighted by `weights`, one per
+/// row, when given), the rows assigned to `nearest`, `counts[j]` of them
+/// to centre `j`, to `acc` (`k x d`), without making all of them at once.
+///
+/// Centre by centre, each centre's rows in row order: its sum is made in
+/// a `d`-value scratch (its first row written as `0.0 + x`, the bits of
+/// adding it to a zero, a -0.0 included), which stays in the level-1
+/// cache while its rows are added, and then added to `acc`. The bits are
+/// those of adding the whole `k x d` sums: a centre with no rows would
+/// add zeros, and adding +0.0 leaves any sum that started at +0.0
+/// unchanged (only -0.0 + -0.0 is -0.0).
 pub(super) fn add_centre_sums(
     acc: &mut [f64],
     rows: &[f32],
@@ -418,6 +393,9 @@ pub(super) fn add_centre_sums(
         scratch.clear();
         for (m, &i) in order[o..o + n].iter().enumerate() {
             let i = i as usize;
+            if let Some(&next) = order.get(o + m + 1) {
+                prefetch(&rows[next as usize * d..(next as usize + 1) * d]);
+            }
             let x = &rows[i * d..(i + 1) * d];
             if m == 0 {
                 first_row(&mut scratch, x, weight(i));

@@ -76,13 +76,29 @@ impl Folding {
     /// The sums of a sweep over chunks of local shards `owner` (`shards`
     /// of them), laid out as `packed`; on one process (`single`) with the
     /// shards in order, kept as a total.
-    pub(super) fn new(owner: Vec<usize>, shards: usize, packed: Packed, single: bool) -> Folding {
+    /// The vectors come from `spare` as far as it has them.
+    pub(super) fn new(
+        owner: Vec<usize>,
+        shards: usize,
+        packed: Packed,
+        single: bool,
+        spare: &mut Vec<Vec<f64>>,
+    ) -> Folding {
         let streaming = single && owner.windows(2).all(|w| w[0] <= w[1]);
         let closes = (0..owner.len())
             .map(|i| owner.get(i + 1) != Some(&owner[i]))
             .collect();
         let vectors = super::budget::sum_vectors(shards, streaming);
-        let accs = (0..vectors).map(|_| zeros::<f64>(packed.len())).collect();
+        let accs = (0..vectors)
+            .map(|_| match spare.pop() {
+                Some(mut v) => {
+                    v.clear();
+                    v.resize(packed.len(), 0.0);
+                    v
+                }
+                None => zeros::<f64>(packed.len()),
+            })
+            .collect();
         Folding {
             state: Mutex::new(State {
                 next: 0,
@@ -196,8 +212,9 @@ impl Folding {
     }
 
     /// The sums: on one process the total (one vector), else each local
-    /// shard's; an error when a chunk was never added.
-    pub(super) fn into_sums(self) -> Result<Vec<Vec<f64>>> {
+    /// shard's; an error when a chunk was never added. The vectors not
+    /// returned go to `spare`.
+    pub(super) fn into_sums(self, spare: &mut Vec<Vec<f64>>) -> Result<Vec<Vec<f64>>> {
         let mut g = self
             .state
             .into_inner()
@@ -210,7 +227,7 @@ impl Folding {
             )));
         }
         if self.streaming {
-            g.accs.truncate(1);
+            spare.extend(g.accs.drain(1..));
         }
         Ok(g.accs)
     }
@@ -255,9 +272,11 @@ pub(super) fn sweep_sums(
     ds: &Dataset,
     s: &Summing<'_>,
     c: &Arc<Centers>,
+    spare: &mut Vec<Vec<f64>>,
     mut each: impl FnMut(usize, &Partial),
 ) -> Result<Vec<Vec<f64>>> {
-    let folding = Arc::new(Folding::new(s.owner.to_vec(), s.shards, s.packed, s.single));
+    let folding = Folding::new(s.owner.to_vec(), s.shards, s.packed, s.single, spare);
+    let folding = Arc::new(folding);
     let want = Want::default();
     let mut b = rt.batch();
     for (i, ch) in s.list.iter().enumerate() {
@@ -302,5 +321,5 @@ pub(super) fn sweep_sums(
     }
     Arc::into_inner(folding)
         .ok_or_else(|| Error::Input("internal: a task outlived its sweep".into()))?
-        .into_sums()
+        .into_sums(spare)
 }

@@ -8,7 +8,7 @@
 //! products is accumulated in twelve registers over all `d` columns, then
 //! turned into distances and compared on the spot.
 //!
-//! The centres are packed once per set of centres ([`Panels::new`]) into
+//! The centres are packed once per set of centres ([`Panels::new_in`]) into
 //! panels of 16 (the last one 8 when at most 8 remain): within a panel,
 //! column `p` of the 16 centres is 16 consecutive floats, one cache line,
 //! so the kernel streams a panel with two vector loads per column and
@@ -68,14 +68,25 @@ pub(super) struct Panels {
 impl Panels {
     /// Packs `k` centres of `d` columns (row-major `values`, their squared
     /// norms `norms`), when this CPU runs the kernel; `None` otherwise.
-    pub(super) fn new(k: usize, d: usize, values: &[f32], norms: &[f32]) -> Option<Panels> {
+    ///
+    /// In `reuse`'s memory: the panels of the centres before a step (as
+    /// large as the centres, packed again every step).
+    pub(super) fn new_in(
+        k: usize,
+        d: usize,
+        values: &[f32],
+        norms: &[f32],
+        mut reuse: Vec<f32>,
+    ) -> Option<Panels> {
         if !available() || k == 0 || d == 0 {
             return None;
         }
         let panels = k.div_ceil(W);
         let last = width(k, panels - 1);
         let padded = (panels - 1) * W + last;
-        let mut data = Vec::with_capacity(padded * d);
+        reuse.clear();
+        reuse.reserve(padded * d);
+        let mut data = reuse;
         for q in 0..panels {
             let w = width(k, q);
             for p in 0..d {
@@ -85,7 +96,8 @@ impl Panels {
                 }
             }
         }
-        let mut padded_norms = norms[..k].to_vec();
+        let mut padded_norms = Vec::with_capacity(padded);
+        padded_norms.extend_from_slice(&norms[..k]);
         padded_norms.resize(padded, f32::INFINITY);
         Some(Panels {
             k,
@@ -93,6 +105,11 @@ impl Panels {
             data,
             norms: padded_norms,
         })
+    }
+
+    /// The panels' memory, for [`Panels::new_in`].
+    pub(super) fn into_data(self) -> Vec<f32> {
+        self.data
     }
 
     /// For each of the `best.len()` rows of `x`: the index of its nearest
@@ -929,7 +946,8 @@ mod tests {
             let norm = |v: &[f32]| v.iter().fold(0f32, |s, &t| t.mul_add(t, s));
             let cn: Vec<f32> = values.chunks_exact(d).map(norm).collect();
             let xn: Vec<f32> = x.chunks_exact(d).map(norm).collect();
-            let panels = Panels::new(k, d, &values, &cn).expect("the kernel is available");
+            let panels =
+                Panels::new_in(k, d, &values, &cn, Vec::new()).expect("the kernel is available");
             let (mut best, mut best_d) = (vec![0u32; n], vec![0f32; n]);
             panels.nearest(&x, &xn, &mut best, &mut best_d);
             for i in 0..n {

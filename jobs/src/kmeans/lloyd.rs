@@ -67,9 +67,10 @@ impl Lloyd {
         let summing = pass.summing(&list, &owner, packed, stats.then_some(&self.reference));
         let mut done = 0u64;
         let mut kernel = 0.0;
+        let mut spare = std::mem::take(&mut pass.spare);
         let at = &*pass;
         let sums = lend(centers, |c| {
-            sweep_sums(at.rt, at.ds, &summing, c, |i, p| {
+            sweep_sums(at.rt, at.ds, &summing, c, &mut spare, |i, p| {
                 kernel += p.kernel_seconds;
                 done += list[i].len as u64;
                 if i % PROGRESS_EVERY == PROGRESS_EVERY - 1 || i + 1 == list.len() {
@@ -79,8 +80,9 @@ impl Lloyd {
                     });
                 }
             })
-        })?;
-        let r = packed.unpack(pass.combine(sums, packed.len())?);
+        });
+        pass.spare = spare;
+        let r = packed.unpack(pass.combine(sums?, packed.len())?);
         Ok((r, kernel))
     }
 
@@ -112,10 +114,8 @@ impl Solver for Lloyd {
         if stats {
             self.tol = self.relative_tol * self.variance(&r, pass.ds.rows);
         }
-        // In place, the old panels dropped first: the centres are held
-        // once while they move.
-        centers.packed = None;
-        let mut values = std::mem::take(&mut centers.values);
+        // In place: the centres are held once while they move.
+        let values = &mut centers.values;
         let mut shift = 0.0;
         for c in 0..k {
             let moves = r.wsum[c] > 0.0;
@@ -132,8 +132,8 @@ impl Solver for Lloyd {
             }
         }
         let inertia = r.inertia;
-        drop(r);
-        *centers = Centers::new(k, d, values);
+        pass.spare.push(r.sums);
+        centers.refresh();
         self.iterations += 1;
         Ok(Swept {
             inertia,

@@ -72,11 +72,14 @@ impl MiniBatch {
         let (list, owner) = plan.chunks_of(&tasks);
         let summing = pass.summing(&list, &owner, packed, None);
         let mut kernel = 0.0;
+        let mut spare = std::mem::take(&mut pass.spare);
         let sums = lend(centers, |c| {
-            sweep_sums(pass.rt, pass.ds, &summing, c, |_, p| {
+            sweep_sums(pass.rt, pass.ds, &summing, c, &mut spare, |_, p| {
                 kernel += p.kernel_seconds;
             })
-        })?;
+        });
+        pass.spare = spare;
+        let sums = sums?;
         let r = packed.unpack(pass.combine(sums, packed.len())?);
         let local = list.iter().map(|c| c.len as u64).sum::<u64>();
         Ok((r, local, kernel))
@@ -141,6 +144,7 @@ impl Solver for MiniBatch {
             out.kernel_seconds += kernel;
             let before = self.shift.then(|| centers.values.clone());
             update(centers, &mut self.totals, &r.sums, &r.wsum);
+            pass.spare.push(r.sums);
             done += local;
             self.steps += 1;
             on(Event::Progress {
@@ -170,8 +174,6 @@ impl Solver for MiniBatch {
 /// centre's accumulated weight (its count without sample weights).
 fn update(c: &mut Centers, totals: &mut [f64], sums: &[f64], w: &[f64]) {
     let d = c.dims;
-    // The old panels go first: the new ones are built from the values.
-    c.packed = None;
     for j in 0..c.k {
         if w[j] == 0.0 {
             continue;
@@ -184,5 +186,5 @@ fn update(c: &mut Centers, totals: &mut [f64], sums: &[f64], w: &[f64]) {
             c.values[j * d + t] = ((v * old + sums[j * d + t]) / new) as f32;
         }
     }
-    *c = Centers::new(c.k, d, std::mem::take(&mut c.values));
+    c.refresh();
 }

@@ -98,18 +98,33 @@ pub struct Centers {
 impl Centers {
     /// Centres from row-major values.
     pub fn new(k: usize, dims: usize, values: Vec<f32>) -> Centers {
-        let norms = values
-            .chunks_exact(dims.max(1))
-            .map(|c| c.iter().map(|x| x * x).sum())
-            .collect::<Vec<f32>>();
-        let packed = kernel::Panels::new(k, dims, &values, &norms);
-        Centers {
+        let mut c = Centers {
             k,
             dims,
             values,
-            norms,
-            packed,
-        }
+            norms: Vec::new(),
+            packed: None,
+        };
+        c.refresh();
+        c
+    }
+
+    /// The norms and the kernel's panels again, after `values` changed,
+    /// in the memory they had: a step moves centres as large as a
+    /// partition at the seed's shape, and packs them every time.
+    fn refresh(&mut self) {
+        let squares = |c: &[f32]| c.iter().map(|x| x * x).sum::<f32>();
+        self.norms.clear();
+        self.norms
+            .extend(self.values.chunks_exact(self.dims.max(1)).map(squares));
+        let reuse = self.packed.take().map(kernel::Panels::into_data);
+        self.packed = kernel::Panels::new_in(
+            self.k,
+            self.dims,
+            &self.values,
+            &self.norms,
+            reuse.unwrap_or_default(),
+        );
     }
 
     /// No centres: what a run's centres are while its tasks hold them.
@@ -526,6 +541,9 @@ struct Pass<'a> {
     plan: &'a Plan<'a>,
     /// Tasks a step runs at once (see `budget.rs`).
     window: usize,
+    /// Sum vectors a step is done with, for the next step's (each the
+    /// size of the model: made once, not every step).
+    spare: Vec<Vec<f64>>,
     /// Seconds spent adding the shards' sums across processes, and the
     /// number of such combines.
     combine: (f64, usize),
@@ -562,7 +580,11 @@ impl Pass<'_> {
                 .into_iter()
                 .next()
                 .ok_or_else(|| Error::Input("internal: a sweep without sums".into())),
-            _ => self.plan.ranks.ordered_sum(&sums, len),
+            _ => {
+                let r = self.plan.ranks.ordered_sum(&sums, len);
+                self.spare.extend(sums);
+                r
+            }
         };
         self.combine.0 += t.elapsed().as_secs_f64();
         self.combine.1 += 1;
@@ -629,6 +651,7 @@ fn run_once(
         ds,
         plan,
         window,
+        spare: Vec::new(),
         combine: (0.0, 0),
     };
     let (mut solver, passes): (Box<dyn Solver>, usize) = match cfg.algorithm {
