@@ -7,28 +7,49 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Gives the child the default action for every signal these tests send:
+/// outcore keeps a signal ignored at start ignored (as `nohup` wants), and
+/// a test run under `nohup` or from a background shell (which ignores
+/// SIGINT and SIGQUIT) passes those ignored signals on.
+fn default_actions(c: &mut Command, sighup_ignored: bool) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: `signal` is async-signal-safe and touches only the child.
+    unsafe {
+        c.pre_exec(move || {
+            for sig in SIGNALS {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            if sighup_ignored {
+                libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Starts a long K-means run spilling into `dir`.
 fn start(dir: &Path, out: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_outcore"))
-        .args([
-            "kmeans",
-            "--synthetic",
-            "128MiB",
-            "--dims",
-            "64",
-            "--k",
-            "8",
-            "--epochs",
-            "1000",
-        ])
-        .args(["--mem-cap", "24MiB", "--spill-dir"])
-        .arg(dir)
-        .arg("--output")
-        .arg(out)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn")
+    let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
+    default_actions(&mut c, false);
+    c.args([
+        "kmeans",
+        "--synthetic",
+        "128MiB",
+        "--dims",
+        "64",
+        "--k",
+        "8",
+        "--epochs",
+        "1000",
+    ])
+    .args(["--mem-cap", "24MiB", "--spill-dir"])
+    .arg(dir)
+    .arg("--output")
+    .arg(out)
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn")
 }
 
 /// Waits until the run has written spill files.
@@ -183,18 +204,15 @@ fn spawn_in(tmp: &Path, args: &[&str], sighup_ignored: bool) -> Child {
         .env("TMPDIR", tmp)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    // SAFETY: setrlimit and signal are async-signal-safe and touch only
-    // the child.
+    default_actions(&mut c, sighup_ignored);
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
     unsafe {
-        c.pre_exec(move || {
+        c.pre_exec(|| {
             let lim = libc::rlimit {
                 rlim_cur: 1 << 30,
                 rlim_max: 1 << 30,
             };
             libc::setrlimit(libc::RLIMIT_FSIZE, &lim);
-            if sighup_ignored {
-                libc::signal(libc::SIGHUP, libc::SIG_IGN);
-            }
             Ok(())
         });
     }
