@@ -115,6 +115,15 @@ pub enum Error {
         /// The executor.
         executor: String,
     },
+    /// A task over several executors names executors that together (their
+    /// sizes as last measured) are more than the memory cap: they could
+    /// never be in memory at once, so the task does not run.
+    TooLargeTogether {
+        /// The executors and their sizes in bytes.
+        executors: Vec<(String, usize)>,
+        /// The memory cap in bytes.
+        cap: u64,
+    },
     /// The runtime was used in a child process created by `fork()`: its
     /// worker threads and spill files belong to the parent. The child may
     /// drop it (that leaves the parent's files alone) or start a runtime of
@@ -189,6 +198,20 @@ impl fmt::Display for Error {
                 f,
                 "a task on {executor} asked for {executor} itself, which it holds until it returns"
             ),
+            Error::TooLargeTogether { executors, cap } => {
+                let total: u64 = executors.iter().map(|(_, b)| *b as u64).sum();
+                let each: Vec<String> = executors
+                    .iter()
+                    .map(|(e, b)| format!("{e} ({})", format_bytes(*b as u64)))
+                    .collect();
+                write!(
+                    f,
+                    "a task needs {} in memory together: {}, more than the memory cap of {}",
+                    each.join(", "),
+                    format_bytes(total),
+                    format_bytes(*cap)
+                )
+            }
             Error::Forked { owner } => write!(
                 f,
                 "the runtime of process {owner} was used in process {}, a child created by fork(): its threads and spill files are the parent's",

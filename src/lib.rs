@@ -141,7 +141,10 @@ pub use executor::State;
 pub use lineage::Lineage;
 pub use pod::{Plain, PodVec};
 pub use policy::EvictionPolicy;
-pub use runtime::{Batch, Builder, CycleId, Handle, Monitor, Runtime, TaskContext, MAX_WORKERS};
+pub use runtime::{
+    AnyHandle, Batch, Builder, CycleId, Handle, Join, Key, Monitor, Runtime, TaskContext,
+    MAX_WORKERS,
+};
 pub use stats::Stats;
 pub use units::format_bytes;
 

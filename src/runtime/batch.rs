@@ -2,8 +2,7 @@
 //! in submission order.
 
 use std::any::Any;
-use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,7 +10,9 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 
 use super::handle::Handle;
+use super::join::{AnyHandle, Join, TaskContext, Value};
 use super::pool::{Job, Step};
+use super::queue::{values, Queue, Task, TaskFn};
 use super::shared::{in_task, panic_message, pinned_here, PinnedHere, Shared};
 use crate::error::{Error, Result};
 use crate::executor::Slot;
@@ -21,30 +22,8 @@ use crate::stats::Counters;
 /// error).
 type TaskSlot = std::result::Result<Arc<Slot>, String>;
 
-type TaskFn<R> = Box<dyn FnOnce(&mut (dyn Any + Send), &TaskContext) -> Option<R> + Send>;
-
-/// What a task started with [`Batch::read_with`] can tell the runtime.
-#[derive(Debug, Default)]
-pub struct TaskContext {
-    dirty: Cell<bool>,
-}
-
-impl TaskContext {
-    /// Marks the executor dirty: the task changed it through interior
-    /// mutability (a `Cell`, an atomic, a `Mutex`), so its next eviction
-    /// must write it instead of dropping it.
-    pub fn mark_dirty(&self) {
-        self.dirty.set(true);
-    }
-}
-
-struct Task<R> {
-    index: usize,
-    seq: u64,
-    slot: Arc<Slot>,
-    write: bool,
-    f: TaskFn<R>,
-}
+/// A task as submitted: its executors, each with whether it writes it.
+type Named = Vec<(TaskSlot, bool)>;
 
 /// A set of tasks on executors, run by the worker pool.
 ///
@@ -79,9 +58,10 @@ struct Task<R> {
 /// ```
 pub struct Batch<'rt, R> {
     shared: &'rt Arc<Shared>,
-    /// Each task's executor (or, for a handle of another runtime, the
-    /// executor's label for the error), access and function.
-    tasks: Vec<(TaskSlot, bool, TaskFn<R>)>,
+    /// Each task's executors (or, for a handle of another runtime, the
+    /// executor's label for the error), each with whether the task writes
+    /// it, and its function.
+    tasks: Vec<(Named, TaskFn<R>)>,
     /// At most this many tasks start past the first result not yet handed
     /// back ([`Batch::ahead`]).
     ahead: usize,
@@ -140,12 +120,22 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         self
     }
 
-    fn slot_of<T>(&self, h: &Handle<T>) -> TaskSlot {
-        h.slot_in(self.shared).ok_or_else(|| {
-            h.slot
-                .as_ref()
-                .map_or_else(|| "a removed executor".to_string(), |s| s.label.clone())
-        })
+    fn slot_of(&self, h: &dyn AnyHandle) -> TaskSlot {
+        h.erased().slot_in(self.shared)
+    }
+
+    /// Adds a task on one executor: `f` gets its value.
+    fn push_one<T: 'static>(
+        &mut self,
+        h: &Handle<T>,
+        write: bool,
+        f: impl FnOnce(&mut T, &TaskContext) -> R + Send + 'static,
+    ) {
+        let slot = self.slot_of(h);
+        let task: TaskFn<R> = Box::new(move |v: &[Value<'_>], cx: &TaskContext| {
+            v.first().and_then(|v| v.take::<T>()).map(|t| f(t, cx))
+        });
+        self.tasks.push((vec![(slot, write)], task));
     }
 
     /// Adds a read-only task: it sees `&T` and leaves the executor clean.
@@ -162,9 +152,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         T: 'static,
         F: FnOnce(&T) -> R + Send + 'static,
     {
-        let slot = self.slot_of(h);
-        let task: TaskFn<R> = Box::new(move |v, _| v.downcast_ref::<T>().map(f));
-        self.tasks.push((slot, false, task));
+        self.push_one(h, false, move |t, _| f(t));
         self
     }
 
@@ -195,9 +183,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         T: 'static,
         F: FnOnce(&T, &TaskContext) -> R + Send + 'static,
     {
-        let slot = self.slot_of(h);
-        let task: TaskFn<R> = Box::new(move |v, cx| v.downcast_ref::<T>().map(|t| f(t, cx)));
-        self.tasks.push((slot, false, task));
+        self.push_one(h, false, move |t, cx| f(t, cx));
         self
     }
 
@@ -208,10 +194,130 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         T: 'static,
         F: FnOnce(&mut T) -> R + Send + 'static,
     {
-        let slot = self.slot_of(h);
-        let task: TaskFn<R> = Box::new(move |v, _| v.downcast_mut::<T>().map(f));
-        self.tasks.push((slot, true, task));
+        self.push_one(h, true, move |t, _| f(t));
         self
+    }
+
+    /// Adds a task over several executors: it reads those in `reads`
+    /// and writes those in `writes`, and finds each in its [`Join`] by
+    /// [`Key`](crate::Key) ([`Handle::key`]). All of them are loaded and pinned
+    /// together for as long as it runs; those it writes become dirty (an
+    /// executor named in both lists is written).
+    ///
+    /// Order, as for tasks on one executor: the tasks on an executor run
+    /// one at a time, in submission order, whichever other executors they
+    /// name, and the dispatch plan (eviction, prefetch) counts the task for
+    /// every executor it names. A worker starts a task only when all its
+    /// executors are free, and pins them in the order of their ids, so
+    /// tasks that name the same executors in different orders never wait
+    /// for each other in a cycle.
+    ///
+    /// The task fails without running, with
+    /// [`Error::TooLargeTogether`], when its executors together (their
+    /// sizes as last measured) are more than the memory cap; with
+    /// [`Error::Reentrant`] when a task running it holds one of them. A
+    /// panic poisons the executors it writes, not those it reads.
+    ///
+    /// ```
+    /// # use outcore::Runtime;
+    /// # #[global_allocator]
+    /// # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+    /// let rt = Runtime::builder().workers(2).build()?;
+    /// // A data block, the model block it meets, and a sum they add to.
+    /// let x = rt.insert(vec![1.0f64, 2.0, 3.0])?;
+    /// let w = rt.insert(vec![0.5f64, 0.5, 0.5])?;
+    /// let dot = rt.insert(0.0f64)?;
+    /// let (kx, kw, kd) = (x.key(), w.key(), dot.key());
+    /// let mut b = rt.batch();
+    /// b.task(&[&x, &w], &[&dot], move |j| {
+    ///     let (x, w) = (j.read(kx), j.read(kw));
+    ///     *j.write(kd) += x.iter().zip(w).map(|(a, b)| a * b).sum::<f64>();
+    /// });
+    /// b.run()?;
+    /// assert_eq!(rt.read(&dot, |d: &f64| *d)?, 3.0);
+    /// # Ok::<(), outcore::Error>(())
+    /// ```
+    pub fn task<F>(
+        &mut self,
+        reads: &[&dyn AnyHandle],
+        writes: &[&dyn AnyHandle],
+        f: F,
+    ) -> &mut Self
+    where
+        F: FnOnce(&Join<'_>) -> R + Send + 'static,
+    {
+        let named = reads
+            .iter()
+            .map(|h| (self.slot_of(*h), false))
+            .chain(writes.iter().map(|h| (self.slot_of(*h), true)))
+            .collect();
+        let task: TaskFn<R> =
+            Box::new(move |v: &[Value<'_>], _: &TaskContext| Some(f(&Join::new(v))));
+        self.tasks.push((named, task));
+        self
+    }
+
+    /// Adds a task that reads two executors (the same one twice, if
+    /// wanted): [`Batch::task`] with two reads.
+    ///
+    /// ```
+    /// # use outcore::Runtime;
+    /// # #[global_allocator]
+    /// # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+    /// let rt = Runtime::builder().build()?;
+    /// let a = rt.insert(vec![1u32, 2])?;
+    /// let b = rt.insert(vec![10u32, 20])?;
+    /// let mut batch = rt.batch();
+    /// batch.read2(&a, &b, |a: &Vec<u32>, b: &Vec<u32>| a[0] * b[1]);
+    /// assert_eq!(batch.run()?, vec![20]);
+    /// # Ok::<(), outcore::Error>(())
+    /// ```
+    pub fn read2<A, B, F>(&mut self, a: &Handle<A>, b: &Handle<B>, f: F) -> &mut Self
+    where
+        A: 'static,
+        B: 'static,
+        F: FnOnce(&A, &B) -> R + Send + 'static,
+    {
+        let (ka, kb) = (a.key(), b.key());
+        self.task(&[a, b], &[], move |j| f(j.read(ka), j.read(kb)))
+    }
+
+    /// Adds a task that reads one executor and writes another (a data
+    /// block and the model state it updates): [`Batch::task`] with one
+    /// read and one write.
+    ///
+    /// ```
+    /// # use outcore::Runtime;
+    /// # #[global_allocator]
+    /// # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+    /// let rt = Runtime::builder().build()?;
+    /// let data = rt.insert(vec![1.0f64, 2.0, 3.0])?;
+    /// let total = rt.insert(0.0f64)?;
+    /// let mut batch = rt.batch();
+    /// batch.read_write(&data, &total, |d: &Vec<f64>, t: &mut f64| *t += d.iter().sum::<f64>());
+    /// batch.run()?;
+    /// assert_eq!(rt.read(&total, |t: &f64| *t)?, 6.0);
+    /// # Ok::<(), outcore::Error>(())
+    /// ```
+    ///
+    /// The same executor as both fails the task with
+    /// [`Error::TaskPanicked`] (it cannot be lent as `&A` and `&mut B` at
+    /// once), leaving the executor as it was.
+    pub fn read_write<A, B, F>(&mut self, a: &Handle<A>, b: &Handle<B>, f: F) -> &mut Self
+    where
+        A: 'static,
+        B: 'static,
+        F: FnOnce(&A, &mut B) -> R + Send + 'static,
+    {
+        if a.id() == b.id() {
+            // Refused in the task, which writes nothing so poisons nothing.
+            let id = a.id();
+            return self.task(&[a], &[], move |_| {
+                panic!("read_write: executor #{id} is both the one read and the one written")
+            });
+        }
+        let (ka, kb) = (a.key(), b.key());
+        self.task(&[a], &[b], move |j| f(j.read(ka), j.write(kb)))
     }
 
     /// Number of tasks.
@@ -333,53 +439,30 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         }
     }
 
-    /// Queues the tasks on the worker pool (the results of tasks on
-    /// another runtime's executors are recorded at once).
+    /// Queues the tasks on the worker pool (the results of tasks that
+    /// cannot run are recorded at once).
     fn start(self) -> Arc<BatchState<R>> {
         let n = self.tasks.len();
         let sh = self.shared;
         let base = sh.reserve_seqs(n as u64);
         let mut results: Vec<Option<Result<R>>> = (0..n).map(|_| None).collect();
-        let mut queue = Queue::default();
-        for (i, (slot, write, f)) in self.tasks.into_iter().enumerate() {
-            let slot = match slot {
-                Ok(slot) => slot,
-                Err(executor) => {
-                    results[i] = Some(Err(Error::UnknownExecutor { executor }));
+        let mut queue = Queue::new(n);
+        for (i, (named, f)) in self.tasks.into_iter().enumerate() {
+            let slots = match checked(sh, named) {
+                Ok(slots) => slots,
+                Err(e) => {
+                    results[i] = Some(Err(e));
                     continue;
                 }
             };
-            if pinned_here(slot.id) {
-                // A task's batch with a task on the task's own executor:
-                // it would wait for the task that waits for it.
-                results[i] = Some(Err(Error::Reentrant {
-                    executor: slot.label.clone(),
-                }));
-                continue;
-            }
             let seq = base + i as u64;
-            {
-                let mut g = slot.lock();
-                while g.pending.len() == g.pending.capacity() {
-                    // Grown outside the slot's lock, where the trap may
-                    // evict (under it, an allocation cannot trap).
-                    let want = g.pending.capacity().saturating_mul(2).max(8);
-                    drop(g);
-                    let mut bigger = VecDeque::with_capacity(want);
-                    g = slot.lock();
-                    if g.pending.capacity() < want && g.pending.len() < want {
-                        bigger.extend(g.pending.drain(..));
-                        g.pending = bigger;
-                    }
-                }
-                g.pending.push_back(seq);
-                sh.sync_pending(&slot, &g);
+            for (slot, _) in &slots {
+                push_pending(sh, slot, seq);
             }
             queue.push(Task {
                 index: i,
                 seq,
-                slot,
-                write,
+                slots,
                 f,
             });
         }
@@ -405,70 +488,60 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
     }
 }
 
-/// A batch's tasks not started yet: each executor's in submission order,
-/// and the executors by their first such task. A worker takes the first
-/// task whose executor is free, looking past the busy executors only (one
-/// per worker at most), not past every task queued behind them: with
-/// thousands of tasks on one busy executor, a scan of the tasks made each
-/// step cost the whole queue.
-struct Queue<R> {
-    by_executor: HashMap<u64, VecDeque<Task<R>>>,
-    /// The index of each executor's first task, to the executor.
-    fronts: BTreeMap<usize, u64>,
-    len: usize,
+/// A task's executors by increasing id, each once (written if named as
+/// written), or why the task cannot run: an executor of another runtime,
+/// one the task running this batch holds, or executors that together do
+/// not fit under the cap.
+fn checked(sh: &Shared, named: Named) -> Result<Vec<(Arc<Slot>, bool)>> {
+    let mut slots: Vec<(Arc<Slot>, bool)> = Vec::with_capacity(named.len());
+    for (slot, write) in named {
+        let slot = slot.map_err(|executor| Error::UnknownExecutor { executor })?;
+        if pinned_here(slot.id) {
+            // A task's batch with a task on the task's own executor: it
+            // would wait for the task that waits for it.
+            return Err(Error::Reentrant {
+                executor: slot.label.clone(),
+            });
+        }
+        match slots.iter_mut().find(|(s, _)| s.id == slot.id) {
+            Some((_, w)) => *w |= write,
+            None => slots.push((slot, write)),
+        }
+    }
+    slots.sort_by_key(|(s, _)| s.id);
+    if let (Some(cap), true) = (sh.soft_cap(), slots.len() > 1) {
+        let sizes: Vec<(String, usize)> = slots
+            .iter()
+            .map(|(s, _)| (s.label.clone(), s.size.load(Ordering::Relaxed)))
+            .collect();
+        let total = sizes.iter().map(|(_, b)| *b as u64).sum::<u64>();
+        if total > cap {
+            return Err(Error::TooLargeTogether {
+                executors: sizes,
+                cap,
+            });
+        }
+    }
+    Ok(slots)
 }
 
-impl<R> Default for Queue<R> {
-    fn default() -> Self {
-        Queue {
-            by_executor: HashMap::new(),
-            fronts: BTreeMap::new(),
-            len: 0,
+/// Adds the task `seq` to `slot`'s pending tasks (the dispatch plan).
+fn push_pending(sh: &Shared, slot: &Slot, seq: u64) {
+    let mut g = slot.lock();
+    while g.pending.len() == g.pending.capacity() {
+        // Grown outside the slot's lock, where the trap may evict (under
+        // it, an allocation cannot trap).
+        let want = g.pending.capacity().saturating_mul(2).max(8);
+        drop(g);
+        let mut bigger = std::collections::VecDeque::with_capacity(want);
+        g = slot.lock();
+        if g.pending.capacity() < want && g.pending.len() < want {
+            bigger.extend(g.pending.drain(..));
+            g.pending = bigger;
         }
     }
-}
-
-impl<R> Queue<R> {
-    /// Adds a task (in submission order).
-    fn push(&mut self, t: Task<R>) {
-        let id = t.slot.id;
-        let q = self.by_executor.entry(id).or_default();
-        if q.is_empty() {
-            self.fronts.insert(t.index, id);
-        }
-        q.push_back(t);
-        self.len += 1;
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Takes the first task before index `limit` whose executor is not in
-    /// `busy`.
-    fn take_free(&mut self, busy: &HashSet<u64>, limit: usize) -> Option<Task<R>> {
-        let (&first, &id) = self
-            .fronts
-            .range(..limit)
-            .find(|(_, id)| !busy.contains(id))?;
-        self.fronts.remove(&first);
-        let q = self.by_executor.get_mut(&id)?;
-        let t = q.pop_front()?;
-        match q.front() {
-            Some(next) => {
-                self.fronts.insert(next.index, id);
-            }
-            None => {
-                self.by_executor.remove(&id);
-            }
-        }
-        self.len -= 1;
-        Some(t)
-    }
+    g.pending.push_back(seq);
+    sh.sync_pending(slot, &g);
 }
 
 struct BatchInner<R> {
@@ -526,10 +599,10 @@ impl<R: Send + 'static> Job for BatchState<R> {
             let Some(t) = inner.queue.take_free(&inner.busy, inner.limit) else {
                 return Step::Blocked;
             };
-            inner.busy.insert(t.slot.id);
+            inner.busy.extend(t.slots.iter().map(|(s, _)| s.id));
             t
         };
-        let id = task.slot.id;
+        let ids: Vec<u64> = task.slots.iter().map(|(s, _)| s.id).collect();
         let index = task.index;
         // User code is already caught inside; this catches the runtime's
         // own, so that a result is always recorded and `run` returns.
@@ -541,7 +614,9 @@ impl<R: Send + 'static> Job for BatchState<R> {
         });
         let mut g = self.inner.lock();
         g.results[index] = Some(result);
-        g.busy.remove(&id);
+        for id in &ids {
+            g.busy.remove(id);
+        }
         g.remaining -= 1;
         // The caller waits for the next result in order, or for the last.
         if g.awaited == index || g.remaining == 0 {
@@ -551,42 +626,76 @@ impl<R: Send + 'static> Job for BatchState<R> {
     }
 }
 
+/// The executors' labels, for an error about the task.
+fn labels(slots: &[(Arc<Slot>, bool)]) -> String {
+    let names: Vec<&str> = slots.iter().map(|(s, _)| s.label.as_str()).collect();
+    names.join(", ")
+}
+
+/// Pins a task's executors, in the order of their ids (loading those
+/// evicted); on an error, gives back those pinned so far.
+fn acquire_all<R>(sh: &Shared, t: &Task<R>) -> Result<Vec<Box<dyn Any + Send>>> {
+    let mut held = Vec::with_capacity(t.slots.len());
+    for (slot, write) in &t.slots {
+        match sh.acquire(slot, *write) {
+            Ok(v) => held.push(v),
+            Err(e) => {
+                for ((slot, _), v) in t.slots.iter().zip(held) {
+                    sh.release(slot, v, false, false);
+                    sh.note_idle(slot);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(held)
+}
+
 fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
-    // The pending entry keeps the executor ranked as needed-now until it is
-    // pinned; only then is the task recorded as dispatched.
-    let acquired = sh.acquire(&t.slot, t.write);
-    sh.dispatched(&t.slot, t.seq);
-    let mut v = acquired?;
+    // The pending entries keep the executors ranked as needed-now until
+    // they are pinned; only then is the task recorded as dispatched.
+    let acquired = acquire_all(sh, &t);
+    for (slot, _) in &t.slots {
+        sh.dispatched(slot, t.seq);
+    }
+    let mut held = acquired?;
     let before = crate::alloc::thread_own_net();
-    let f = t.f;
     let cx = TaskContext::default();
-    let here = PinnedHere::new(t.slot.id);
-    let out = catch_unwind(AssertUnwindSafe(|| f(&mut *v, &cx)));
+    let here: Vec<PinnedHere> = t.slots.iter().map(|(s, _)| PinnedHere::new(s.id)).collect();
+    let out = {
+        let vals = values(&t, &mut held);
+        let f = t.f;
+        catch_unwind(AssertUnwindSafe(|| f(&vals, &cx)))
+    };
     drop(here);
     // Publish what the task left allocated (its result, a grown
     // executor): the peak then sees it even when it stays below the
     // flush threshold.
     crate::alloc::flush_thread();
-    let changed = t.write || cx.dirty.get();
-    if changed {
+    let changed = |write: bool| write || cx.dirty.get();
+    let mut changing = t.slots.iter().filter(|(_, w)| changed(*w));
+    if let (Some((slot, _)), None) = (changing.next(), changing.next()) {
+        // What the task left allocated is the one changed executor's.
         let delta = crate::alloc::thread_own_net() - before;
-        let size = t.slot.size.load(Ordering::Relaxed);
-        t.slot
-            .size
+        let size = slot.size.load(Ordering::Relaxed);
+        slot.size
             .store((size as i64 + delta).max(0) as usize, Ordering::Relaxed);
-        sh.note_size(&t.slot, size);
+        sh.note_size(slot, size);
     }
     Counters::add(&sh.counters().tasks, 1);
     let panicked = out.is_err();
-    sh.release(&t.slot, v, changed, panicked && changed);
-    sh.note_idle(&t.slot);
+    for ((slot, write), v) in t.slots.iter().zip(held) {
+        let changed = changed(*write);
+        sh.release(slot, v, changed, panicked && changed);
+        sh.note_idle(slot);
+    }
     match out {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(Error::UnknownExecutor {
-            executor: t.slot.label.clone(),
+            executor: labels(&t.slots),
         }),
         Err(p) => Err(Error::TaskPanicked {
-            executor: t.slot.label.clone(),
+            executor: labels(&t.slots),
             message: panic_message(&*p),
         }),
     }

@@ -50,16 +50,6 @@ impl<T> Handle<T> {
         let pos = s.cycle_pos.load(Ordering::Relaxed);
         (id != NONE && pos != NONE).then_some((CycleId(id), pos))
     }
-
-    /// The executor's slot, if this handle belongs to the runtime `sh`.
-    pub(crate) fn slot_in(&self, sh: &Arc<Shared>) -> Option<Arc<Slot>> {
-        let ours = self.shared.upgrade().is_some_and(|s| Arc::ptr_eq(&s, sh));
-        if ours {
-            self.slot.clone()
-        } else {
-            None
-        }
-    }
 }
 
 impl<T: Send + 'static> Handle<T> {

@@ -18,6 +18,10 @@
 //!   threads;
 //! - `handle.rs`: [`Handle`];
 //! - `batch.rs`: [`Batch`], tasks and their results;
+//! - `queue.rs`: a batch's tasks not started yet, in the order workers
+//!   may take them;
+//! - `join.rs`: what a task sees ([`TaskContext`], and [`Join`] and
+//!   [`Key`] for tasks over several executors);
 //! - `pool.rs`: the worker pool, the prefetchers' signal;
 //! - `shared.rs`: the state the threads share;
 //! - `registry.rs`: executors and their declared cycles (several per
@@ -33,9 +37,11 @@ mod batch;
 mod builder;
 mod evict;
 mod handle;
+mod join;
 mod load;
 mod pool;
 mod prefetch;
+mod queue;
 mod ranked;
 mod registry;
 mod shared;
@@ -49,9 +55,10 @@ use std::thread::JoinHandle;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub use batch::{Batch, TaskContext};
+pub use batch::Batch;
 pub use builder::{Builder, MAX_WORKERS};
 pub use handle::Handle;
+pub use join::{AnyHandle, Join, Key, TaskContext};
 pub use registry::CycleId;
 
 use crate::alloc::Registration;

@@ -41,7 +41,7 @@
 //! of the registry, slot and `heads` locks are in a bypass scope, so an
 //! allocation under them never traps.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -93,11 +93,12 @@ pub(crate) struct Shared {
     /// Evicted executors ranked by one scan, for the prefetcher.
     wanted: Ranked,
     /// The first pending task of every executor that has one (its
-    /// dispatch sequence number, to the executor's id): the order in which
+    /// dispatch sequence number, with the executor's id: a task over
+    /// several executors is the first of each of them): the order in which
     /// the workers will want them, so the prefetcher looks only a bounded
     /// way ahead (see `pending_horizon`). A leaf lock: nothing else is
     /// taken while it is held.
-    heads: std::sync::Mutex<BTreeMap<u64, u64>>,
+    heads: std::sync::Mutex<BTreeSet<(u64, u64)>>,
     started: Instant,
     /// The process that started the runtime (see [`Shared::check_process`]).
     owner: u32,
@@ -136,7 +137,7 @@ impl Shared {
             outside: AtomicUsize::new(0),
             victims: Ranked::default(),
             wanted: Ranked::default(),
-            heads: std::sync::Mutex::new(BTreeMap::new()),
+            heads: std::sync::Mutex::new(BTreeSet::new()),
             started: Instant::now(),
             owner: std::process::id(),
             evicted_mark: AtomicU64::new(0),
@@ -202,10 +203,10 @@ impl Shared {
         let _bypass = BypassGuard::new();
         let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
         if old != NONE {
-            heads.remove(&old);
+            heads.remove(&(old, slot.id));
         }
         if new != NONE {
-            heads.insert(new, slot.id);
+            heads.insert((new, slot.id));
         }
     }
 
@@ -223,10 +224,9 @@ impl Shared {
         let _bypass = BypassGuard::new();
         let heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
         heads
-            .keys()
+            .iter()
             .nth(n.saturating_sub(1))
-            .copied()
-            .unwrap_or(u64::MAX)
+            .map_or(u64::MAX, |&(seq, _)| seq)
     }
 
     /// The executors with a pending task within [`Self::pending_horizon`],
@@ -235,7 +235,7 @@ impl Shared {
         let n = usize::try_from(self.lookahead()).unwrap_or(usize::MAX);
         let _bypass = BypassGuard::new();
         let heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
-        out.extend(heads.values().take(n).copied());
+        out.extend(heads.iter().take(n).map(|&(_, id)| id));
     }
 
     /// The rank of `s` in `cycle` (computed under the registry lock, which

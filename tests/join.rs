@@ -1,0 +1,410 @@
+//! Tasks over several executors: what they see, their order, the plan,
+//! the errors, poisoning, and no deadlock whatever the order tasks name
+//! their executors in (a stress test in a child with a watchdog).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{child_ok, is_child};
+use outcore::{Error, MemoryCap, PodVec, Runtime, State};
+
+#[test]
+fn a_task_sees_and_updates_each_executor_it_names() {
+    let rt = Runtime::builder().workers(2).build().unwrap();
+    let x = rt.insert(vec![1.0f64, 2.0, 3.0]).unwrap();
+    let w = rt.insert(vec![2.0f64, 2.0, 2.0]).unwrap();
+    let y = rt.insert(Vec::<f64>::new()).unwrap();
+    let n = rt.insert(0u32).unwrap();
+    let (kx, kw, ky, kn) = (x.key(), w.key(), y.key(), n.key());
+    let mut b = rt.batch();
+    b.task(&[&x, &w], &[&y, &n], move |j| {
+        let (x, w) = (j.read(kx), j.read(kw));
+        let y = j.write(ky);
+        y.extend(x.iter().zip(w).map(|(a, b)| a * b));
+        *j.write(kn) += 1;
+        y.len()
+    });
+    assert_eq!(b.run().unwrap(), vec![3]);
+    // The written executors were changed, and their changes survive an
+    // eviction; the read ones are clean (dropped without a write).
+    let written = rt.stats().bytes_written;
+    rt.evict_all().unwrap();
+    assert_eq!(
+        rt.read(&y, |v: &Vec<f64>| v.clone()).unwrap(),
+        vec![2.0, 4.0, 6.0]
+    );
+    assert_eq!(rt.read(&n, |v: &u32| *v).unwrap(), 1);
+    assert_eq!(rt.read(&x, |v: &Vec<f64>| v[2]).unwrap(), 3.0);
+    assert!(rt.stats().bytes_written > written);
+}
+
+#[test]
+fn the_typed_forms_read_two_and_read_one_write_another() {
+    let rt = Runtime::builder().build().unwrap();
+    let a = rt.insert(vec![1u64, 2, 3]).unwrap();
+    let b = rt.insert(vec![10u64, 20, 30]).unwrap();
+    let sum = rt.insert(0u64).unwrap();
+    let mut batch = rt.batch();
+    batch.read2(&a, &b, |a: &Vec<u64>, b: &Vec<u64>| {
+        a.iter().zip(b).map(|(x, y)| x * y).sum::<u64>()
+    });
+    batch.read2(&a, &a, |a: &Vec<u64>, again: &Vec<u64>| {
+        a.len() as u64 + again.len() as u64
+    });
+    batch.read_write(&b, &sum, |b: &Vec<u64>, s: &mut u64| {
+        *s += b.iter().sum::<u64>();
+        *s
+    });
+    assert_eq!(batch.run().unwrap(), vec![140, 6, 60]);
+}
+
+#[test]
+fn tasks_on_an_executor_run_in_submission_order_whatever_else_they_name() {
+    // Each task appends its index to the log it writes; the others read
+    // one of several data blocks or write one of several counters, in
+    // every order of ids.
+    let rt = Runtime::builder().workers(2).build().unwrap();
+    let log = rt.insert(Vec::<usize>::new()).unwrap();
+    let blocks: Vec<_> = (0..4u64)
+        .map(|i| rt.insert(vec![i; 1000]).unwrap())
+        .collect();
+    let kl = log.key();
+    let mut b = rt.batch();
+    for i in 0..200usize {
+        let h = &blocks[i % 4];
+        let kh = h.key();
+        if i % 3 == 0 {
+            b.task(&[], &[h, &log], move |j| {
+                j.write(kh)[0] += 1;
+                j.write(kl).push(i);
+            });
+        } else {
+            b.task(&[h], &[&log], move |j| {
+                let _ = j.read(kh)[0];
+                j.write(kl).push(i);
+            });
+        }
+    }
+    b.run().unwrap();
+    let seen = rt.read(&log, |l: &Vec<usize>| l.clone()).unwrap();
+    assert_eq!(seen, (0..200).collect::<Vec<_>>());
+}
+
+#[test]
+fn executors_that_cannot_fit_together_are_an_error_naming_them() {
+    let rt = Runtime::builder()
+        .mem_cap(MemoryCap::Bytes(8 << 20))
+        .build()
+        .unwrap();
+    let a = rt.insert(PodVec::from(vec![1u8; 5 << 20])).unwrap();
+    let b = rt.insert(PodVec::from(vec![2u8; 5 << 20])).unwrap();
+    let mut batch = rt.batch();
+    batch.read2(&a, &b, |_: &PodVec<u8>, _: &PodVec<u8>| ());
+    batch.read(&a, |v: &PodVec<u8>| {
+        assert_eq!(v[0], 1);
+    });
+    let r = batch.run_each();
+    match &r[0] {
+        Err(e @ Error::TooLargeTogether { executors, cap }) => {
+            assert_eq!(executors.len(), 2);
+            assert_eq!(*cap, 8 << 20);
+            let msg = e.to_string();
+            assert!(msg.contains(&format!("executor #{}", a.id())), "{msg}");
+            assert!(msg.contains(&format!("executor #{}", b.id())), "{msg}");
+            assert!(msg.contains("8.0 MiB"), "{msg}");
+        }
+        other => panic!("expected TooLargeTogether, got {other:?}"),
+    }
+    // The rest of the batch ran.
+    assert!(r[1].is_ok(), "{:?}", r[1]);
+}
+
+#[test]
+fn a_panic_poisons_the_executors_written_not_those_read() {
+    let rt = Runtime::builder().build().unwrap();
+    let data = rt.insert(vec![1u32; 10]).unwrap();
+    let model = rt.insert(vec![0u32; 10]).unwrap();
+    let (kd, km) = (data.key(), model.key());
+    let mut b = rt.batch();
+    b.task(&[&data], &[&model], move |j| {
+        let _ = j.read(kd);
+        j.write(km)[0] = 7;
+        panic!("half-way");
+    });
+    let err = b.run().unwrap_err();
+    assert!(matches!(err, Error::TaskPanicked { .. }), "{err}");
+    assert_eq!(model.state(), State::Poisoned);
+    assert!(matches!(
+        rt.read(&model, |m: &Vec<u32>| m[0]),
+        Err(Error::Poisoned { .. })
+    ));
+    assert_eq!(rt.read(&data, |d: &Vec<u32>| d[0]).unwrap(), 1);
+}
+
+#[test]
+fn misuse_in_a_task_fails_the_task_only() {
+    let rt = Runtime::builder().build().unwrap();
+    let a = rt.insert(1u32).unwrap();
+    let other = rt.insert(2u32).unwrap();
+    let (ka, ko) = (a.key(), other.key());
+    let mut b = rt.batch();
+    // An executor the task did not name, a write of one it reads, a type
+    // that is not the executor's, and the same executor read and written.
+    b.task(&[&a], &[], move |j| *j.read(ko));
+    b.task(&[&a], &[], move |j| *j.write(ka));
+    b.task(&[&a], &[], move |j| {
+        j.read(outcore_key_as::<u64>(ka)).to_string().len() as u32
+    });
+    b.read_write(&a, &a, |x: &u32, y: &mut u32| *x + *y);
+    for r in b.run_each() {
+        assert!(matches!(r, Err(Error::TaskPanicked { .. })), "{r:?}");
+    }
+    // Nothing was poisoned: none of these tasks wrote.
+    assert_eq!(rt.read(&a, |v: &u32| *v).unwrap(), 1);
+    assert_eq!(a.state(), State::Resident);
+}
+
+/// A key of another type with the id of `k` (keys are made from handles
+/// only: a second runtime hands out the same ids in the same order).
+fn outcore_key_as<T>(k: outcore::Key<u32>) -> outcore::Key<T>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + Send + Default + 'static,
+{
+    let rt = Runtime::builder().build().unwrap();
+    loop {
+        let h = rt.insert(T::default()).unwrap();
+        if h.id() >= k.id() {
+            assert_eq!(h.id(), k.id(), "ids are handed out in order");
+            return h.key();
+        }
+    }
+}
+
+#[test]
+fn a_task_naming_the_executor_its_caller_holds_is_reentrant() {
+    let rt = Arc::new(Runtime::builder().workers(2).build().unwrap());
+    let a = Arc::new(rt.insert(1u32).unwrap());
+    let b = Arc::new(rt.insert(2u32).unwrap());
+    let (rt2, a2, b2) = (rt.clone(), a.clone(), b.clone());
+    // A task on `b` runs a batch with a task over `a` and `b`: `b` is
+    // held by the task that waits for it.
+    let inner = rt
+        .write(&b, move |_: &mut u32| {
+            let mut inner = rt2.batch();
+            inner.read2(&a2, &b2, |x: &u32, y: &u32| x + y);
+            inner.read2(&a2, &a2, |x: &u32, y: &u32| x + y);
+            inner.run_each()
+        })
+        .unwrap();
+    assert!(
+        matches!(inner[0], Err(Error::Reentrant { .. })),
+        "{:?}",
+        inner[0]
+    );
+    assert_eq!(inner[1].as_ref().ok(), Some(&2));
+}
+
+#[test]
+fn the_prefetcher_loads_every_executor_of_a_task_ahead_of_it() {
+    // In a child: the cap counts the whole process's memory.
+    let test = "the_prefetcher_loads_every_executor_of_a_task_ahead_of_it";
+    if !is_child(test) {
+        child_ok(test, None, Duration::from_secs(120), &[]);
+        return;
+    }
+    // 24 data blocks of 1 MiB, all evicted, each met with the one model
+    // block; tasks that compute for a while leave the prefetcher time to
+    // load the next blocks: few loads are on demand.
+    let rt = Runtime::builder()
+        .mem_cap(MemoryCap::Bytes(12 << 20))
+        .workers(1)
+        .build()
+        .unwrap();
+    let blocks: Vec<_> = (0..24u32)
+        .map(|i| rt.insert(PodVec::from(vec![i; 1 << 18])).unwrap())
+        .collect();
+    let model = rt.insert(vec![0u64; 16]).unwrap();
+    rt.evict_all().unwrap();
+    let before = rt.stats();
+    let km = model.key();
+    let mut b = rt.batch();
+    for h in &blocks {
+        let kh = h.key();
+        b.task(&[h], &[&model], move |j| {
+            std::thread::sleep(Duration::from_millis(20));
+            let first = j.read(kh)[0];
+            j.write(km)[0] += u64::from(first);
+        });
+    }
+    b.run().unwrap();
+    let s = rt.stats();
+    let loads = s.loads - before.loads;
+    let demand = s.demand_loads - before.demand_loads;
+    let prefetched = s.prefetches - before.prefetches;
+    println!("LOADS={loads} DEMAND={demand} PREFETCHED={prefetched}");
+    // The first task's executors wait for their loads; the prefetcher
+    // loads the next ones while a task computes (1 demand load here; 5-6
+    // when the plan kept one executor per task).
+    assert!(
+        demand <= 3,
+        "demand loads {demand} of {loads}: {}",
+        s.to_json()
+    );
+    assert!(prefetched >= 18, "prefetches {prefetched}: {}", s.to_json());
+    assert_eq!(
+        rt.read(&model, |m: &Vec<u64>| m[0]).unwrap(),
+        (0..24).sum::<u64>()
+    );
+}
+
+#[test]
+fn nested_reads_are_counted_once() {
+    let rt = Arc::new(Runtime::builder().workers(2).build().unwrap());
+    let a = rt.insert(1u32).unwrap();
+    let b = Arc::new(rt.insert(2u32).unwrap());
+    let before = rt.stats().tasks;
+    let (rt2, b2) = (rt.clone(), b.clone());
+    let mut batch = rt.batch();
+    for _ in 0..10 {
+        let (rt2, b2) = (rt2.clone(), b2.clone());
+        batch.read(&a, move |x: &u32| x + rt2.read(&b2, |y: &u32| *y).unwrap());
+    }
+    assert_eq!(batch.run().unwrap(), vec![3; 10]);
+    // Ten tasks and ten nested reads.
+    assert_eq!(rt.stats().tasks - before, 20);
+    drop((rt2, b2));
+}
+
+// ---------------------------------------------------------------------------
+// No deadlock, no lost update: random read and write sets over a few
+// executors, in every order of ids, under a cap that keeps only some of
+// them in memory, from several threads' batches at once.
+// ---------------------------------------------------------------------------
+
+const STRESS_EXECUTORS: usize = 6;
+const STRESS_TASKS: usize = 300;
+
+/// A deterministic draw.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z ^ (z >> 29)
+}
+
+fn join_stress() {
+    let rt = Arc::new(
+        Runtime::builder()
+            .mem_cap(MemoryCap::Bytes(6 << 20))
+            .workers(2)
+            .build()
+            .unwrap(),
+    );
+    // Each executor: 1 MiB of data and a count of the writes it saw.
+    let hs: Vec<_> = (0..STRESS_EXECUTORS)
+        .map(|_| rt.insert((PodVec::from(vec![0u8; 1 << 20]), 0u64)).unwrap())
+        .collect();
+    let mut expected = [0u64; STRESS_EXECUTORS];
+    std::thread::scope(|s| {
+        let mut threads = Vec::new();
+        for t in 0..2u64 {
+            let (rt, hs) = (&rt, &hs);
+            threads.push(s.spawn(move || {
+                let mut writes = vec![0u64; STRESS_EXECUTORS];
+                let mut b = rt.batch();
+                for i in 0..STRESS_TASKS as u64 {
+                    let z = mix(t * 1_000_003 + i);
+                    // Up to three executors, in a random order, each read
+                    // or written.
+                    let n = 1 + (z % 3) as usize;
+                    let (mut reads, mut ws) = (Vec::new(), Vec::new());
+                    let mut keys = Vec::new();
+                    for k in 0..n {
+                        let e = (mix(z + k as u64) % STRESS_EXECUTORS as u64) as usize;
+                        let write = mix(z ^ (k as u64 + 7)) % 2 == 0;
+                        if write {
+                            ws.push(&hs[e]);
+                        } else {
+                            reads.push(&hs[e]);
+                        }
+                        keys.push((hs[e].key(), write));
+                    }
+                    // The executors the task writes (each once).
+                    let mut written: Vec<usize> = Vec::new();
+                    for (k, w) in &keys {
+                        let e = hs.iter().position(|h| h.key() == *k).unwrap();
+                        if *w && !written.contains(&e) {
+                            written.push(e);
+                            writes[e] += 1;
+                        }
+                    }
+                    let reads: Vec<&dyn outcore::AnyHandle> = reads
+                        .into_iter()
+                        .map(|h| h as &dyn outcore::AnyHandle)
+                        .collect();
+                    let ws: Vec<&dyn outcore::AnyHandle> = ws
+                        .into_iter()
+                        .map(|h| h as &dyn outcore::AnyHandle)
+                        .collect();
+                    let wkeys: Vec<_> = written.iter().map(|&e| hs[e].key()).collect();
+                    let rkeys: Vec<_> = keys.iter().map(|(k, _)| *k).collect();
+                    b.task(&reads, &ws, move |j| {
+                        for k in &rkeys {
+                            if !wkeys.contains(k) {
+                                let _ = j.read(*k).0[0];
+                            }
+                        }
+                        for k in &wkeys {
+                            let v = j.write(*k);
+                            v.0[(v.1 % 4096) as usize] ^= 1;
+                            v.1 += 1;
+                        }
+                    });
+                }
+                b.run().unwrap();
+                writes
+            }));
+        }
+        for t in threads {
+            for (e, w) in t.join().unwrap().into_iter().enumerate() {
+                expected[e] += w;
+            }
+        }
+    });
+    let mut lost = 0;
+    for (e, h) in hs.iter().enumerate() {
+        let seen = rt.read(h, |v: &(PodVec<u8>, u64)| v.1).unwrap();
+        if seen != expected[e] {
+            lost += 1;
+            println!("executor {e}: {seen} writes, {} expected", expected[e]);
+        }
+    }
+    let s = rt.stats();
+    println!("LOST={lost}");
+    println!("EVICTIONS={}", s.evictions);
+    println!("TASKS={}", s.tasks);
+}
+
+#[test]
+fn random_read_and_write_sets_never_deadlock_or_lose_an_update() {
+    if is_child("random_read_and_write_sets_never_deadlock_or_lose_an_update") {
+        return join_stress();
+    }
+    let out = child_ok(
+        "random_read_and_write_sets_never_deadlock_or_lose_an_update",
+        None,
+        Duration::from_secs(120),
+        &[],
+    );
+    assert_eq!(out.num("LOST"), 0, "{}", out.stdout);
+    assert!(
+        out.num("EVICTIONS") > 0,
+        "the cap never bit: {}",
+        out.stdout
+    );
+    assert_eq!(
+        out.num("TASKS"),
+        2 * STRESS_TASKS as u64 + STRESS_EXECUTORS as u64
+    );
+}
