@@ -20,21 +20,62 @@ use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-mod sealed {
-    pub trait Sealed {}
-}
-
-/// Plain numeric types: no padding, no pointers, every bit pattern valid.
-/// Implemented for the primitive integer and float types only.
-pub trait Plain: sealed::Sealed + Copy + Default + Send + Sync + 'static {}
+/// Plain data: a [`PodVec`] of it is saved and loaded as its bytes.
+/// Implemented for the primitive integers and floats and for arrays of
+/// them; implement it for a struct of your own as bytemuck's `Pod` is:
+///
+/// ```
+/// use outcore::{Plain, PodVec};
+///
+/// /// An edge of a graph: two node ids.
+/// #[repr(C)]
+/// #[derive(Clone, Copy, Default, Debug, PartialEq)]
+/// struct Edge {
+///     src: u32,
+///     dst: u32,
+/// }
+/// // SAFETY: `repr(C)`, two `u32` fields and no padding (8 bytes, the sum
+/// // of the fields); any bit pattern is a valid `Edge`.
+/// unsafe impl Plain for Edge {}
+///
+/// let edges = PodVec::from(vec![Edge { src: 0, dst: 1 }, Edge { src: 1, dst: 0 }]);
+/// assert_eq!(edges[1].src, 1);
+/// ```
+///
+/// # Safety
+///
+/// The bytes of a `T` are read as they are in memory and written back into
+/// a `T` from a spill file, so `T` must:
+///
+/// - be `#[repr(C)]` or `#[repr(transparent)]` (a struct) or an array, all
+///   of whose fields are `Plain`;
+/// - have no padding: its size is the sum of its fields' sizes (a `u8`
+///   beside a `u32` leaves three padding bytes: add the bytes as a field);
+/// - accept every bit pattern as a valid value: no `bool`, `char`, enum,
+///   reference, pointer, `NonZero*` or niche-carrying field;
+/// - not be zero-sized.
+pub unsafe trait Plain: Copy + Default + Send + Sync + 'static {}
 
 macro_rules! plain {
     ($($t:ty)*) => {$(
-        impl sealed::Sealed for $t {}
-        impl Plain for $t {}
+        // SAFETY: primitive numbers: no padding, every bit pattern valid,
+        // not zero-sized.
+        unsafe impl Plain for $t {}
     )*};
 }
 plain!(u8 u16 u32 u64 i8 i16 i32 i64 f32 f64);
+
+// SAFETY: an array has no padding between its elements, which are `Plain`;
+// a zero-length array is refused where a `PodVec` uses its size (see
+// `elem_size`).
+unsafe impl<T: Plain, const N: usize> Plain for [T; N] where [T; N]: Default {}
+
+/// The size of a `T`, refused at compile time when it is zero.
+const fn elem_size<T: Plain>() -> usize {
+    let n = std::mem::size_of::<T>();
+    assert!(n > 0, "a Plain type must not be zero-sized");
+    n
+}
 
 /// Bytes per chunk in the serialized form outside spill files.
 const CHUNK: usize = 1 << 20;
@@ -120,6 +161,7 @@ impl<T: Plain> Serialize for PodVec<T> {
     /// file; elsewhere the padding is empty and the data comes in 1 MiB
     /// chunks.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let _ = const { elem_size::<T>() };
         let bytes = self.bytes();
         let aligned = bytes.len() >= DIRECT_FROM && write_pos().is_some();
         let chunks = if aligned {
@@ -385,7 +427,7 @@ impl<'de, T: Plain> Visitor<'de> for PodVisitor<T> {
         let n: u64 = seq
             .next_element()?
             .ok_or_else(|| de::Error::custom("PodVec: missing element count"))?;
-        let elem = std::mem::size_of::<T>() as u64;
+        let elem = const { elem_size::<T>() } as u64;
         let total = n
             .checked_mul(elem)
             .filter(|&t| t <= BUDGET.with(Cell::get) && t <= isize::MAX as u64)

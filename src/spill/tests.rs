@@ -1234,6 +1234,46 @@ fn large_pod_vecs_load_with_direct_io() {
     assert_eq!(direct_roundtrip(dir.path(), &pod_f32(1000)).direct_bytes, 0);
 }
 
+/// A plain struct of the user's (see [`crate::Plain`]).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq)]
+struct Edge {
+    src: u32,
+    dst: u32,
+    weight: f32,
+    hops: [u16; 2],
+}
+
+// SAFETY: `repr(C)`, 16 bytes of `Plain` fields with no padding; any bit
+// pattern is valid.
+unsafe impl crate::Plain for Edge {}
+
+#[test]
+fn plain_structs_and_arrays_load_with_direct_io() {
+    let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target");
+    std::fs::create_dir_all(&base).unwrap();
+    let dir = tempfile::tempdir_in(&base).unwrap();
+    assert_eq!(std::mem::size_of::<Edge>(), 16);
+    let n = 300_001u32;
+    let edges: PodVec<Edge> = (0..n)
+        .map(|i| Edge {
+            src: i,
+            dst: i.wrapping_mul(7919) % n,
+            weight: i as f32 * 0.5,
+            hops: [i as u16, 3],
+        })
+        .collect::<Vec<_>>()
+        .into();
+    let loaded = direct_roundtrip(dir.path(), &edges);
+    assert_eq!(loaded.direct_bytes, u64::from(n) * 16 / 4096 * 4096);
+    let points: PodVec<[f32; 3]> = (0..200_000)
+        .map(|i| [i as f32, 1.0, -1.0])
+        .collect::<Vec<_>>()
+        .into();
+    let loaded = direct_roundtrip(dir.path(), &points);
+    assert_eq!(loaded.direct_bytes, 2_400_000 / 4096 * 4096);
+}
+
 #[test]
 fn a_filesystem_without_direct_io_loads_buffered() {
     // tmpfs refuses O_DIRECT on older kernels and accepts it on newer ones:
