@@ -93,6 +93,61 @@ fn tasks_on_an_executor_run_in_submission_order_whatever_else_they_name() {
 }
 
 #[test]
+fn reads_of_one_executor_run_side_by_side_and_in_order_with_its_writes() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let rt = Runtime::builder().workers(2).build().unwrap();
+    let model = rt.insert(vec![0u64; 4]).unwrap();
+    let blocks: Vec<_> = (0..2u64).map(|i| rt.insert(i).unwrap()).collect();
+    let km = model.key();
+    // Two tasks reading the model: each waits (up to 10 s) to see the
+    // other inside; held one at a time, neither would.
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut b = rt.batch();
+    for h in &blocks {
+        let (inside, kh) = (inside.clone(), h.key());
+        b.task(&[&model], &[h], move |j| {
+            let _ = j.read(km);
+            inside.fetch_add(1, Ordering::SeqCst);
+            let start = std::time::Instant::now();
+            while inside.load(Ordering::SeqCst) < 2 && start.elapsed() < Duration::from_secs(10) {
+                std::thread::yield_now();
+            }
+            *j.write(kh) += 1;
+            inside.load(Ordering::SeqCst)
+        });
+    }
+    assert_eq!(b.run().unwrap(), vec![2, 2]);
+    // Writes and reads of one executor keep their order: each read sees
+    // exactly the writes submitted before it.
+    let log = rt.insert(Vec::<usize>::new()).unwrap();
+    let kl = log.key();
+    let mut b = rt.batch();
+    let mut writes = 0;
+    let mut expected = Vec::new();
+    for i in 0..120usize {
+        let h = &blocks[i % 2];
+        let kh = h.key();
+        if i % 4 == 0 {
+            writes += 1;
+            expected.push(writes);
+            b.task(&[h], &[&log], move |j| {
+                let _ = j.read(kh);
+                let log = j.write(kl);
+                log.push(i);
+                log.len()
+            });
+        } else {
+            expected.push(writes);
+            b.task(&[&log, h], &[], move |j| {
+                let _ = j.read(kh);
+                j.read(kl).len()
+            });
+        }
+    }
+    assert_eq!(b.run().unwrap(), expected);
+}
+
+#[test]
 fn executors_that_cannot_fit_together_are_an_error_naming_them() {
     let rt = Runtime::builder()
         .mem_cap(MemoryCap::Bytes(8 << 20))
@@ -339,9 +394,9 @@ fn join_stress() {
                             writes[e] += 1;
                         }
                     }
-                    let reads: Vec<&dyn outcore::AnyHandle> = reads
+                    let reads: Vec<&dyn outcore::ReadHandle> = reads
                         .into_iter()
-                        .map(|h| h as &dyn outcore::AnyHandle)
+                        .map(|h| h as &dyn outcore::ReadHandle)
                         .collect();
                     let ws: Vec<&dyn outcore::AnyHandle> = ws
                         .into_iter()

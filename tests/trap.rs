@@ -416,8 +416,9 @@ fn cyclic_sweeps_load_only_what_does_not_fit() {
         let resident = num(&out, &format!("RESIDENT_{}", sweep - 1))
             .min(num(&out, &format!("RESIDENT_{sweep}")));
         // What was not resident, plus a few in flight (the executors being
-        // worked on and loaded ahead).
-        let bound = N as u64 - resident + 12;
+        // worked on and loaded ahead): 7 to 12 more with every core busy
+        // beside the test, so 16.
+        let bound = N as u64 - resident + 16;
         assert!(
             loads <= bound,
             "sweep {sweep}: {loads} loads with {resident} of {N} resident (at most {bound})\n{}",

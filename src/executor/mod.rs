@@ -84,6 +84,10 @@ pub(crate) struct Inner {
     /// Removed while pinned by the task that dropped its last handle: the
     /// value is dropped when that task releases it.
     pub drop_on_release: bool,
+    /// Tasks reading the value side by side (it stays in `value`, and the
+    /// state is `Pinned`); 0 when a task holds it alone (the value is then
+    /// out of the slot) or none does.
+    pub readers: u32,
 }
 
 /// One executor in the registry.
@@ -205,6 +209,7 @@ impl Slot {
                 pending: std::collections::VecDeque::new(),
                 damage: None,
                 drop_on_release: false,
+                readers: 0,
             }),
             cond: Condvar::new(),
             state_code: AtomicU8::new(state as u8),

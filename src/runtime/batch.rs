@@ -1,8 +1,6 @@
 //! Batches: tasks submitted to executors in a known order, results returned
 //! in submission order.
 
-use std::any::Any;
-use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -10,9 +8,9 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 
 use super::handle::Handle;
-use super::join::{AnyHandle, Join, TaskContext, Value};
+use super::join::{AnyHandle, Join, ReadHandle, TaskContext, Value};
 use super::pool::{Job, Step};
-use super::queue::{values, Queue, Task, TaskFn};
+use super::queue::{values, Access, Busy, Held, Queue, Task, TaskFn};
 use super::shared::{in_task, panic_message, pinned_here, PinnedHere, Shared};
 use crate::error::{Error, Result};
 use crate::executor::Slot;
@@ -22,8 +20,8 @@ use crate::stats::Counters;
 /// error).
 type TaskSlot = std::result::Result<Arc<Slot>, String>;
 
-/// A task as submitted: its executors, each with whether it writes it.
-type Named = Vec<(TaskSlot, bool)>;
+/// A task as submitted: its executors, each with how it holds it.
+type Named = Vec<(TaskSlot, Access)>;
 
 /// A set of tasks on executors, run by the worker pool.
 ///
@@ -135,7 +133,8 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
         let task: TaskFn<R> = Box::new(move |v: &[Value<'_>], cx: &TaskContext| {
             v.first().and_then(|v| v.take::<T>()).map(|t| f(t, cx))
         });
-        self.tasks.push((vec![(slot, write)], task));
+        let access = if write { Access::Write } else { Access::Alone };
+        self.tasks.push((vec![(slot, access)], task));
     }
 
     /// Adds a read-only task: it sees `&T` and leaves the executor clean.
@@ -200,17 +199,19 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
 
     /// Adds a task over several executors: it reads those in `reads`
     /// and writes those in `writes`, and finds each in its [`Join`] by
-    /// [`Key`](crate::Key) ([`Handle::key`]). All of them are loaded and pinned
-    /// together for as long as it runs; those it writes become dirty (an
-    /// executor named in both lists is written).
+    /// [`Key`](crate::Key) ([`Handle::key`]). All of them are loaded and
+    /// pinned together for as long as it runs; those it writes become dirty
+    /// (an executor named in both lists is written).
     ///
-    /// Order, as for tasks on one executor: the tasks on an executor run
-    /// one at a time, in submission order, whichever other executors they
-    /// name, and the dispatch plan (eviction, prefetch) counts the task for
-    /// every executor it names. A worker starts a task only when all its
-    /// executors are free, and pins them in the order of their ids, so
-    /// tasks that name the same executors in different orders never wait
-    /// for each other in a cycle.
+    /// Order, per executor, in submission order: a task that writes an
+    /// executor runs after every earlier task on it has finished and before
+    /// any later one starts; tasks that read it and come one after another
+    /// run side by side (so the executors read must be `Sync`:
+    /// [`ReadHandle`](crate::ReadHandle)). The dispatch plan (eviction,
+    /// prefetch) counts the task for every executor it names. A worker
+    /// starts a task only when all its executors are free for it, and pins
+    /// them in the order of their ids, so tasks that name the same
+    /// executors in different orders never wait for each other in a cycle.
     ///
     /// The task fails without running, with
     /// [`Error::TooLargeTogether`], when its executors together (their
@@ -239,7 +240,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
     /// ```
     pub fn task<F>(
         &mut self,
-        reads: &[&dyn AnyHandle],
+        reads: &[&dyn ReadHandle],
         writes: &[&dyn AnyHandle],
         f: F,
     ) -> &mut Self
@@ -248,8 +249,8 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
     {
         let named = reads
             .iter()
-            .map(|h| (self.slot_of(*h), false))
-            .chain(writes.iter().map(|h| (self.slot_of(*h), true)))
+            .map(|h| (h.erased().slot_in(self.shared), Access::Shared))
+            .chain(writes.iter().map(|h| (self.slot_of(*h), Access::Write)))
             .collect();
         let task: TaskFn<R> =
             Box::new(move |v: &[Value<'_>], _: &TaskContext| Some(f(&Join::new(v))));
@@ -274,8 +275,8 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
     /// ```
     pub fn read2<A, B, F>(&mut self, a: &Handle<A>, b: &Handle<B>, f: F) -> &mut Self
     where
-        A: 'static,
-        B: 'static,
+        A: Sync + 'static,
+        B: Sync + 'static,
         F: FnOnce(&A, &B) -> R + Send + 'static,
     {
         let (ka, kb) = (a.key(), b.key());
@@ -305,7 +306,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
     /// once), leaving the executor as it was.
     pub fn read_write<A, B, F>(&mut self, a: &Handle<A>, b: &Handle<B>, f: F) -> &mut Self
     where
-        A: 'static,
+        A: Sync + 'static,
         B: 'static,
         F: FnOnce(&A, &mut B) -> R + Send + 'static,
     {
@@ -471,7 +472,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
             shared: sh.clone(),
             inner: Mutex::new(BatchInner {
                 queue,
-                busy: HashSet::new(),
+                busy: Busy::default(),
                 results,
                 remaining,
                 awaited: NOT_WAITING,
@@ -492,9 +493,9 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
 /// written), or why the task cannot run: an executor of another runtime,
 /// one the task running this batch holds, or executors that together do
 /// not fit under the cap.
-fn checked(sh: &Shared, named: Named) -> Result<Vec<(Arc<Slot>, bool)>> {
-    let mut slots: Vec<(Arc<Slot>, bool)> = Vec::with_capacity(named.len());
-    for (slot, write) in named {
+fn checked(sh: &Shared, named: Named) -> Result<Vec<(Arc<Slot>, Access)>> {
+    let mut slots: Vec<(Arc<Slot>, Access)> = Vec::with_capacity(named.len());
+    for (slot, access) in named {
         let slot = slot.map_err(|executor| Error::UnknownExecutor { executor })?;
         if pinned_here(slot.id) {
             // A task's batch with a task on the task's own executor: it
@@ -504,8 +505,8 @@ fn checked(sh: &Shared, named: Named) -> Result<Vec<(Arc<Slot>, bool)>> {
             });
         }
         match slots.iter_mut().find(|(s, _)| s.id == slot.id) {
-            Some((_, w)) => *w |= write,
-            None => slots.push((slot, write)),
+            Some((_, a)) => *a = (*a).max(access),
+            None => slots.push((slot, access)),
         }
     }
     slots.sort_by_key(|(s, _)| s.id);
@@ -546,7 +547,7 @@ fn push_pending(sh: &Shared, slot: &Slot, seq: u64) {
 
 struct BatchInner<R> {
     queue: Queue<R>,
-    busy: HashSet<u64>,
+    busy: Busy,
     results: Vec<Option<Result<R>>>,
     remaining: usize,
     /// The result the caller waits for, or [`NOT_WAITING`]: a worker wakes
@@ -599,10 +600,10 @@ impl<R: Send + 'static> Job for BatchState<R> {
             let Some(t) = inner.queue.take_free(&inner.busy, inner.limit) else {
                 return Step::Blocked;
             };
-            inner.busy.extend(t.slots.iter().map(|(s, _)| s.id));
+            inner.busy.take(&t.slots);
             t
         };
-        let ids: Vec<u64> = task.slots.iter().map(|(s, _)| s.id).collect();
+        let ids: Vec<(u64, Access)> = task.slots.iter().map(|(s, a)| (s.id, *a)).collect();
         let index = task.index;
         // User code is already caught inside; this catches the runtime's
         // own, so that a result is always recorded and `run` returns.
@@ -614,9 +615,7 @@ impl<R: Send + 'static> Job for BatchState<R> {
         });
         let mut g = self.inner.lock();
         g.results[index] = Some(result);
-        for id in &ids {
-            g.busy.remove(id);
-        }
+        g.busy.give(&ids);
         g.remaining -= 1;
         // The caller waits for the next result in order, or for the last.
         if g.awaited == index || g.remaining == 0 {
@@ -627,28 +626,41 @@ impl<R: Send + 'static> Job for BatchState<R> {
 }
 
 /// The executors' labels, for an error about the task.
-fn labels(slots: &[(Arc<Slot>, bool)]) -> String {
+fn labels(slots: &[(Arc<Slot>, Access)]) -> String {
     let names: Vec<&str> = slots.iter().map(|(s, _)| s.label.as_str()).collect();
     names.join(", ")
 }
 
 /// Pins a task's executors, in the order of their ids (loading those
 /// evicted); on an error, gives back those pinned so far.
-fn acquire_all<R>(sh: &Shared, t: &Task<R>) -> Result<Vec<Box<dyn Any + Send>>> {
+fn acquire_all<R>(sh: &Shared, t: &Task<R>) -> Result<Vec<Held>> {
     let mut held = Vec::with_capacity(t.slots.len());
-    for (slot, write) in &t.slots {
-        match sh.acquire(slot, *write) {
-            Ok(v) => held.push(v),
+    for (slot, access) in &t.slots {
+        let got = match access {
+            Access::Shared => sh.acquire_shared(slot).map(Held::Shared),
+            a => sh.acquire(slot, a.writes()).map(Held::Alone),
+        };
+        match got {
+            Ok(h) => held.push(h),
             Err(e) => {
-                for ((slot, _), v) in t.slots.iter().zip(held) {
-                    sh.release(slot, v, false, false);
-                    sh.note_idle(slot);
+                for ((slot, _), h) in t.slots.iter().zip(held) {
+                    give_back(sh, slot, h, false, false);
                 }
                 return Err(e);
             }
         }
     }
     Ok(held)
+}
+
+/// Gives a value a task held back to its slot: `changed` marks it dirty,
+/// `poisoned` poisons it (neither for a value read side by side).
+fn give_back(sh: &Shared, slot: &Arc<Slot>, h: Held, changed: bool, poisoned: bool) {
+    match h {
+        Held::Alone(v) => sh.release(slot, v, changed, poisoned),
+        Held::Shared(_) => sh.release_shared(slot),
+    }
+    sh.note_idle(slot);
 }
 
 fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
@@ -672,8 +684,10 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     // executor): the peak then sees it even when it stays below the
     // flush threshold.
     crate::alloc::flush_thread();
-    let changed = |write: bool| write || cx.dirty.get();
-    let mut changing = t.slots.iter().filter(|(_, w)| changed(*w));
+    // A value read side by side never changes (its type is `Sync`, and the
+    // task sees it as `&T` only).
+    let changed = |a: Access| a.writes() || (a == Access::Alone && cx.dirty.get());
+    let mut changing = t.slots.iter().filter(|(_, a)| changed(*a));
     if let (Some((slot, _)), None) = (changing.next(), changing.next()) {
         // What the task left allocated is the one changed executor's.
         let delta = crate::alloc::thread_own_net() - before;
@@ -684,10 +698,9 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     }
     Counters::add(&sh.counters().tasks, 1);
     let panicked = out.is_err();
-    for ((slot, write), v) in t.slots.iter().zip(held) {
-        let changed = changed(*write);
-        sh.release(slot, v, changed, panicked && changed);
-        sh.note_idle(slot);
+    for ((slot, access), h) in t.slots.iter().zip(held) {
+        let changed = changed(*access);
+        give_back(sh, slot, h, changed, panicked && changed);
     }
     match out {
         Ok(Some(r)) => Ok(r),

@@ -137,6 +137,13 @@ impl Erased<'_> {
     }
 }
 
+/// A handle whose executor tasks over several executors may read side by
+/// side: its type is `Sync`, so `&T` may be on several threads at once.
+/// The reads of [`Batch::task`](crate::Batch::task) take these.
+pub trait ReadHandle: AnyHandle {}
+
+impl<T: Sync> ReadHandle for Handle<T> {}
+
 impl<T> AnyHandle for Handle<T> {
     fn erased(&self) -> Erased<'_> {
         Erased {
@@ -158,18 +165,35 @@ enum Lent {
 pub(crate) struct Value<'t> {
     id: ExecutorId,
     write: bool,
+    /// Lent as `&mut` only when the task holds the value alone.
+    alone: bool,
     value: *mut (dyn Any + Send),
     lent: Cell<Lent>,
     _v: PhantomData<&'t mut (dyn Any + Send)>,
 }
 
 impl<'t> Value<'t> {
-    /// The value of executor `id`, which the task writes when `write`.
-    pub(crate) fn new(id: ExecutorId, write: bool, value: &'t mut (dyn Any + Send)) -> Self {
+    /// The value of executor `id`, which the task holds alone (and writes
+    /// when `write`).
+    pub(crate) fn alone(id: ExecutorId, write: bool, value: &'t mut (dyn Any + Send)) -> Self {
         Value {
             id,
             write,
+            alone: true,
             value,
+            lent: Cell::new(Lent::No),
+            _v: PhantomData,
+        }
+    }
+
+    /// The value of executor `id`, which the task reads side by side with
+    /// others: pinned in its slot for `'t`, and only ever lent as `&T`.
+    pub(crate) fn shared(id: ExecutorId, value: *const (dyn Any + Send)) -> Self {
+        Value {
+            id,
+            write: false,
+            alone: false,
+            value: value.cast_mut(),
             lent: Cell::new(Lent::No),
             _v: PhantomData,
         }
@@ -181,7 +205,7 @@ impl Value<'_> {
     /// holds it alone whether it reads or writes it.
     #[allow(clippy::mut_from_ref)]
     pub(crate) fn take<T: 'static>(&self) -> Option<&mut T> {
-        if self.lent.get() != Lent::No {
+        if self.lent.get() != Lent::No || !self.alone {
             return None;
         }
         self.lent.set(Lent::Mut);
@@ -236,7 +260,9 @@ impl<'t> Join<'t> {
         // the runtime's reach) for the task's lifetime 't, which outlives
         // `&self`; it is not lent as `&mut` (checked above), and from now
         // on never will be (`lent` only moves away from `No`), so shared
-        // references to it never alias a mutable one.
+        // references to it never alias a mutable one. A value read side by
+        // side by several tasks is never lent as `&mut` at all (`write`
+        // and `take` refuse it), and its type is `Sync` (`ReadHandle`).
         let any: &(dyn Any + Send) = unsafe { &*v.value };
         v.lent.set(Lent::Shared);
         match any.downcast_ref::<T>() {
@@ -259,7 +285,7 @@ impl<'t> Join<'t> {
     #[allow(clippy::mut_from_ref)]
     pub fn write<T: 'static>(&self, k: Key<T>) -> &mut T {
         let v = self.find(k);
-        if !v.write {
+        if !v.write || !v.alone {
             panic!("executor #{} was named as read, not written", k.id);
         }
         if v.lent.get() != Lent::No {

@@ -198,25 +198,114 @@ impl Shared {
                     waited = true;
                     g = slot.wait(g);
                 }
-                PinStep::Fail => {
-                    return Err(match g.state {
-                        State::Poisoned => Error::Poisoned {
-                            executor: slot.label.clone(),
-                        },
-                        State::Damaged => {
-                            let (kind, msg) = g
-                                .damage
-                                .clone()
-                                .unwrap_or((io::ErrorKind::InvalidData, String::new()));
-                            self.load_error(slot, g.file_gen, io::Error::new(kind, msg))
-                        }
-                        _ => Error::UnknownExecutor {
-                            executor: slot.label.clone(),
-                        },
-                    });
-                }
+                PinStep::Fail => return Err(self.pin_error(slot, &g)),
             }
         }
+    }
+
+    /// Why a task cannot have an executor that is poisoned, damaged or
+    /// removed.
+    fn pin_error(&self, slot: &Slot, g: &crate::executor::SlotGuard<'_>) -> Error {
+        match g.state {
+            State::Poisoned => Error::Poisoned {
+                executor: slot.label.clone(),
+            },
+            State::Damaged => {
+                let (kind, msg) = g
+                    .damage
+                    .clone()
+                    .unwrap_or((io::ErrorKind::InvalidData, String::new()));
+                self.load_error(slot, g.file_gen, io::Error::new(kind, msg))
+            }
+            _ => Error::UnknownExecutor {
+                executor: slot.label.clone(),
+            },
+        }
+    }
+
+    /// Pins an executor for a task that reads it side by side with other
+    /// such tasks (loading it if needed): the value stays in the slot, and
+    /// the task gets a pointer to it, valid until its
+    /// [`release_shared`](Self::release_shared). Waits while a task holds
+    /// it alone, or while it moves.
+    pub(crate) fn acquire_shared(&self, slot: &Slot) -> Result<*const (dyn Any + Send)> {
+        let start = Instant::now();
+        let mut waited = false;
+        let mut g = slot.lock();
+        loop {
+            let joinable = g.state == State::Pinned && g.readers > 0;
+            if g.state == State::Resident || joinable {
+                let Some(v) = g.value.as_deref() else {
+                    return Err(Error::Runtime(format!(
+                        "{}: resident without a value",
+                        slot.label
+                    )));
+                };
+                let ptr: *const (dyn Any + Send) = v;
+                g.readers += 1;
+                if !joinable {
+                    slot.set_state(&mut g, State::Pinned);
+                }
+                drop(g);
+                if !joinable {
+                    self.pin();
+                }
+                if slot.prefetched.swap(false, Ordering::Relaxed) && !waited {
+                    Counters::add(&self.counters().prefetch_hits, 1);
+                }
+                if waited {
+                    Counters::add(
+                        &self.counters().load_wait_nanos,
+                        start.elapsed().as_nanos() as u64,
+                    );
+                }
+                return Ok(ptr);
+            }
+            match g.state.pin_step() {
+                PinStep::Load => {
+                    let file_gen = g.file_gen;
+                    slot.set_state(&mut g, State::Loading);
+                    drop(g);
+                    waited = true;
+                    Counters::add(&self.counters().demand_loads, 1);
+                    self.load_slot(slot, file_gen, None)?;
+                    g = slot.lock();
+                }
+                PinStep::Wait if g.state == State::Pinned && pinned_here(slot.id) => {
+                    return Err(Error::Reentrant {
+                        executor: slot.label.clone(),
+                    });
+                }
+                PinStep::Pin | PinStep::Wait => {
+                    waited = true;
+                    g = slot.wait(g);
+                }
+                PinStep::Fail => return Err(self.pin_error(slot, &g)),
+            }
+        }
+    }
+
+    /// Ends a shared read of [`acquire_shared`](Self::acquire_shared): the
+    /// last reader unpins the executor (and drops it, when a task removed
+    /// it meanwhile).
+    pub(crate) fn release_shared(&self, slot: &Slot) {
+        let mut g = slot.lock();
+        g.readers = g.readers.saturating_sub(1);
+        if g.readers > 0 {
+            return;
+        }
+        if g.drop_on_release {
+            let v = g.value.take();
+            slot.set_state(&mut g, State::Removed);
+            drop(g);
+            drop_user_value(v);
+        } else {
+            slot.set_state(&mut g, State::Resident);
+            drop(g);
+            slot.last_use.store(self.tick(), Ordering::Relaxed);
+        }
+        self.unpin();
+        self.bump_generation();
     }
 
     /// Puts a task's value back and unpins the executor; `changed` marks it

@@ -58,7 +58,7 @@ use serde::Serialize;
 pub use batch::Batch;
 pub use builder::{Builder, MAX_WORKERS};
 pub use handle::Handle;
-pub use join::{AnyHandle, Join, Key, TaskContext};
+pub use join::{AnyHandle, Join, Key, ReadHandle, TaskContext};
 pub use registry::CycleId;
 
 use crate::alloc::Registration;

@@ -3,7 +3,7 @@
 //! executors once it is the first of each of them.
 
 use std::any::Any;
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use super::join::{TaskContext, Value};
@@ -14,13 +14,77 @@ use crate::executor::Slot;
 /// has another type than the task's).
 pub(crate) type TaskFn<R> = Box<dyn FnOnce(&[Value<'_>], &TaskContext) -> Option<R> + Send>;
 
+/// How a task holds one of its executors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Access {
+    /// Reads it side by side with other tasks that do (a read of a task
+    /// over several executors: the executor's type is `Sync`).
+    Shared,
+    /// Reads it alone (a task on one executor: its type need not be
+    /// `Sync`).
+    Alone,
+    /// Writes it (alone).
+    Write,
+}
+
+impl Access {
+    pub fn writes(self) -> bool {
+        self == Access::Write
+    }
+}
+
 pub(crate) struct Task<R> {
     pub index: usize,
     pub seq: u64,
-    /// The executors, by increasing id, each once, with whether the task
-    /// writes it.
-    pub slots: Vec<(Arc<Slot>, bool)>,
+    /// The executors, by increasing id, each once, with how the task holds
+    /// it.
+    pub slots: Vec<(Arc<Slot>, Access)>,
     pub f: TaskFn<R>,
+}
+
+/// The executors a batch's running tasks hold: how many read each side by
+/// side, or [`Busy::ALONE`] when one holds it alone.
+#[derive(Default)]
+pub(crate) struct Busy(HashMap<u64, u32>);
+
+impl Busy {
+    const ALONE: u32 = u32::MAX;
+
+    /// Whether a task may take executor `id` with `access` now.
+    fn allows(&self, id: u64, access: Access) -> bool {
+        match self.0.get(&id) {
+            None => true,
+            Some(&n) => access == Access::Shared && n != Self::ALONE,
+        }
+    }
+
+    /// A task takes its executors.
+    pub fn take(&mut self, slots: &[(Arc<Slot>, Access)]) {
+        for (s, a) in slots {
+            let e = self.0.entry(s.id).or_insert(0);
+            *e = if *a == Access::Shared {
+                *e + 1
+            } else {
+                Self::ALONE
+            };
+        }
+    }
+
+    /// A task gives its executors back.
+    pub fn give(&mut self, slots: &[(u64, Access)]) {
+        for &(id, a) in slots {
+            let shared_left = match self.0.get_mut(&id) {
+                Some(n) if a == Access::Shared && *n != Self::ALONE && *n > 1 => {
+                    *n -= 1;
+                    true
+                }
+                _ => false,
+            };
+            if !shared_left {
+                self.0.remove(&id);
+            }
+        }
+    }
 }
 
 /// The tasks not started: a worker takes the first one (in submission
@@ -82,13 +146,14 @@ impl<R> Queue<R> {
     }
 
     /// Takes the first task before index `limit` that is first on each of
-    /// its executors, none of which is in `busy`.
-    pub fn take_free(&mut self, busy: &HashSet<u64>, limit: usize) -> Option<Task<R>> {
+    /// its executors, all of which `busy` lets it take (no task holds them,
+    /// or only tasks reading side by side, when it reads so too).
+    pub fn take_free(&mut self, busy: &Busy, limit: usize) -> Option<Task<R>> {
         let tasks = &self.tasks;
         let &i = self.ready.range(..limit).find(|&&i| {
             tasks[i]
                 .as_ref()
-                .is_some_and(|t| t.slots.iter().all(|(s, _)| !busy.contains(&s.id)))
+                .is_some_and(|t| t.slots.iter().all(|(s, a)| busy.allows(s.id, *a)))
         })?;
         self.ready.remove(&i);
         let t = self.tasks[i].take()?;
@@ -114,11 +179,22 @@ impl<R> Queue<R> {
     }
 }
 
-/// The values a task's closure sees, from the boxes it pinned.
-pub(crate) fn values<'t, R>(t: &Task<R>, held: &'t mut [Box<dyn Any + Send>]) -> Vec<Value<'t>> {
+/// A value a running task holds.
+pub(crate) enum Held {
+    /// Taken out of its slot.
+    Alone(Box<dyn Any + Send>),
+    /// Left in its slot, read side by side (see `Shared::acquire_shared`).
+    Shared(*const (dyn Any + Send)),
+}
+
+/// The values a task's closure sees, from those it pinned.
+pub(crate) fn values<'t, R>(t: &Task<R>, held: &'t mut [Held]) -> Vec<Value<'t>> {
     t.slots
         .iter()
         .zip(held.iter_mut())
-        .map(|((s, w), v)| Value::new(s.id, *w, &mut **v))
+        .map(|((s, a), h)| match h {
+            Held::Alone(v) => Value::alone(s.id, a.writes(), &mut **v),
+            Held::Shared(p) => Value::shared(s.id, *p),
+        })
         .collect()
 }

@@ -211,31 +211,35 @@ impl Shared {
     }
 
     /// How far ahead of the workers the prefetcher loads executors that
-    /// have pending tasks: up to the first pending task of the
-    /// `lookahead()`-th executor in dispatch order (those being worked on
-    /// count). `u64::MAX` when fewer executors have pending tasks.
+    /// have pending tasks: up to the `lookahead()`-th task in dispatch
+    /// order that is the first pending one of some executor (those being
+    /// worked on count; a task over several executors counts once).
+    /// `u64::MAX` when fewer tasks are pending.
     ///
     /// Loading every pending executor of a long batch ahead of time, as
     /// room allowed, took room from the executors kept resident across
     /// sweeps: they were evicted for executors not needed yet, and loaded
-    /// again later in the sweep.
+    /// again later in the sweep. Counted by executor instead of by task,
+    /// the horizon of tasks that join a data block with two model blocks
+    /// shrank to a task or two, and most loads came too late.
     pub(crate) fn pending_horizon(&self) -> u64 {
-        let n = usize::try_from(self.lookahead()).unwrap_or(usize::MAX);
         let _bypass = BypassGuard::new();
         let heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
-        heads
-            .iter()
-            .nth(n.saturating_sub(1))
-            .map_or(u64::MAX, |&(seq, _)| seq)
+        horizon(&heads, self.lookahead())
     }
 
     /// The executors with a pending task within [`Self::pending_horizon`],
     /// in dispatch order (their ids).
     pub(crate) fn pending_soon(&self, out: &mut Vec<u64>) {
-        let n = usize::try_from(self.lookahead()).unwrap_or(usize::MAX);
         let _bypass = BypassGuard::new();
         let heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
-        out.extend(heads.iter().take(n).map(|&(_, id)| id));
+        let last = horizon(&heads, self.lookahead());
+        out.extend(
+            heads
+                .iter()
+                .take_while(|&&(seq, _)| seq <= last)
+                .map(|&(_, id)| id),
+        );
     }
 
     /// The rank of `s` in `cycle` (computed under the registry lock, which
@@ -385,6 +389,23 @@ impl Shared {
     pub(crate) fn set_outside(&self, bytes: usize) {
         self.outside.store(bytes, Ordering::Relaxed);
     }
+}
+
+/// The `n`-th distinct task among the pending heads (`u64::MAX` when
+/// fewer).
+fn horizon(heads: &BTreeSet<(u64, u64)>, n: u64) -> u64 {
+    let mut tasks = 0;
+    let mut last = u64::MAX;
+    for &(seq, _) in heads {
+        if seq != last {
+            tasks += 1;
+            last = seq;
+            if tasks >= n.max(1) {
+                return seq;
+            }
+        }
+    }
+    u64::MAX
 }
 
 /// The message of a caught panic (its payload, when it is a string).
