@@ -7,7 +7,6 @@
 //! Its model depends on the shard executors, so on several ranks each
 //! holds a run of the shards one process would hold ([`share`]).
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use outcore::PodVec;
@@ -147,21 +146,23 @@ fn round(
 ) -> Result<Round> {
     let (rt, ranks) = (session.runtime(), session.ranks());
     let t = Instant::now();
-    let global = Arc::new(rt.read(&job.global, |m: &Model| m.clone())?);
-    // Local SGD on every shard (write tasks: replicas change).
+    let len = rt.read(&job.global, |m: &Model| m.w.len())?;
+    // Local SGD on every shard (replicas change) from the global model,
+    // which the tasks read side by side in its executor: no copy of it.
     let mut b = rt.batch();
+    let kg = job.global.key();
     for h in &job.shards {
-        let g = global.clone();
+        let ks = h.key();
         let (epochs, lr, batch) = (cfg.local_epochs, cfg.lr, cfg.batch);
-        b.write(h, move |s: &mut Shard| {
-            s.local_sgd(&g, epochs, lr, batch);
+        b.task(&[&job.global], &[h], move |j| {
+            let s = j.write(ks);
+            s.local_sgd(j.read(kg), epochs, lr, batch);
             s.model.w.clone()
         });
     }
     // Weighted average, in shard order (across ranks), folded as the
     // replicas come: as many are held as tasks run at once, and on one
     // process the sum alone (not every shard's term) is kept.
-    let len = global.w.len();
     let mut sums = ShardSums::new(ranks, job.shards.len(), len, true);
     b.ahead(rt.workers().max(1));
     crate::fold_in_order(b, |i, w| {
@@ -185,11 +186,9 @@ fn round(
 /// The global model's held-out accuracy over every rank's shards.
 fn accuracy(session: &Session, job: &Job) -> Result<f64> {
     let (rt, ranks) = (session.runtime(), session.ranks());
-    let model = Arc::new(rt.read(&job.global, |m: &Model| m.clone())?);
     let mut b = rt.batch();
     for h in &job.shards {
-        let m = model.clone();
-        b.read(h, move |s: &Shard| s.evaluate(&m));
+        b.read2(h, &job.global, |s: &Shard, m: &Model| s.evaluate(m));
     }
     let (correct, seen) = b
         .run()?
