@@ -65,12 +65,15 @@ def main():
     p.add_argument("--bin", default="target/release/examples/pagerank")
     p.add_argument("--edges", type=size, default=1 << 30)
     p.add_argument("--nodes", default="2M")
+    p.add_argument("--blocks", help="node blocks (default: the example's)")
     p.add_argument("--cap", default="128MiB")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--spill-dir", default="/var/tmp")
     a = p.parse_args()
     args = ["--edges", str(a.edges), "--nodes", a.nodes, "--iters", str(a.iters)]
+    if a.blocks:
+        args += ["--blocks", a.blocks]
     with tempfile.TemporaryDirectory(dir=a.spill_dir, prefix="pagerank-bench-") as spill:
         bws, tool = device_bandwidth(spill)
         rows = {"uncapped, 1 worker": [], "uncapped, 2 workers": [], f"{a.cap}, 2 workers": []}
@@ -93,7 +96,7 @@ def main():
     one, two, capped = (med[k] for k in rows)
     bound = max(two[0], capped[1] / bw)
     result = {
-        "edges_bytes": a.edges, "nodes": a.nodes, "cap": a.cap, "iters": a.iters, "repeat": a.repeat,
+        "edges_bytes": a.edges, "nodes": a.nodes, "blocks": a.blocks, "cap": a.cap, "iters": a.iters, "repeat": a.repeat,
         "device_read_bytes_per_s": bw, "device_tool": tool, "device_runs": bws,
         "uncapped_1_worker_s": one[0], "uncapped_2_workers_s": two[0],
         "capped_s": capped[0], "capped_read_bytes_per_iteration": capped[1],

@@ -14,6 +14,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
+import pagerank  # noqa: E402
 import wholerun  # noqa: E402
 
 
@@ -36,6 +37,11 @@ def main():
     # Without fio the bound falls back to dd.
     bw2, text2 = compare.bound_text(bws, [])
     assert bw2 == max(bws) and "dd iflag=direct" in text2, text2
+    # pagerank.py's figures from a run's JSON line: the steady iteration
+    # leaves out the first.
+    d = {"iterations": 4, "iteration_seconds": [2.0, 1.0, 1.2, 1.1],
+         "stats": {"bytes_read": 4 << 20, "demand_loads": 3}}
+    assert pagerank.summary(d) == (1.1, float(1 << 20), 3), pagerank.summary(d)
     print(f"benches ok: dd {len(bws)} runs, fio {len(fios)} runs, bound {bw / 1e9:.2f} GB/s")
 
 
