@@ -14,7 +14,7 @@ use std::time::Instant;
 use super::shared::{drop_user_value, panic_message, pinned_here, Shared};
 use crate::alloc;
 use crate::error::{Error, Result};
-use crate::executor::{PinStep, Slot, State, FROM_LINEAGE};
+use crate::executor::{PinStep, Slot, SlotGuard, State, FROM_LINEAGE};
 use crate::spill::Loaded;
 use crate::stats::Counters;
 
@@ -167,25 +167,12 @@ impl Shared {
                     slot.set_state(&mut g, State::Pinned);
                     drop(g);
                     self.pin();
-                    if slot.prefetched.swap(false, Ordering::Relaxed) && !waited {
-                        Counters::add(&self.counters().prefetch_hits, 1);
-                    }
-                    if waited {
-                        Counters::add(
-                            &self.counters().load_wait_nanos,
-                            start.elapsed().as_nanos() as u64,
-                        );
-                    }
+                    self.count_pinned(slot, waited, start);
                     return Ok(v);
                 }
                 PinStep::Load => {
-                    let file_gen = g.file_gen;
-                    slot.set_state(&mut g, State::Loading);
-                    drop(g);
                     waited = true;
-                    Counters::add(&self.counters().demand_loads, 1);
-                    self.load_slot(slot, file_gen, None)?;
-                    g = slot.lock();
+                    g = self.demand_load(slot, g)?;
                 }
                 PinStep::Wait if g.state == State::Pinned && pinned_here(slot.id) => {
                     // A task asking for its own executor would wait for
@@ -203,9 +190,35 @@ impl Shared {
         }
     }
 
+    /// Loads an evicted executor a task waits for (the caller holds its
+    /// lock, `g`, and gets it back).
+    fn demand_load<'a>(&self, slot: &'a Slot, mut g: SlotGuard<'a>) -> Result<SlotGuard<'a>> {
+        let file_gen = g.file_gen;
+        slot.set_state(&mut g, State::Loading);
+        drop(g);
+        Counters::add(&self.counters().demand_loads, 1);
+        self.load_slot(slot, file_gen, None)?;
+        Ok(slot.lock())
+    }
+
+    /// Counts a task's pin of `slot`: a prefetch hit when the prefetcher
+    /// loaded it and the task did not wait, else the time it waited since
+    /// `start`.
+    fn count_pinned(&self, slot: &Slot, waited: bool, start: Instant) {
+        if slot.prefetched.swap(false, Ordering::Relaxed) && !waited {
+            Counters::add(&self.counters().prefetch_hits, 1);
+        }
+        if waited {
+            Counters::add(
+                &self.counters().load_wait_nanos,
+                start.elapsed().as_nanos() as u64,
+            );
+        }
+    }
+
     /// Why a task cannot have an executor that is poisoned, damaged or
     /// removed.
-    fn pin_error(&self, slot: &Slot, g: &crate::executor::SlotGuard<'_>) -> Error {
+    fn pin_error(&self, slot: &Slot, g: &SlotGuard<'_>) -> Error {
         match g.state {
             State::Poisoned => Error::Poisoned {
                 executor: slot.label.clone(),
@@ -250,26 +263,13 @@ impl Shared {
                 if !joinable {
                     self.pin();
                 }
-                if slot.prefetched.swap(false, Ordering::Relaxed) && !waited {
-                    Counters::add(&self.counters().prefetch_hits, 1);
-                }
-                if waited {
-                    Counters::add(
-                        &self.counters().load_wait_nanos,
-                        start.elapsed().as_nanos() as u64,
-                    );
-                }
+                self.count_pinned(slot, waited, start);
                 return Ok(ptr);
             }
             match g.state.pin_step() {
                 PinStep::Load => {
-                    let file_gen = g.file_gen;
-                    slot.set_state(&mut g, State::Loading);
-                    drop(g);
                     waited = true;
-                    Counters::add(&self.counters().demand_loads, 1);
-                    self.load_slot(slot, file_gen, None)?;
-                    g = slot.lock();
+                    g = self.demand_load(slot, g)?;
                 }
                 PinStep::Wait if g.state == State::Pinned && pinned_here(slot.id) => {
                     return Err(Error::Reentrant {
