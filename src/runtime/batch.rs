@@ -684,8 +684,8 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     // executor): the peak then sees it even when it stays below the
     // flush threshold.
     crate::alloc::flush_thread();
-    // A value read side by side never changes (its type is `Sync`, and the
-    // task sees it as `&T` only).
+    // A value read side by side is lent as `&T` only, and reads must not
+    // change what they read (the contract of `Batch::read`): it stays clean.
     let changed = |a: Access| a.writes() || (a == Access::Alone && cx.dirty.get());
     let mut changing = t.slots.iter().filter(|(_, a)| changed(*a));
     if let (Some((slot, _)), None) = (changing.next(), changing.next()) {
