@@ -184,7 +184,15 @@ impl Session {
     /// Every process's totals, on rank 0 (`None` on the other ranks).
     /// Collective: every rank calls it, once, at the end of the job.
     pub fn report(&self) -> Result<Option<Report>> {
-        let mine = self.totals(&self.rt.stats());
+        self.report_at(&self.rt.stats())
+    }
+
+    /// [`Session::report`], with this process's counters from `stats`: the
+    /// ones the timeline's last row shows ([`Session::finish_timeline`]),
+    /// so the two agree even while a prefetch still finishes in the
+    /// background (counters taken twice differed by a load once in CI).
+    pub fn report_at(&self, stats: &Stats) -> Result<Option<Report>> {
+        let mine = self.totals(stats);
         let cap = self.rt.cap();
         let mut row = mine.to_row();
         row.push(cap.map_or(-1.0, |c| c as f64));

@@ -723,7 +723,7 @@ impl Ran<'_> {
         // The timeline ends with the totals, so the two agree.
         let s = finish_session(&mut session, &mut outs)?;
         // Every rank's figures, on rank 0 (the others are done).
-        let Some(report) = session.report().map_err(|e| outs.failed(e))? else {
+        let Some(report) = session.report_at(&s).map_err(|e| outs.failed(e))? else {
             return Ok(());
         };
         if let Some(p) = &a.mem.stats {

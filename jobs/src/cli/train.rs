@@ -485,7 +485,7 @@ fn report(
     outs.write("--timeline", session.finish_timeline(&s))?;
     warn_failed_writes(session.runtime(), &s);
     // Every rank's figures, on rank 0 (the others are done).
-    let Some(report) = session.report().map_err(|e| outs.failed(e))? else {
+    let Some(report) = session.report_at(&s).map_err(|e| outs.failed(e))? else {
         return Ok(());
     };
     let final_accuracy = final_accuracy(cfg, out);
