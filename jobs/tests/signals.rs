@@ -27,29 +27,34 @@ fn default_actions(c: &mut Command, sighup_ignored: bool) {
     }
 }
 
-/// Starts a long K-means run spilling into `dir`.
+/// A K-means run that spills and goes on long after the tests signal it.
+const LONG_RUN: [&str; 11] = [
+    "kmeans",
+    "--synthetic",
+    "128MiB",
+    "--dims",
+    "64",
+    "--k",
+    "8",
+    "--epochs",
+    "1000",
+    "--mem-cap",
+    "24MiB",
+];
+
+/// Starts [`LONG_RUN`] spilling into `dir`.
 fn start(dir: &Path, out: &Path) -> Child {
     let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
     default_actions(&mut c, false);
-    c.args([
-        "kmeans",
-        "--synthetic",
-        "128MiB",
-        "--dims",
-        "64",
-        "--k",
-        "8",
-        "--epochs",
-        "1000",
-    ])
-    .args(["--mem-cap", "24MiB", "--spill-dir"])
-    .arg(dir)
-    .arg("--output")
-    .arg(out)
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("spawn")
+    c.args(LONG_RUN)
+        .arg("--spill-dir")
+        .arg(dir)
+        .arg("--output")
+        .arg(out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn")
 }
 
 /// Waits until the run has written spill files.
@@ -263,23 +268,7 @@ fn any_ending_signal_removes_the_spill() {
     // Ctrl-\ and SIGUSR1 ended runs with their spill directory in place.
     for sig in [libc::SIGQUIT, libc::SIGUSR1, libc::SIGHUP, libc::SIGALRM] {
         let tmp = tempfile::tempdir().unwrap();
-        let mut child = spawn_in(
-            tmp.path(),
-            &[
-                "kmeans",
-                "--synthetic",
-                "128MiB",
-                "--dims",
-                "64",
-                "--k",
-                "8",
-                "--epochs",
-                "1000",
-                "--mem-cap",
-                "24MiB",
-            ],
-            false,
-        );
+        let mut child = spawn_in(tmp.path(), &LONG_RUN, false);
         wait_for_spills(tmp.path());
         interrupt(&mut child, sig, tmp.path());
     }
