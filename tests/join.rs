@@ -463,3 +463,87 @@ fn random_read_and_write_sets_never_deadlock_or_lose_an_update() {
         2 * STRESS_TASKS as u64 + STRESS_EXECUTORS as u64
     );
 }
+
+/// Waits up to `secs` for `ok`, polling.
+fn wait_for(secs: u64, ok: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !ok() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+#[test]
+fn a_cycle_of_steps_moves_a_shared_executor_to_its_next_step() {
+    let rt = Runtime::builder().workers(1).build().unwrap();
+    let model = rt.insert(vec![0u64; 8]).unwrap();
+    let data: Vec<_> = (0..3)
+        .map(|i| rt.insert(vec![i as u64; 8]).unwrap())
+        .collect();
+    let cycle = rt.hint_cycle_steps(data.iter().map(|d| [d.id(), model.id()]));
+    for (i, d) in data.iter().enumerate() {
+        assert_eq!(d.cycle_position(), Some((cycle, i as u64)));
+    }
+    for (i, d) in data.iter().enumerate() {
+        assert_eq!(model.cycle_position(), Some((cycle, i as u64)));
+        let mut b = rt.batch::<u64>();
+        b.read2(d, &model, |d: &Vec<u64>, m: &Vec<u64>| d[0] + m[0]);
+        b.run().unwrap();
+        // Once the sweep has passed its step, the model is needed at the
+        // next one (the first again after the last).
+        let next = (i as u64 + 1) % 3;
+        assert_eq!(model.cycle_position(), Some((cycle, next)));
+    }
+    // The same executor named twice by one plain cycle is at both places.
+    let c2 = rt.hint_cycle([data[0].id(), data[1].id(), data[0].id()]);
+    assert_eq!(data[0].cycle_position(), Some((c2, 0)));
+    rt.read(&data[0], |v: &Vec<u64>| v[0]).unwrap();
+    assert_eq!(data[0].cycle_position(), Some((c2, 2)));
+}
+
+#[test]
+fn a_cycle_of_steps_prefetches_every_executor_of_the_next_step() {
+    let rt = Runtime::builder().workers(1).build().unwrap();
+    let models: Vec<_> = (0..2)
+        .map(|i| rt.insert(vec![i as u64; 4096]).unwrap())
+        .collect();
+    let data: Vec<_> = (0..4)
+        .map(|i| rt.insert(vec![i as u64; 4096]).unwrap())
+        .collect();
+    // Step i joins data block i with model block i % 2.
+    rt.hint_cycle_steps(
+        data.iter()
+            .enumerate()
+            .map(|(i, d)| [d.id(), models[i % 2].id()]),
+    );
+    rt.evict_all().unwrap();
+    let resident = |h: &outcore::Handle<Vec<u64>>| h.state() == State::Resident;
+    let go = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = std::thread::scope(|s| {
+        let go2 = go.clone();
+        let run = s.spawn(|| {
+            // The only worker stays in step 0 until the test has looked
+            // (or 30 s), so that only the prefetcher can load step 1.
+            let go = go2;
+            let mut b = rt.batch::<u64>();
+            b.read2(&data[0], &models[0], move |d: &Vec<u64>, m: &Vec<u64>| {
+                wait_for(30, || go.load(std::sync::atomic::Ordering::Relaxed));
+                d[0] + m[0]
+            });
+            b.run()
+        });
+        let seen = wait_for(30, || resident(&data[1]) && resident(&models[1]));
+        go.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(run.join().unwrap().unwrap(), vec![0]);
+        seen
+    });
+    assert!(
+        seen,
+        "step 1 not prefetched together: data {:?}, model {:?}",
+        data[1].state(),
+        models[1].state()
+    );
+}

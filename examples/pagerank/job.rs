@@ -271,8 +271,20 @@ pub fn run(
     mut each: impl FnMut(usize, f64, f64),
 ) -> outcore::Result<Report> {
     let mut bl = build(rt, g)?;
-    // The edge blocks are swept in the same order every iteration.
-    rt.hint_cycle(g.sweep().into_iter().map(|(i, j)| bl.edges[i][j].id()));
+    // Every iteration runs the same tasks in the same order: declare them
+    // as a cycle of steps, each naming the executors its task joins, so
+    // the plan knows the next iteration's first blocks while this one ends
+    // (when the batch has no task left for them).
+    let edge_steps = g
+        .sweep()
+        .into_iter()
+        .map(|(i, j)| vec![bl.edges[i][j].id(), bl.nodes[i].id(), bl.sums[j].id()]);
+    let update_steps = bl
+        .nodes
+        .iter()
+        .zip(&bl.sums)
+        .map(|(n, s)| vec![n.id(), s.id()]);
+    rt.hint_cycle_steps(edge_steps.chain(update_steps));
     let mut iteration_seconds = Vec::with_capacity(iters);
     for it in 0..iters {
         let t = Instant::now();

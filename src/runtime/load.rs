@@ -360,9 +360,10 @@ impl Shared {
             self.sync_pending(slot, &g);
         }
         if slot.cycle_id.load(Ordering::Relaxed) != crate::executor::NONE {
-            let left = self.registry().set_cursor(slot);
-            if let Some(left) = left.filter(|s| s.state_hint() == State::Resident) {
-                self.note_idle(&left);
+            let mut left = super::registry::Left::default();
+            self.registry().set_cursor(slot, &mut left);
+            for s in left.drain().filter(|s| s.state_hint() == State::Resident) {
+                self.note_idle(&s);
             }
         }
         slot.last_use.store(self.tick(), Ordering::Relaxed);

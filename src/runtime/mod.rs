@@ -306,12 +306,42 @@ impl Runtime {
     ///
     /// In a child process created by `fork()` it does nothing (the runtime
     /// is the parent's).
+    ///
+    /// An executor named more than once is needed at each of those
+    /// positions: it ranks by the next one the sweep comes to.
     pub fn hint_cycle(&self, order: impl IntoIterator<Item = ExecutorId>) -> CycleId {
+        self.hint_cycle_steps(order.into_iter().map(std::iter::once))
+    }
+
+    /// Declares a cycle of *steps*, each naming the executors one task
+    /// meets together (see [`Batch::task`]): a data block and the model
+    /// block it joins, say. As [`Runtime::hint_cycle`], with each step in
+    /// place of one executor: the executors of the next few steps are
+    /// prefetched together, and an executor that several steps name (a
+    /// model block that every data block of a row meets) is kept for the
+    /// next step that needs it, so the sweep of the data blocks does not
+    /// push it out between its uses.
+    ///
+    /// ```
+    /// # fn main() -> outcore::Result<()> {
+    /// let rt = outcore::Runtime::builder().workers(1).build()?;
+    /// let model = rt.insert(vec![0.0f64; 4])?;
+    /// let data: Vec<_> = (0..3).map(|i| rt.insert(vec![i as f64; 4])).collect::<Result<_, _>>()?;
+    /// // Each step joins one data block with the model.
+    /// let cycle = rt.hint_cycle_steps(data.iter().map(|d| [d.id(), model.id()]));
+    /// assert_eq!(model.cycle_position(), Some((cycle, 0)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hint_cycle_steps<S>(&self, steps: impl IntoIterator<Item = S>) -> CycleId
+    where
+        S: IntoIterator<Item = ExecutorId>,
+    {
         if self.shared.check_process().is_err() {
             return CycleId(0);
         }
-        let order: Vec<ExecutorId> = order.into_iter().collect();
-        let id = self.shared.registry().declare_cycle(&order);
+        let steps = registry::Steps::new(steps);
+        let id = self.shared.registry().declare_cycle(steps);
         self.shared.bump_generation();
         id
     }

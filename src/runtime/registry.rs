@@ -7,6 +7,12 @@
 //! makes a new cycle with its own length and cursor. An executor belongs to
 //! at most one cycle: declaring it in a new one takes it out of the old
 //! one, and a cycle with no member left is forgotten.
+//!
+//! A cycle is a sequence of *steps*, each naming the executors one task
+//! meets (a data block and the model block it joins). An executor may be
+//! named by several steps (a model block every data block of a row meets);
+//! its position is then the next step that names it, moved on each time the
+//! sweep reaches it, so that its rank always says when it is needed next.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -21,17 +27,125 @@ use crate::policy::Cycle;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CycleId(pub(crate) u64);
 
+/// A cycle's steps as declared, prepared before the registry lock is taken
+/// (where allocations may trap). Kept small: a plain cycle of `n`
+/// executors takes 12 bytes per position.
+#[derive(Debug, Default)]
+pub(crate) struct Steps {
+    /// The executors (ids) of every step, one step after another.
+    ids: Vec<u64>,
+    /// Where each step starts in `ids`, and one past the last step's end;
+    /// empty while every step names one executor (step `i` is `ids[i]`).
+    starts: Vec<u32>,
+    /// For each entry of `ids`, the step that names the same executor next
+    /// (after this one, cyclically; its own step when it is named once).
+    again: Vec<u32>,
+}
+
+impl Steps {
+    /// Prepares `steps` (each a list of executor ids). Positions past
+    /// `u32::MAX` are not kept.
+    pub(crate) fn new(steps: impl IntoIterator<Item = impl IntoIterator<Item = u64>>) -> Steps {
+        let steps = steps.into_iter();
+        let mut ids = Vec::with_capacity(steps.size_hint().0);
+        let mut starts: Vec<u32> = Vec::new();
+        for (n, step) in steps.enumerate() {
+            let Ok(at) = u32::try_from(ids.len()) else {
+                break;
+            };
+            if !starts.is_empty() {
+                starts.push(at);
+            }
+            ids.extend(step);
+            if starts.is_empty() && ids.len() != n + 1 {
+                // The first step that does not name exactly one executor:
+                // from here on, steps need their bounds.
+                starts = (0..=at).collect();
+            }
+        }
+        if !starts.is_empty() {
+            starts.push(u32::try_from(ids.len()).unwrap_or(u32::MAX));
+        }
+        let mut s = Steps {
+            ids,
+            starts,
+            again: Vec::new(),
+        };
+        s.link();
+        s
+    }
+
+    /// Fills `again`: going backwards, each entry's next occurrence is the
+    /// step where its executor was last seen, or (for its last one) the
+    /// step where it is first named.
+    fn link(&mut self) {
+        let len = u32::try_from(self.len()).unwrap_or(u32::MAX);
+        let mut seen: HashMap<u64, u32> = HashMap::new();
+        for pos in 0..len {
+            for e in self.step(pos.into()) {
+                seen.entry(self.ids[e]).or_insert(pos);
+            }
+        }
+        self.again = vec![0; self.ids.len()];
+        for pos in (0..len).rev() {
+            for e in self.step(pos.into()).rev() {
+                if let Some(next) = seen.insert(self.ids[e], pos) {
+                    self.again[e] = next;
+                }
+            }
+        }
+    }
+
+    /// Steps in the cycle.
+    fn len(&self) -> u64 {
+        if self.starts.is_empty() {
+            self.ids.len() as u64
+        } else {
+            self.starts.len() as u64 - 1
+        }
+    }
+
+    /// The entries (indices into `ids`) of step `pos`.
+    fn step(&self, pos: u64) -> std::ops::Range<usize> {
+        let Ok(i) = usize::try_from(pos) else {
+            return 0..0;
+        };
+        if self.starts.is_empty() {
+            return if i < self.ids.len() { i..i + 1 } else { 0..0 };
+        }
+        match (self.starts.get(i), self.starts.get(i + 1)) {
+            (Some(&a), Some(&b)) => a as usize..b as usize,
+            _ => 0..0,
+        }
+    }
+}
+
 /// One declared cycle.
 #[derive(Debug)]
 struct CycleState {
-    /// Positions in the cycle.
-    len: u64,
     /// Executors still in it.
     members: u64,
-    /// Position of the executor dispatched last.
+    /// The step dispatched last.
     cursor: u64,
-    /// The executor at each position (its id), as declared.
-    order: Vec<u64>,
+    /// The steps, as declared.
+    steps: Steps,
+}
+
+/// Most executors [`Registry::set_cursor`] reports as left by the cursor.
+pub(crate) const LEFT_MAX: usize = 8;
+
+/// The executors a move of a cycle's cursor left behind, in a fixed array
+/// (filled under the registry lock, where nothing may allocate).
+#[derive(Default)]
+pub(crate) struct Left {
+    slots: [Option<Arc<Slot>>; LEFT_MAX],
+}
+
+impl Left {
+    /// Takes the executors out, one by one.
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = Arc<Slot>> + '_ {
+        self.slots.iter_mut().filter_map(Option::take)
+    }
 }
 
 /// What the registry lock guards.
@@ -49,7 +163,7 @@ impl Inner {
         let id = s.cycle_id.load(Ordering::Relaxed);
         match self.cycles.get(&id) {
             Some(c) if id != NONE => Cycle {
-                len: c.len,
+                len: c.steps.len(),
                 cursor: c.cursor,
                 ahead,
             },
@@ -57,70 +171,82 @@ impl Inner {
         }
     }
 
-    /// Declares a new cycle over `order` (ids not in the registry are
-    /// skipped). An executor named twice takes its last position. `ids`
-    /// is an empty vector with room for `order`, allocated by the caller
-    /// before it took the lock (where an allocation cannot trap).
-    fn declare_cycle(&mut self, order: &[u64], mut ids: Vec<u64>) -> CycleId {
+    /// Declares a new cycle over `steps` (ids not in the registry are
+    /// left out). An executor named by several steps starts at the first.
+    fn declare_cycle(&mut self, steps: Steps) -> CycleId {
         self.next_cycle += 1;
         let id = self.next_cycle;
-        let mut len = 0u64;
         let mut members = 0u64;
-        ids.clear();
-        for eid in order {
-            let Some(s) = self.slots.get(eid).cloned() else {
-                continue;
-            };
-            ids.push(*eid);
-            let old = s.cycle_id.swap(id, Ordering::Relaxed);
-            if old != id {
-                self.leave(old);
-                members += 1;
+        for pos in 0..steps.len() {
+            for e in steps.step(pos) {
+                let Some(s) = self.slots.get(&steps.ids[e]).cloned() else {
+                    continue;
+                };
+                let old = s.cycle_id.swap(id, Ordering::Relaxed);
+                if old != id {
+                    self.leave(old);
+                    members += 1;
+                    s.cycle_pos.store(pos, Ordering::Relaxed);
+                }
             }
-            s.cycle_pos.store(len, Ordering::Relaxed);
-            len += 1;
         }
         if members > 0 {
+            let cursor = steps.len().saturating_sub(1);
             self.cycles.insert(
                 id,
                 CycleState {
-                    len,
                     members,
-                    cursor: len.saturating_sub(1),
-                    order: ids,
+                    cursor,
+                    steps,
                 },
             );
         }
         CycleId(id)
     }
 
-    /// The executors of every cycle at the `ahead` positions after its
-    /// cursor, nearest first (those still at the position they were
-    /// declared at): what the sweeps need next, found without a scan.
+    /// The executors of every cycle at the `ahead` steps after its
+    /// cursor, nearest first (those whose next step it is): what the
+    /// sweeps need next, found without a scan.
     fn coming_up(&self, ahead: u64) -> impl Iterator<Item = &Arc<Slot>> + '_ {
         self.cycles.iter().flat_map(move |(&cid, c)| {
-            (1..=ahead.min(c.len)).filter_map(move |k| {
-                let pos = (c.cursor + k) % c.len.max(1);
-                let s = self.slots.get(c.order.get(pos as usize)?)?;
-                (s.cycle_id.load(Ordering::Relaxed) == cid
-                    && s.cycle_pos.load(Ordering::Relaxed) == pos)
-                    .then_some(s)
+            let len = c.steps.len();
+            (1..=ahead.min(len)).flat_map(move |k| {
+                let pos = (c.cursor + k) % len.max(1);
+                c.steps.step(pos).filter_map(move |e| {
+                    let s = self.slots.get(&c.steps.ids[e])?;
+                    (s.cycle_id.load(Ordering::Relaxed) == cid
+                        && s.cycle_pos.load(Ordering::Relaxed) == pos)
+                        .then_some(s)
+                })
             })
         })
     }
 
-    /// Records that the sweep of `s`'s cycle has reached `s`. Returns the
-    /// executor the cursor left, if another: its rank has just jumped
-    /// (from the one the sweep is on to one needed later).
-    fn set_cursor(&mut self, s: &Slot) -> Option<Arc<Slot>> {
+    /// Records that the sweep of `s`'s cycle has reached `s`: the cursor
+    /// moves to `s`'s step, and `s` moves on to the next step that names
+    /// it. Fills `left` with the other executors of the step the cursor
+    /// left, if it moved: their ranks have just jumped (from the step the
+    /// sweep is on to one needed later).
+    fn set_cursor(&mut self, s: &Slot, left: &mut Left) {
         let id = s.cycle_id.load(Ordering::Relaxed);
         let pos = s.cycle_pos.load(Ordering::Relaxed);
-        let c = self.cycles.get_mut(&id)?;
-        let old = std::mem::replace(&mut c.cursor, pos);
-        let left = *c.order.get(usize::try_from(old).ok()?)?;
-        (old != pos)
-            .then(|| self.slots.get(&left).cloned())
-            .flatten()
+        let Some(c) = self.cycles.get(&id) else {
+            return;
+        };
+        let old = c.cursor;
+        if let Some(e) = c.steps.step(pos).rev().find(|&e| c.steps.ids[e] == s.id) {
+            s.cycle_pos
+                .store(u64::from(c.steps.again[e]), Ordering::Relaxed);
+        }
+        if old != pos {
+            let others = c.steps.step(old).filter(|&e| c.steps.ids[e] != s.id);
+            for (out, e) in left.slots.iter_mut().zip(others) {
+                *out = self.slots.get(&c.steps.ids[e]).cloned();
+            }
+        }
+        if let Some(c) = self.cycles.get_mut(&id) {
+            c.cursor = pos;
+        }
     }
 
     /// Removes an executor, taking it out of its cycle.
@@ -244,17 +370,16 @@ impl Registry {
             .count()
     }
 
-    /// Declares a new cycle over `order` (see `Inner::declare_cycle`).
-    pub(crate) fn declare_cycle(&self, order: &[u64]) -> CycleId {
-        // Allocated before the lock is taken, where an allocation may trap.
-        let ids = Vec::with_capacity(order.len());
-        self.lock().declare_cycle(order, ids)
+    /// Declares a new cycle over `steps` (see `Inner::declare_cycle`),
+    /// prepared before the lock is taken, where an allocation may trap.
+    pub(crate) fn declare_cycle(&self, steps: Steps) -> CycleId {
+        self.lock().declare_cycle(steps)
     }
 
-    /// Records that the sweep of `s`'s cycle has reached `s` (see
-    /// `Inner::set_cursor`).
-    pub(crate) fn set_cursor(&self, s: &Slot) -> Option<Arc<Slot>> {
-        self.lock().set_cursor(s)
+    /// Records that the sweep of `s`'s cycle has reached `s`; `left` gets
+    /// the executors the cursor left (see `Inner::set_cursor`).
+    pub(crate) fn set_cursor(&self, s: &Slot, left: &mut Left) {
+        self.lock().set_cursor(s, left)
     }
 
     /// Removes an executor, taking it out of its cycle.
@@ -360,5 +485,28 @@ impl Registry {
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Steps;
+
+    #[test]
+    fn steps_know_where_each_executor_is_needed_next() {
+        // A plain cycle with a repeat: 7 is needed at steps 0 and 2.
+        let s = Steps::new([[7u64], [8], [7]]);
+        assert_eq!((s.len(), s.starts.len()), (3, 0));
+        assert_eq!(s.again, [2, 1, 0]);
+        // Pairs: the model block 9 is met at every step, 5 twice in one.
+        let s = Steps::new([vec![1u64, 9], vec![2, 9, 5, 5], vec![3, 9]]);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s.step(1), 2..6);
+        assert_eq!(s.step(3), 0..0);
+        assert_eq!(s.again, [0, 1, 1, 2, 1, 1, 2, 0]);
+        // A step that names nothing still takes its place.
+        let s = Steps::new([vec![1u64], vec![], vec![1]]);
+        assert_eq!((s.len(), s.step(1)), (3, 1..1));
+        assert_eq!(s.again, [2, 0]);
     }
 }
