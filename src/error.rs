@@ -135,6 +135,11 @@ pub enum Error {
     /// The runtime could not start (threads, registration with the
     /// allocator).
     Runtime(String),
+    /// The runtime was asked to stop ([`Interrupter::interrupt`]): tasks
+    /// not started by then do not run.
+    ///
+    /// [`Interrupter::interrupt`]: crate::Interrupter::interrupt
+    Interrupted,
 }
 
 impl fmt::Display for Error {
@@ -218,6 +223,7 @@ impl fmt::Display for Error {
                 std::process::id()
             ),
             Error::Runtime(msg) => write!(f, "runtime: {msg}"),
+            Error::Interrupted => write!(f, "interrupted: the runtime was asked to stop"),
         }
     }
 }

@@ -142,8 +142,8 @@ pub use lineage::Lineage;
 pub use pod::{Plain, PodVec};
 pub use policy::EvictionPolicy;
 pub use runtime::{
-    AnyHandle, Batch, Builder, CycleId, Handle, Join, Key, Monitor, ReadHandle, Runtime,
-    TaskContext, MAX_WORKERS,
+    AnyHandle, Batch, Builder, CycleId, Handle, Interrupter, Join, Key, Monitor, ReadHandle,
+    Runtime, TaskContext, MAX_WORKERS,
 };
 pub use stats::Stats;
 pub use units::format_bytes;

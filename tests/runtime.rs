@@ -792,3 +792,39 @@ fn more_workers_than_the_most_is_an_error_not_an_abort() {
         "{msg}"
     );
 }
+
+#[test]
+fn an_interrupted_runtime_runs_no_task_it_had_not_started() {
+    let rt = Runtime::builder().workers(2).build().unwrap();
+    let hs: Vec<_> = (0..64u64).map(|i| rt.insert(i).unwrap()).collect();
+    let stop = rt.interrupter();
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut b = rt.batch();
+    for (i, h) in hs.iter().enumerate() {
+        let (stop, ran) = (stop.clone(), ran.clone());
+        b.read(h, move |v: &u64| {
+            ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if i == 3 {
+                stop.interrupt();
+            }
+            *v
+        });
+    }
+    let mut out = Vec::new();
+    b.run_in_order(|_, r| out.push(r));
+    let ran = ran.load(std::sync::atomic::Ordering::Relaxed);
+    // The two workers may each have started one more task.
+    assert!((4..=6).contains(&ran), "{ran} tasks ran");
+    let stopped = out
+        .iter()
+        .filter(|r| matches!(r, Err(outcore::Error::Interrupted)))
+        .count();
+    assert_eq!(stopped, 64 - ran);
+    assert!(stop.is_interrupted());
+    // Later batches stop too; the executors are still there.
+    assert!(matches!(
+        rt.read(&hs[0], |v: &u64| *v),
+        Err(outcore::Error::Interrupted)
+    ));
+    assert_eq!(rt.stats().evictions, 0);
+}

@@ -664,6 +664,12 @@ fn give_back(sh: &Shared, slot: &Arc<Slot>, h: Held, changed: bool, poisoned: bo
 }
 
 fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
+    if sh.interrupted() {
+        for (slot, _) in &t.slots {
+            sh.dispatched(slot, t.seq);
+        }
+        return Err(Error::Interrupted);
+    }
     // The pending entries keep the executors ranked as needed-now until
     // they are pinned; only then is the task recorded as dispatched.
     let acquired = acquire_all(sh, &t);

@@ -69,6 +69,24 @@ use crate::policy::EvictionPolicy;
 use crate::stats::Stats;
 use shared::Shared;
 
+/// Asks a [`Runtime`] to stop (see [`Runtime::interrupter`]). Cheap to
+/// clone and to send to another thread.
+#[derive(Clone, Debug)]
+pub struct Interrupter(Arc<std::sync::atomic::AtomicBool>);
+
+impl Interrupter {
+    /// Asks the runtime to stop: tasks not started yet fail with
+    /// [`Error::Interrupted`](crate::Error::Interrupted). It stays so.
+    pub fn interrupt(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the runtime was asked to stop.
+    pub fn is_interrupted(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// The outcore runtime: owns executors, runs tasks on them, and evicts them
 /// to disk under memory pressure.
 ///
@@ -344,6 +362,25 @@ impl Runtime {
         let id = self.shared.registry().declare_cycle(steps);
         self.shared.bump_generation();
         id
+    }
+
+    /// A handle that asks the runtime to stop, from any thread: tasks not
+    /// started by then fail with [`Error::Interrupted`](crate::Error::Interrupted)
+    /// (those running finish), so a job that passes errors on returns
+    /// within about one task. For a Ctrl-C from a thread that waits on the
+    /// job, or a deadline.
+    ///
+    /// ```
+    /// # fn main() -> outcore::Result<()> {
+    /// let rt = outcore::Runtime::builder().workers(1).build()?;
+    /// let h = rt.insert(1u32)?;
+    /// rt.interrupter().interrupt();
+    /// assert!(matches!(rt.read(&h, |v: &u32| *v), Err(outcore::Error::Interrupted)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn interrupter(&self) -> Interrupter {
+        Interrupter(self.shared.interrupt_flag().clone())
     }
 
     /// Evicts idle executors (highest rank first) until `bytes` more

@@ -42,7 +42,7 @@
 //! allocation under them never traps.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -106,6 +106,9 @@ pub(crate) struct Shared {
     /// lazily, or given back by a prefetcher): while it stays put, a scan
     /// for executors to load that found none would find none again.
     evicted_mark: AtomicU64,
+    /// Set by [`Interrupter::interrupt`](crate::Interrupter::interrupt):
+    /// tasks not started yet fail with `Error::Interrupted`.
+    interrupted: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -141,6 +144,7 @@ impl Shared {
             started: Instant::now(),
             owner: std::process::id(),
             evicted_mark: AtomicU64::new(0),
+            interrupted: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -162,12 +166,23 @@ impl Shared {
         }
     }
 
-    /// The next logical time.
+    /// The flag [`Interrupter::interrupt`](crate::Interrupter::interrupt)
+    /// sets.
+    pub(crate) fn interrupt_flag(&self) -> &Arc<AtomicBool> {
+        &self.interrupted
+    }
+
+    /// Whether the runtime was asked to stop.
+    pub(crate) fn interrupted(&self) -> bool {
+        self.interrupted.load(Ordering::Relaxed)
+    }
+
     /// The logical clock, without advancing it.
     pub(crate) fn clock_now(&self) -> u64 {
         self.clock.load(Ordering::Relaxed)
     }
 
+    /// The next logical time.
     pub(crate) fn tick(&self) -> u64 {
         self.clock.fetch_add(1, Ordering::Relaxed)
     }
