@@ -203,20 +203,7 @@ impl fmt::Display for Error {
                 f,
                 "a task on {executor} asked for {executor} itself, which it holds until it returns"
             ),
-            Error::TooLargeTogether { executors, cap } => {
-                let total: u64 = executors.iter().map(|(_, b)| *b as u64).sum();
-                let each: Vec<String> = executors
-                    .iter()
-                    .map(|(e, b)| format!("{e} ({})", format_bytes(*b as u64)))
-                    .collect();
-                write!(
-                    f,
-                    "a task needs {} in memory together: {}, more than the memory cap of {}",
-                    each.join(", "),
-                    format_bytes(total),
-                    format_bytes(*cap)
-                )
-            }
+            Error::TooLargeTogether { executors, cap } => too_large(f, executors, *cap),
             Error::Forked { owner } => write!(
                 f,
                 "the runtime of process {owner} was used in process {}, a child created by fork(): its threads and spill files are the parent's",
@@ -226,6 +213,22 @@ impl fmt::Display for Error {
             Error::Interrupted => write!(f, "interrupted: the runtime was asked to stop"),
         }
     }
+}
+
+/// The message of [`Error::TooLargeTogether`].
+fn too_large(f: &mut fmt::Formatter<'_>, executors: &[(String, usize)], cap: u64) -> fmt::Result {
+    let total: u64 = executors.iter().map(|(_, b)| *b as u64).sum();
+    let each: Vec<String> = executors
+        .iter()
+        .map(|(e, b)| format!("{e} ({})", format_bytes(*b as u64)))
+        .collect();
+    write!(
+        f,
+        "a task needs {} in memory together: {}, more than the memory cap of {}",
+        each.join(", "),
+        format_bytes(total),
+        format_bytes(cap)
+    )
 }
 
 /// The message, as [`Display`](fmt::Display) writes it: this is what
