@@ -1,0 +1,19 @@
+"""outcore: scikit-learn estimators that run under a memory cap.
+
+K-means (:class:`KMeans`, :class:`MiniBatchKMeans`) and logistic
+regression (:class:`LogisticRegression`) on data larger than memory: the
+engine keeps parts of the data on disk and reads them back as its passes
+need them, within ``mem_cap``. A path or a ``np.memmap`` of a ``.npy`` is
+read from its file, so its pages do not pile up in the process.
+
+>>> import numpy as np, outcore
+>>> X = np.random.default_rng(0).normal(size=(1000, 8)).astype(np.float32)
+>>> km = outcore.KMeans(n_clusters=4, random_state=0, mem_cap="64MiB").fit(X)
+>>> km.cluster_centers_.shape
+(4, 8)
+"""
+from ._kmeans import KMeans, MiniBatchKMeans
+from ._logistic import LogisticRegression
+
+__all__ = ["KMeans", "MiniBatchKMeans", "LogisticRegression"]
+__version__ = "0.1.0"

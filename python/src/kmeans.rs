@@ -1,0 +1,240 @@
+//! K-means (Lloyd and mini-batch) on a data file: fit, with the labels of
+//! the final pass, and predict.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use outcore_jobs::kmeans::{self, Algorithm, Centers, Config, Event, Init, Outcome};
+use outcore_jobs::{Session, Source};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::run::{f32s, le_bytes, run_job, Settings};
+
+/// The K-means settings, as the estimators name them.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub(crate) struct Params {
+    k: usize,
+    lloyd: bool,
+    /// `"k-means++"`, `"random"` or `"given"` (then `centers`).
+    init: String,
+    centers: Option<Vec<u8>>,
+    n_init: usize,
+    /// Lloyd iterations, or mini-batch epochs.
+    max_iter: usize,
+    tol: f64,
+    seed: u64,
+    batch_tasks: usize,
+    task_points: usize,
+    max_no_improvement: Option<usize>,
+    shards: usize,
+}
+
+impl Params {
+    /// The library's configuration.
+    fn config(&self, dims: usize) -> PyResult<Config> {
+        let init = match self.init.as_str() {
+            "k-means++" => Init::KMeansPlusPlus,
+            "random" => Init::Random,
+            "given" => {
+                let c = f32s(self.centers.as_deref().unwrap_or_default());
+                if c.len() != self.k * dims {
+                    return Err(PyValueError::new_err(format!(
+                        "init holds {} values, not n_clusters x n_features = {} x {dims}",
+                        c.len(),
+                        self.k
+                    )));
+                }
+                Init::Given(c)
+            }
+            other => return Err(PyValueError::new_err(format!("unknown init '{other}'"))),
+        };
+        Ok(Config {
+            k: self.k,
+            algorithm: if self.lloyd {
+                Algorithm::Lloyd
+            } else {
+                Algorithm::MiniBatch
+            },
+            init,
+            epochs: self.max_iter.max(1),
+            iterations: self.max_iter.max(1),
+            batch_tasks: self.batch_tasks.max(1),
+            task_points: self.task_points.max(1),
+            seed: self.seed,
+            tol: self.tol,
+            max_no_improvement: self.max_no_improvement,
+            n_init: self.n_init.max(1),
+            shards: self.shards.max(1),
+        })
+    }
+}
+
+/// What a fit gives back besides the outcome: labels and the figures the
+/// statistics need.
+#[derive(Default)]
+struct Extra {
+    labels: Vec<u32>,
+    load_seconds: f64,
+    epoch_bytes_read: Vec<u64>,
+}
+
+/// Fits K-means to the data in `path` (weights in `weights`, a 1-D
+/// `.npy`): a dict of `centers` (bytes of float32, k x dims), `labels`
+/// (bytes of uint32), `inertia`, `n_iter`, `n_steps`, `converged` and
+/// `stats` (JSON).
+#[pyfunction]
+pub(crate) fn kmeans_fit<'py>(
+    py: Python<'py>,
+    settings: &Settings,
+    path: PathBuf,
+    weights: Option<PathBuf>,
+    params: Params,
+) -> PyResult<Bound<'py, PyDict>> {
+    let src = Source::from_path(&path, None).map_err(crate::to_py)?;
+    let (_, dims) = src.shape().map_err(crate::to_py)?;
+    let cfg = params.config(dims)?;
+    let (session, part_bytes) = settings.session()?;
+    let part_bytes = kmeans::aligned_partition_bytes(part_bytes, dims, cfg.task_points);
+    let (out, extra) = run_job(py, &session, || {
+        fit(
+            &session,
+            settings,
+            &src,
+            weights.as_deref(),
+            &cfg,
+            part_bytes,
+        )
+    })?;
+    let d = PyDict::new(py);
+    d.set_item(
+        "centers",
+        PyBytes::new(py, &le_bytes(&out.centers.values, f32::to_le_bytes)),
+    )?;
+    d.set_item(
+        "labels",
+        PyBytes::new(py, &le_bytes(&extra.labels, u32::to_le_bytes)),
+    )?;
+    d.set_item("inertia", out.inertia)?;
+    d.set_item("n_iter", out.iterations)?;
+    d.set_item("n_steps", out.steps)?;
+    d.set_item("converged", out.converged.is_some())?;
+    d.set_item("stats", stats(&session, &cfg, &out, &extra).to_string())?;
+    Ok(d)
+}
+
+/// The fit, on the job's thread.
+fn fit(
+    session: &Session,
+    settings: &Settings,
+    src: &Source,
+    weights: Option<&std::path::Path>,
+    cfg: &Config,
+    part_bytes: u64,
+) -> outcore_jobs::Result<(Outcome, Extra)> {
+    let t = Instant::now();
+    let ds = kmeans::load(session, src, weights, Some(cfg), part_bytes, |_, _| {})?;
+    let mut extra = Extra {
+        load_seconds: t.elapsed().as_secs_f64(),
+        ..Extra::default()
+    };
+    settings.say(|| {
+        format!(
+            "loaded {} rows of {} in {:.1} s",
+            ds.rows, ds.dims, extra.load_seconds
+        )
+    });
+    session.phase("fit");
+    let mut read = session.bytes_read();
+    let mut labels = Vec::new();
+    let mut on = |ev: Event| {
+        if let Event::Epoch {
+            index,
+            seconds,
+            inertia,
+        } = ev
+        {
+            let now = session.bytes_read();
+            extra.epoch_bytes_read.push(now - read);
+            read = now;
+            settings.say(|| format!("pass {}: {seconds:.2} s, inertia {inertia:.6e}", index + 1));
+        }
+    };
+    let out = kmeans::run_with_labels(session, &ds, cfg, &mut on, |v| {
+        labels.extend_from_slice(v);
+        Ok(())
+    })?;
+    extra.labels = labels;
+    Ok((out, extra))
+}
+
+/// The command line's `--stats` figures for a fit.
+fn stats(session: &Session, cfg: &Config, out: &Outcome, extra: &Extra) -> serde_json::Value {
+    let rt = session.runtime();
+    let s = rt.stats();
+    let mut v = serde_json::json!({
+        "algorithm": if cfg.algorithm == Algorithm::Lloyd { "lloyd" } else { "minibatch" },
+        "k": cfg.k,
+        "epoch_seconds": out.epoch_seconds,
+        "epoch_inertia": out.epoch_inertia,
+        "epoch_bytes_read": extra.epoch_bytes_read,
+        "inertia": out.inertia,
+        "iterations": out.iterations,
+        "steps": out.steps,
+        "converged": out.converged.is_some(),
+        "stop": out.converged.map(|c| c.describe()),
+        "n_init": out.init_inertia.len(),
+        "best_init": out.best_init,
+        "init_inertia": out.init_inertia,
+        "load_seconds": extra.load_seconds,
+        "mem_cap_bytes": rt.cap(),
+        "workers": rt.workers(),
+        "runtime": serde_json::to_value(&s).unwrap_or_default(),
+    });
+    merge(
+        &mut v,
+        serde_json::to_value(session.totals(&s)).unwrap_or_default(),
+    );
+    v
+}
+
+/// Adds `extra`'s fields to the object `v`.
+pub(crate) fn merge(v: &mut serde_json::Value, extra: serde_json::Value) {
+    if let (Some(o), serde_json::Value::Object(e)) = (v.as_object_mut(), extra) {
+        o.extend(e);
+    }
+}
+
+/// Labels every row of `path` with its nearest of the `k` centres (bytes
+/// of float32): bytes of the labels (uint32) and of the squared distances
+/// (float32).
+#[pyfunction]
+pub(crate) fn kmeans_predict<'py>(
+    py: Python<'py>,
+    settings: &Settings,
+    path: PathBuf,
+    centers: Vec<u8>,
+    k: usize,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let src = Source::from_path(&path, None).map_err(crate::to_py)?;
+    let values = f32s(&centers);
+    let dims = values.len() / k.max(1);
+    let centers = Centers::new(k, dims, values);
+    let (session, part_bytes) = settings.session()?;
+    let (labels, dists) = run_job(py, &session, || {
+        let ds = kmeans::load(&session, &src, None, None, part_bytes, |_, _| {})?;
+        let (mut labels, mut dists) = (Vec::new(), Vec::new());
+        kmeans::predict(&session, &ds, &centers, true, 1024, |l, d| {
+            labels.extend_from_slice(l);
+            dists.extend_from_slice(d);
+            Ok(())
+        })?;
+        Ok((labels, dists))
+    })?;
+    Ok((
+        PyBytes::new(py, &le_bytes(&labels, u32::to_le_bytes)),
+        PyBytes::new(py, &le_bytes(&dists, f32::to_le_bytes)),
+    ))
+}

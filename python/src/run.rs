@@ -1,0 +1,140 @@
+//! The settings every estimator shares (cap, spill directory, workers,
+//! progress, timeline), the session built from them, and a job run on a
+//! thread of its own while the caller's thread, without the GIL, waits
+//! and polls for signals: Ctrl-C interrupts the runtime and raises
+//! `KeyboardInterrupt` once the job has stopped and its spill directory
+//! is gone.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use outcore::{MemoryCap, Runtime};
+use outcore_jobs::Session;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+/// Executors per cap: the command line's partition size, cap / 256
+/// between 1 MiB and 256 MiB (64 MiB with no cap).
+const PARTS_PER_CAP: u64 = 256;
+
+/// The estimators' engine settings (`mem_cap`, `spill_dir`, `n_jobs`,
+/// `verbose`, `timeline`), checked.
+#[pyclass(frozen, module = "outcore._core")]
+pub(crate) struct Settings {
+    cap: MemoryCap,
+    spill_dir: Option<PathBuf>,
+    workers: Option<usize>,
+    pub(crate) verbose: u32,
+    timeline: Option<PathBuf>,
+}
+
+#[pymethods]
+impl Settings {
+    /// `mem_cap`: `None` (no cap), `"auto"`, or a size (`"512MiB"`, or
+    /// bytes as a string); `workers`: `None` for one per core.
+    #[new]
+    #[pyo3(signature = (mem_cap=None, spill_dir=None, workers=None, verbose=0, timeline=None))]
+    fn new(
+        mem_cap: Option<&str>,
+        spill_dir: Option<PathBuf>,
+        workers: Option<usize>,
+        verbose: u32,
+        timeline: Option<PathBuf>,
+    ) -> PyResult<Settings> {
+        let cap = match mem_cap {
+            None => MemoryCap::None,
+            Some(s) => {
+                MemoryCap::parse(s).map_err(|e| PyValueError::new_err(format!("mem_cap: {e}")))?
+            }
+        };
+        if workers == Some(0) || workers.is_some_and(|w| w > outcore::MAX_WORKERS) {
+            return Err(PyValueError::new_err(format!(
+                "n_jobs must be between 1 and {} workers",
+                outcore::MAX_WORKERS
+            )));
+        }
+        Ok(Settings {
+            cap,
+            spill_dir,
+            workers,
+            verbose,
+            timeline,
+        })
+    }
+}
+
+impl Settings {
+    /// A session under these settings, and the size of its executors.
+    pub(crate) fn session(&self) -> PyResult<(Session, u64)> {
+        let mut b = Runtime::builder().mem_cap(self.cap);
+        if let Some(w) = self.workers {
+            b = b.workers(w);
+        }
+        if let Some(d) = &self.spill_dir {
+            b = b.spill_dir(d);
+        }
+        let rt = b.build().map_err(|e| crate::to_py(e.into()))?;
+        let part_bytes = match rt.cap() {
+            Some(cap) => (cap / PARTS_PER_CAP).clamp(1 << 20, 256 << 20),
+            None => 64 << 20,
+        };
+        let mut session = Session::new(rt);
+        if let Some(p) = &self.timeline {
+            session.record_timeline(p, "load").map_err(crate::to_py)?;
+        }
+        Ok((session, part_bytes))
+    }
+
+    /// A progress line on standard error, when `verbose`.
+    pub(crate) fn say(&self, line: impl FnOnce() -> String) {
+        if self.verbose > 0 {
+            eprintln!("outcore: {}", line());
+        }
+    }
+}
+
+/// Runs `job` on a thread of its own while this one waits without the GIL,
+/// checking for signals every 50 ms. A signal (Ctrl-C) interrupts the
+/// runtime; once the job has returned, its exception (`KeyboardInterrupt`)
+/// is raised.
+pub(crate) fn run_job<T: Send>(
+    py: Python<'_>,
+    session: &Session,
+    job: impl FnOnce() -> outcore_jobs::Result<T> + Send,
+) -> PyResult<T> {
+    let stop = session.runtime().interrupter();
+    std::thread::scope(|s| {
+        let h = s.spawn(job);
+        let mut signal = None;
+        while !h.is_finished() {
+            py.detach(|| std::thread::sleep(Duration::from_millis(50)));
+            if signal.is_none() {
+                if let Err(e) = py.check_signals() {
+                    stop.interrupt();
+                    signal = Some(e);
+                }
+            }
+        }
+        let out = h.join();
+        match (signal, out) {
+            (Some(e), _) => Err(e),
+            (None, Ok(r)) => r.map_err(crate::to_py),
+            (None, Err(_)) => Err(PyRuntimeError::new_err(
+                "the job panicked (a bug in outcore: please report it)",
+            )),
+        }
+    })
+}
+
+/// `bytes` as `f32`s (little-endian, as numpy's `float32` here).
+pub(crate) fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// `v`'s bytes (little-endian).
+pub(crate) fn le_bytes<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+    v.iter().flat_map(|x| f(*x)).collect()
+}

@@ -1,0 +1,117 @@
+"""The estimators against scikit-learn and the command line, inputs by
+path and memmap, and bad inputs."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from sklearn.cluster import KMeans as SkKMeans
+from sklearn.linear_model import LogisticRegression as SkLogisticRegression
+
+import outcore
+
+
+def python(code, timeout=120):
+    """Runs `code` in a fresh interpreter; its completed process."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+
+
+def test_import_works_before_and_after_numpy_scipy_and_sklearn():
+    for code in (
+        "import numpy, scipy, sklearn; import outcore; outcore.KMeans(2).fit([[0.0], [1.0], [2.0]])",
+        "import outcore; import numpy, scipy, sklearn; outcore.KMeans(2).fit([[0.0], [1.0], [2.0]])",
+    ):
+        r = python(code)
+        assert r.returncode == 0, r.stderr
+
+
+def test_same_centres_and_labels_as_the_command_line(blobs, cli, tmp_path):
+    X, C = blobs
+    out, labels = tmp_path / "out.npy", tmp_path / "labels.npy"
+    subprocess.run(
+        [cli, "kmeans", "--input", str(X), "--algorithm", "lloyd", "--init", str(C), "--iterations", "3",
+         "--tol", "0", "--mem-cap", "128MiB", "--output", str(out), "--labels", str(labels)],
+        check=True, capture_output=True,
+    )
+    km = outcore.KMeans(n_clusters=5, init=np.load(C), n_init=1, max_iter=3, tol=0, mem_cap="128MiB")
+    km.fit(np.load(X, mmap_mode="r"))
+    assert km.cluster_centers_.dtype == np.float32
+    assert km.cluster_centers_.tobytes() == np.load(out).tobytes()
+    assert np.array_equal(km.labels_, np.load(labels))
+
+
+def test_capped_uncapped_path_and_array_give_the_same_bytes(tmp_path):
+    rng = np.random.default_rng(7)
+    X = (rng.normal(scale=6, size=(5, 16))[rng.integers(0, 5, 100_000)] + rng.normal(size=(100_000, 16)))
+    np.save(tmp_path / "X.npy", X.astype(np.float32))
+    path = tmp_path / "X.npy"
+    fits = [
+        outcore.KMeans(5, random_state=3, mem_cap=cap, n_jobs=w).fit(x)
+        for cap, w, x in [(None, 1, np.load(path)), ("3MiB", 2, path), ("auto", 2, np.load(path, mmap_mode="r"))]
+    ]
+    for f in fits[1:]:
+        assert f.cluster_centers_.tobytes() == fits[0].cluster_centers_.tobytes()
+        assert np.array_equal(f.labels_, fits[0].labels_)
+    assert fits[1].stats_["evictions"] > 0
+    mb = outcore.MiniBatchKMeans(5, batch_size=256, max_iter=3, random_state=0, mem_cap="3MiB").fit(path)
+    s = mb.stats_
+    assert s["algorithm"] == "minibatch" and s["iterations"] == mb.n_iter_
+    assert s["evictions"] > 0 and s["bytes_read"] > 0 and len(s["epoch_seconds"]) == mb.n_iter_
+    assert s["peak_bytes"] > 0 and "runtime" in s
+
+
+def test_lloyd_matches_scikit_learn_from_the_same_centres(blobs):
+    X, C = np.load(blobs[0]).astype(np.float64), np.load(blobs[1]).astype(np.float64)
+    w = np.random.default_rng(1).uniform(0.5, 2, len(X))
+    for sw in (None, w):
+        ours = outcore.KMeans(5, init=C, max_iter=20, tol=0).fit(X, sample_weight=sw)
+        sk = SkKMeans(5, init=C, n_init=1, max_iter=20, tol=0, algorithm="lloyd").fit(X, sample_weight=sw)
+        assert ours.cluster_centers_.dtype == np.float64
+        np.testing.assert_allclose(ours.cluster_centers_, sk.cluster_centers_, rtol=1e-4, atol=1e-4)
+        assert np.array_equal(ours.labels_, sk.labels_)
+        assert ours.inertia_ == pytest.approx(sk.inertia_, rel=1e-4)
+        assert ours.score(X, sample_weight=sw) == pytest.approx(sk.score(X, sample_weight=sw), rel=1e-4)
+        np.testing.assert_allclose(ours.transform(X[:50]), sk.transform(X[:50]), rtol=1e-4, atol=1e-4)
+        assert np.array_equal(ours.predict(X), sk.predict(X))
+
+
+@pytest.mark.parametrize("classes", [["cat", "dog"], [3, 7, 11]])
+def test_logistic_regression_matches_scikit_learn(classes):
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(3000, 10))
+    W = rng.normal(size=(10, len(classes)))
+    y = np.asarray(classes)[(X @ W + rng.gumbel(size=(3000, len(classes)))).argmax(axis=1)]
+    ours = outcore.LogisticRegression(C=0.5, mem_cap="64MiB").fit(X, y)
+    sk = SkLogisticRegression(C=0.5).fit(X, y)
+    assert list(ours.classes_) == list(sk.classes_)
+    assert ours.coef_.shape == sk.coef_.shape and ours.intercept_.shape == sk.intercept_.shape
+    np.testing.assert_allclose(ours.coef_, sk.coef_, rtol=0.02, atol=0.02)
+    assert ours.score(X, y) == pytest.approx(sk.score(X, y), abs=0.002)
+    np.testing.assert_allclose(ours.predict_proba(X[:100]), sk.predict_proba(X[:100]), atol=0.01)
+    assert ours.predict(X[:5]).dtype == sk.predict(X[:5]).dtype
+
+
+def test_a_nan_is_a_value_error_naming_its_row_and_column(blobs):
+    X = np.load(blobs[0])
+    X[1234, 5] = np.nan
+    with pytest.raises(ValueError, match="row 1234, column 5"):
+        outcore.KMeans(3).fit(X)
+    bad = blobs[0].parent / "bad.npy"
+    np.save(bad, X)
+    with pytest.raises(ValueError, match="row 1234, column 5 is NaN"):
+        outcore.KMeans(3).fit(bad)
+
+
+def test_bad_inputs_raise_scikit_learns_exceptions(blobs):
+    X = np.load(blobs[0])
+    km = outcore.KMeans(3).fit(X)
+    with pytest.raises(ValueError, match="features"):
+        km.predict(X[:, :4])
+    with pytest.raises(ValueError, match="n_clusters"):
+        outcore.KMeans(5000).fit(X)
+    with pytest.raises(ValueError, match="mem_cap"):
+        outcore.KMeans(3, mem_cap="lots").fit(X)
+    with pytest.raises(MemoryError, match="memory cap"):
+        outcore.KMeans(1000, mem_cap="4MiB").fit(np.zeros((2000, 2000), np.float32) + np.arange(2000)[:, None])
+    with pytest.raises(ValueError, match="2 classes"):
+        outcore.LogisticRegression().fit(X, np.zeros(len(X)))

@@ -1,0 +1,92 @@
+"""What may hang or use too much memory, in child processes with a
+watchdog: a memmap larger than the cap keeps the resident set within it,
+and Ctrl-C raises KeyboardInterrupt promptly and removes the spill."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+MiB = 1 << 20
+
+
+def write_npy(path, rows, cols, seed=0):
+    """A float32 .npy written block by block (the writer's memory stays
+    small)."""
+    rng = np.random.default_rng(seed)
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_2_0(f, {"descr": "<f4", "fortran_order": False, "shape": (rows, cols)})
+        step = 65536
+        for start in range(0, rows, step):
+            n = min(step, rows - start)
+            f.write((rng.normal(size=(n, cols)) + (np.arange(n) % 8)[:, None] * 4).astype("<f4").tobytes())
+
+
+def child(code, timeout=300):
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+MEMMAP_FIT = """
+import numpy as np, outcore
+def kib(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1])
+X = np.load({path!r}, mmap_mode="r")
+est = outcore.{est}(8, max_iter=1, random_state=0, mem_cap="64MiB", n_jobs=2)
+est.fit(np.zeros((64, X.shape[1]), np.float32) + np.arange(64)[:, None])  # warm up the engine
+base = kib("VmRSS")
+est.fit(X)
+print(base, kib("VmHWM"), est.stats_["evictions"], flush=True)
+"""
+
+
+def test_a_memmap_four_times_the_cap_keeps_the_resident_set_within_the_cap(tmp_path):
+    path = tmp_path / "X.npy"
+    write_npy(path, 1 << 20, 64)  # 256 MiB
+    for est in ("MiniBatchKMeans", "KMeans"):
+        p = child(MEMMAP_FIT.format(path=str(path), est=est))
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        base, peak, evictions = (int(v) for v in out.split())
+        grew = (peak - base) * 1024
+        # The cap, with the allocator's 5% and the labels (4 MiB) and
+        # Python's copies of them beside it.
+        assert grew <= 64 * MiB * 1.05 + 24 * MiB, f"{est}: resident set grew by {grew / MiB:.0f} MiB"
+        assert evictions > 0
+
+
+INTERRUPTED_FIT = """
+import time, outcore
+print("ready", flush=True)
+try:
+    outcore.KMeans(64, max_iter=100000, tol=0, mem_cap="16MiB", spill_dir={spill!r}, n_jobs=2).fit({path!r})
+    print("finished", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", time.monotonic(), flush=True)
+"""
+
+
+def test_ctrl_c_raises_keyboard_interrupt_within_a_second_and_removes_the_spill(tmp_path):
+    path, spill = tmp_path / "X.npy", tmp_path / "spill"
+    spill.mkdir()
+    write_npy(path, 1 << 18, 64)  # 64 MiB
+    p = child(INTERRUPTED_FIT.format(path=str(path), spill=str(spill)))
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 60
+        while not os.listdir(spill) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.listdir(spill), "the fit never started"
+        time.sleep(2)  # into the iterations
+        sent = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    word, at = out.split()
+    assert word == "interrupted", out + err
+    assert float(at) - sent < 1.0, f"KeyboardInterrupt came {float(at) - sent:.2f} s after the signal"
+    assert os.listdir(spill) == [], "the spill directory was left behind"
