@@ -232,6 +232,14 @@ class KMeans(_KMeansBase):
     stats_ : dict
         What the engine did: evictions, loads, bytes read and written,
         peaks, seconds, per-iteration figures (the command line's --stats).
+
+    Examples
+    --------
+    >>> import numpy as np, outcore
+    >>> X = np.load("data.npy", mmap_mode="r")          # doctest: +SKIP
+    >>> km = outcore.KMeans(n_clusters=100, mem_cap="1GiB").fit(X)  # doctest: +SKIP
+    >>> km.cluster_centers_.shape                       # doctest: +SKIP
+    (100, 64)
     """
 
     def __init__(self, n_clusters=8, *, init="k-means++", n_init="auto", max_iter=300, tol=1e-4,
@@ -356,4 +364,4 @@ class MiniBatchKMeans(_KMeansBase):
         return self
 
 
-KMeans.__doc__ = KMeans.__doc__.replace("    ENGINE\n", _ENGINE_DOC.lstrip("\n"))
+KMeans.__doc__ = KMeans.__doc__.replace("    ENGINE\n", _ENGINE_DOC.lstrip("\n") + "\n")

@@ -164,4 +164,4 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         return self.classes_[idx]
 
 
-LogisticRegression.__doc__ = LogisticRegression.__doc__.replace("    ENGINE\n", _ENGINE_DOC.lstrip("\n"))
+LogisticRegression.__doc__ = LogisticRegression.__doc__.replace("    ENGINE\n", _ENGINE_DOC.lstrip("\n") + "\n")

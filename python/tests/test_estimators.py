@@ -115,3 +115,24 @@ def test_bad_inputs_raise_scikit_learns_exceptions(blobs):
         outcore.KMeans(1000, mem_cap="4MiB").fit(np.zeros((2000, 2000), np.float32) + np.arange(2000)[:, None])
     with pytest.raises(ValueError, match="2 classes"):
         outcore.LogisticRegression().fit(X, np.zeros(len(X)))
+
+
+def test_npz_and_fvecs_paths_give_the_same_centres_as_the_array(blobs, tmp_path):
+    X = np.load(blobs[0])
+    np.savez(tmp_path / "X.npz", X)
+    rows = np.hstack([np.full((len(X), 1), X.shape[1], np.int32).view(np.float32), X])
+    rows.tofile(tmp_path / "X.fvecs")
+    ref = outcore.KMeans(5, random_state=1).fit(X)
+    for name in ("X.npz", "X.fvecs"):
+        km = outcore.KMeans(5, random_state=1).fit(tmp_path / name)
+        assert km.n_features_in_ == 16
+        np.testing.assert_array_equal(km.cluster_centers_.astype(np.float32), ref.cluster_centers_)
+
+
+def test_timeline_and_verbose(blobs, tmp_path, capfd):
+    tl = tmp_path / "memory.csv"
+    outcore.MiniBatchKMeans(5, max_iter=2, verbose=1, timeline=tl, mem_cap="64MiB").fit(blobs[0])
+    lines = tl.read_text().splitlines()
+    assert len(lines) > 1 and "," in lines[0]
+    err = capfd.readouterr().err
+    assert "outcore: pass 2:" in err, err

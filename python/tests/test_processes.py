@@ -24,8 +24,18 @@ def write_npy(path, rows, cols, seed=0):
             f.write((rng.normal(size=(n, cols)) + (np.arange(n) % 8)[:, None] * 4).astype("<f4").tobytes())
 
 
-def child(code, timeout=300):
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def default_sigint():
+    """In the child: SIGINT's default action, whatever the test runner's
+    (a background shell ignores it, and Python keeps an ignored SIGINT
+    ignored instead of raising KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def child(code):
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_sigint,
+    )
 
 
 MEMMAP_FIT = """
