@@ -41,6 +41,14 @@ def fit_data(est, X, *, dtype="numeric"):
     return _data.as_data(X, est.spill_dir)
 
 
+def wrong_width(est, cols):
+    """scikit-learn's error for data of the wrong number of features."""
+    return ValueError(
+        f"X has {cols} features, but {type(est).__name__} is expecting "
+        f"{est.n_features_in_} features as input."
+    )
+
+
 def new_data(est, X, *, dtype="numeric"):
     """Data after the fit (predict, transform): as ``fit_data``, checked
     against the fitted number of features."""
@@ -49,18 +57,18 @@ def new_data(est, X, *, dtype="numeric"):
         d = _data.as_data(X, est.spill_dir)
         if d.cols != est.n_features_in_:
             d.close()
-            raise ValueError(
-                f"X has {d.cols} features, but {type(est).__name__} is expecting "
-                f"{est.n_features_in_} features as input."
-            )
+            raise wrong_width(est, d.cols)
         return d, None
     X = validate_data(est, X, dtype=dtype, ensure_all_finite=False, reset=False)
     return _data.as_data(X, est.spill_dir), X
 
 
 def finite_blocks(est, X):
-    """Blocks of ``X`` for numpy work, each checked to be finite."""
+    """Blocks of ``X`` for numpy work after the fit, each checked to be
+    finite and as wide as the fitted data."""
     for b in _data.blocks(X):
+        if b.shape[1] != est.n_features_in_:
+            raise wrong_width(est, b.shape[1])
         if b.dtype.kind == "f" and not np.isfinite(b).all():
             raise ValueError("Input X contains NaN or infinity.")
         yield b

@@ -166,8 +166,6 @@ class _KMeansBase(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixi
         c = self.cluster_centers_.astype(np.float64)
         cn = (c * c).sum(axis=1)
         for b in _base.finite_blocks(self, X):
-            if b.shape[1] != self.n_features_in_:
-                raise ValueError(f"X has {b.shape[1]} features, but {type(self).__name__} is expecting {self.n_features_in_} features as input.")
             b64 = b.astype(np.float64)
             d2 = (b64 * b64).sum(axis=1)[:, None] - 2 * b64 @ c.T + cn[None, :]
             out.append(np.sqrt(np.maximum(d2, 0)))

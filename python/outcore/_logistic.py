@@ -127,8 +127,6 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
             X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
         out = []
         for b in _base.finite_blocks(self, X):
-            if b.shape[1] != self.n_features_in_:
-                raise ValueError(f"X has {b.shape[1]} features, but {type(self).__name__} is expecting {self.n_features_in_} features as input.")
             out.append(b.astype(np.float64) @ self.coef_.T + self.intercept_)
         s = np.concatenate(out) if out else np.empty((0, len(self.coef_)))
         return s.ravel() if s.shape[1] == 1 else s
