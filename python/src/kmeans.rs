@@ -10,7 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::run::{f32s, le_bytes, run_job, Settings};
+use crate::run::{f32s, le_bytes, run_job, session_figures, Settings};
 
 /// The K-means settings, as the estimators name them.
 #[derive(FromPyObject)]
@@ -172,9 +172,7 @@ fn fit(
 
 /// The command line's `--stats` figures for a fit.
 fn stats(session: &Session, cfg: &Config, out: &Outcome, extra: &Extra) -> serde_json::Value {
-    let rt = session.runtime();
-    let s = rt.stats();
-    let mut v = serde_json::json!({
+    let v = serde_json::json!({
         "algorithm": if cfg.algorithm == Algorithm::Lloyd { "lloyd" } else { "minibatch" },
         "k": cfg.k,
         "epoch_seconds": out.epoch_seconds,
@@ -189,22 +187,8 @@ fn stats(session: &Session, cfg: &Config, out: &Outcome, extra: &Extra) -> serde
         "best_init": out.best_init,
         "init_inertia": out.init_inertia,
         "load_seconds": extra.load_seconds,
-        "mem_cap_bytes": rt.cap(),
-        "workers": rt.workers(),
-        "runtime": serde_json::to_value(&s).unwrap_or_default(),
     });
-    merge(
-        &mut v,
-        serde_json::to_value(session.totals(&s)).unwrap_or_default(),
-    );
-    v
-}
-
-/// Adds `extra`'s fields to the object `v`.
-pub(crate) fn merge(v: &mut serde_json::Value, extra: serde_json::Value) {
-    if let (Some(o), serde_json::Value::Object(e)) = (v.as_object_mut(), extra) {
-        o.extend(e);
-    }
+    session_figures(session, v)
 }
 
 /// Labels every row of `path` with its nearest of the `k` centres (bytes

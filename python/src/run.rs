@@ -138,3 +138,25 @@ pub(crate) fn f32s(bytes: &[u8]) -> Vec<f32> {
 pub(crate) fn le_bytes<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
     v.iter().flat_map(|x| f(*x)).collect()
 }
+
+/// `v` (a JSON object of a job's figures) with the session's: the cap,
+/// the workers, the runtime's counters and the totals (evictions, loads,
+/// bytes, peaks, seconds), as the command line's `--stats` has them.
+pub(crate) fn session_figures(session: &Session, mut v: serde_json::Value) -> serde_json::Value {
+    let rt = session.runtime();
+    let s = rt.stats();
+    let figures = serde_json::json!({
+        "mem_cap_bytes": rt.cap(),
+        "workers": rt.workers(),
+        "runtime": serde_json::to_value(&s).unwrap_or_default(),
+    });
+    for extra in [
+        figures,
+        serde_json::to_value(session.totals(&s)).unwrap_or_default(),
+    ] {
+        if let (Some(o), serde_json::Value::Object(e)) = (v.as_object_mut(), extra) {
+            o.extend(e);
+        }
+    }
+    v
+}

@@ -8,7 +8,7 @@ use outcore_jobs::{Labels, Session, Source};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::run::{le_bytes, run_job, Settings};
+use crate::run::{le_bytes, run_job, session_figures, Settings};
 
 /// Fits the model to the rows of `path` and the class indices (0..classes,
 /// a 1-D int32 `.npy`) of `labels`: a dict of `w` (bytes of float32,
@@ -78,10 +78,8 @@ pub(crate) fn logistic_fit<'py>(
 
 /// The command line's `--stats` figures for a fit.
 fn stats(session: &Session, cfg: &TrainConfig, out: &Trained) -> serde_json::Value {
-    let rt = session.runtime();
-    let s = rt.stats();
     let its = &out.iterations;
-    let mut v = serde_json::json!({
+    let v = serde_json::json!({
         "solver": "lbfgs",
         "c": cfg.c,
         "tol": cfg.tol,
@@ -91,13 +89,6 @@ fn stats(session: &Session, cfg: &TrainConfig, out: &Trained) -> serde_json::Val
         "iteration_grad_max": its.iter().map(|i| i.grad_max).collect::<Vec<_>>(),
         "converged": out.stop.is_some_and(|s| s.converged()),
         "stop": out.stop.map(|s| s.describe()),
-        "mem_cap_bytes": rt.cap(),
-        "workers": rt.workers(),
-        "runtime": serde_json::to_value(&s).unwrap_or_default(),
     });
-    crate::kmeans::merge(
-        &mut v,
-        serde_json::to_value(session.totals(&s)).unwrap_or_default(),
-    );
-    v
+    session_figures(session, v)
 }
