@@ -129,6 +129,15 @@ def write_npy(X, directory=None, dtype=np.float32, what="X"):
     return path
 
 
+def vector(v, directory=None, dtype=np.float64, what="sample_weight"):
+    """A :class:`Data` for the 1-D array ``v`` (weights, class indices):
+    a temporary ``.npy`` of ``dtype``, removed by ``close``. None for
+    None."""
+    if v is None:
+        return Data(os.devnull, 0, 0, temporary=False)
+    return Data(write_npy(v, directory, dtype=dtype, what=what), len(v), 1, temporary=True)
+
+
 def as_data(X, directory=None):
     """A :class:`Data` for ``X``: its own file when the engine can read it,
     else a temporary copy (float32)."""

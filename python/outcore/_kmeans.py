@@ -82,19 +82,15 @@ class _KMeansBase(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixi
             if k > data.rows:
                 raise ValueError(f"n_samples={data.rows} should be >= n_clusters={k}.")
             init, centers, n_init = self._init_params(data.cols)
-            weights = None
             if sample_weight is not None:
-                sw = _check_sample_weight(sample_weight, np.empty((data.rows, 0)), dtype=np.float64)
-                weights = _data.write_npy(sw, self.spill_dir, dtype=np.float64, what="sample_weight")
-            try:
-                params.update(
-                    k=k, init=init, centers=centers, n_init=n_init,
-                    seed=_seed(self.random_state), shards=8,
-                )
-                out = _core.kmeans_fit(settings, data.path, weights, params)
-            finally:
-                if weights is not None:
-                    _data.Data(weights, 0, 0, True).close()
+                sample_weight = _check_sample_weight(sample_weight, np.empty((data.rows, 0)), dtype=np.float64)
+            params.update(
+                k=k, init=init, centers=centers, n_init=n_init,
+                seed=_seed(self.random_state), shards=8,
+            )
+            with _data.vector(sample_weight, self.spill_dir) as weights:
+                path = None if sample_weight is None else weights.path
+                out = _core.kmeans_fit(settings, data.path, path, params)
         out_dtype = np.float32 if dtype == np.float32 else np.float64
         c = np.frombuffer(out["centers"], dtype="<f4").reshape(k, -1)
         self.cluster_centers_ = c.astype(out_dtype)

@@ -94,7 +94,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         with _base.fit_data(self, X) if _data.is_file_input(X) else _data.as_data(X, self.spill_dir) as data:
             if len(codes) != data.rows:
                 raise ValueError(f"Found input variables with inconsistent numbers of samples: [{data.rows}, {len(codes)}]")
-            with _data.Data(_data.write_npy(codes.astype(np.int32), self.spill_dir, dtype=np.int32, what="y"), 0, 0, True) as lab:
+            with _data.vector(codes, self.spill_dir, dtype=np.int32, what="y") as lab:
                 # Two classes: scikit-learn's binary model with C is the
                 # two-row softmax with C / 2 (its rows end opposite).
                 c = C / 2 if len(classes) == 2 else C
