@@ -132,6 +132,28 @@ pub enum Error {
         /// The process that started the runtime.
         owner: u32,
     },
+    /// [`Handle::into_bytes`](crate::Handle::into_bytes) could not encode
+    /// the executor (its `Serialize` failed or panicked); the handle was
+    /// consumed, so the value is gone.
+    ExportFailed {
+        /// The executor.
+        executor: String,
+        /// Bytes it held in memory.
+        bytes: usize,
+        /// What failed.
+        reason: String,
+    },
+    /// Bytes given to [`Runtime::insert_bytes`](crate::Runtime::insert_bytes)
+    /// are not an exported executor of that type (damaged, cut short, or
+    /// another type's).
+    BadBytes {
+        /// The executor the bytes were for.
+        executor: String,
+        /// How many bytes were given.
+        bytes: u64,
+        /// What is wrong with them.
+        reason: String,
+    },
     /// The runtime could not start (threads, registration with the
     /// allocator).
     Runtime(String),
@@ -208,6 +230,24 @@ impl fmt::Display for Error {
                 f,
                 "the runtime of process {owner} was used in process {}, a child created by fork(): its threads and spill files are the parent's",
                 std::process::id()
+            ),
+            Error::ExportFailed {
+                executor,
+                bytes,
+                reason,
+            } => write!(
+                f,
+                "{executor} ({}) could not be exported as bytes: {reason}",
+                crate::units::format_bytes(*bytes as u64)
+            ),
+            Error::BadBytes {
+                executor,
+                bytes,
+                reason,
+            } => write!(
+                f,
+                "{executor}: the {} given are not an exported executor of its type: {reason}",
+                crate::units::format_bytes(*bytes)
             ),
             Error::Runtime(msg) => write!(f, "runtime: {msg}"),
             Error::Interrupted => write!(f, "interrupted: the runtime was asked to stop"),

@@ -145,7 +145,7 @@ pub use runtime::{
     AnyHandle, Batch, Builder, CycleId, Handle, Interrupter, Join, Key, Monitor, ReadHandle,
     Runtime, TaskContext, MAX_WORKERS,
 };
-pub use stats::Stats;
+pub use stats::{Footprint, Stats};
 pub use units::format_bytes;
 
 /// The spill-file codec, for the fuzz target (`fuzz/`); not a stable API.

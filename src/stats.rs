@@ -12,10 +12,12 @@ use crate::alloc::COUNTERS;
 #[derive(Default, Debug)]
 pub(crate) struct Counters {
     pub evictions: AtomicU64,
+    pub evicted_bytes: AtomicU64,
     pub trap_evictions: AtomicU64,
     pub clean_evictions: AtomicU64,
     pub failed_writes: AtomicU64,
     pub loads: AtomicU64,
+    pub loaded_bytes: AtomicU64,
     pub rebuilds: AtomicU64,
     pub prefetches: AtomicU64,
     pub prefetch_hits: AtomicU64,
@@ -35,13 +37,20 @@ impl Counters {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Counts a load that read `bytes` from its spill file (`direct` of
-    /// them with direct I/O), or `rebuilt` it from its lineage, made by a
-    /// prefetcher or not.
-    pub(crate) fn count_load(&self, bytes: u64, direct: u64, rebuilt: bool, prefetched: bool) {
+    /// Counts a load of an executor of `size` bytes in memory that read
+    /// `read` from its spill file, or `rebuilt` it from its lineage, made
+    /// by a prefetcher or not.
+    pub(crate) fn count_load(
+        &self,
+        size: u64,
+        read: crate::spill::Loaded,
+        rebuilt: bool,
+        prefetched: bool,
+    ) {
         Counters::add(&self.loads, 1);
-        Counters::add(&self.bytes_read, bytes);
-        Counters::add(&self.direct_bytes_read, direct);
+        Counters::add(&self.loaded_bytes, size);
+        Counters::add(&self.bytes_read, read.bytes);
+        Counters::add(&self.direct_bytes_read, read.direct_bytes);
         if rebuilt {
             Counters::add(&self.rebuilds, 1);
         }
@@ -66,6 +75,34 @@ impl Counters {
     }
 }
 
+/// A runtime's executors by where they are, as last measured
+/// ([`Runtime::footprint`](crate::Runtime::footprint)): the signal a
+/// scheduler reads to decide whether the data fits its cap, or would fit
+/// on more processes.
+///
+/// An executor's size is its memory when last in memory (for an evicted
+/// one, what loading it takes again).
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Footprint {
+    /// Executors registered.
+    pub executors: u64,
+    /// Of those, in memory (resident, or being loaded or evicted).
+    pub resident: u64,
+    /// Bytes of the executors in memory.
+    pub resident_bytes: u64,
+    /// Bytes of the executors not in memory (evicted, not yet built, or
+    /// damaged).
+    pub evicted_bytes: u64,
+}
+
+impl Footprint {
+    /// Bytes of every executor, in memory or not.
+    pub fn total_bytes(&self) -> u64 {
+        self.resident_bytes + self.evicted_bytes
+    }
+}
+
 /// A snapshot of the runtime's and the allocator's counters.
 ///
 /// The executor counters (evictions, loads, bytes moved, tasks) belong to
@@ -77,6 +114,12 @@ impl Counters {
 pub struct Stats {
     /// Executors evicted (written or dropped clean), for any reason.
     pub evictions: u64,
+    /// The evicted executors' sizes in memory, added up: memory the
+    /// evictions freed. Read with [`loaded_bytes`](Stats::loaded_bytes)
+    /// between two points of a sweep, it says how much of the data does
+    /// not fit: a sweep that evicts and loads again about its own size
+    /// has found everything evicted before its turn.
+    pub evicted_bytes: u64,
     /// Of those, evictions made from inside the allocation trap.
     pub trap_evictions: u64,
     /// Of those, clean evictions: memory dropped with no write, because the
@@ -87,6 +130,9 @@ pub struct Stats {
     /// Executors loaded: read back from spill files, or built from their
     /// lineage ([`Stats::rebuilds`]).
     pub loads: u64,
+    /// The loaded executors' sizes in memory, added up (whether read from
+    /// spill files or built from their lineage).
+    pub loaded_bytes: u64,
     /// Loads that built the executor from its lineage instead of a spill
     /// file (see [`Lineage`](crate::Lineage)).
     pub rebuilds: u64,
@@ -164,10 +210,12 @@ impl Stats {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Stats {
             evictions: g(&c.evictions),
+            evicted_bytes: g(&c.evicted_bytes),
             trap_evictions: g(&c.trap_evictions),
             clean_evictions: g(&c.clean_evictions),
             failed_writes: g(&c.failed_writes),
             loads: g(&c.loads),
+            loaded_bytes: g(&c.loaded_bytes),
             rebuilds: g(&c.rebuilds),
             prefetches: g(&c.prefetches),
             prefetch_hits: g(&c.prefetch_hits),

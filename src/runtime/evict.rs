@@ -122,7 +122,7 @@ impl Shared {
                 self.note_evicted();
                 drop(g);
                 drop_user_value(v);
-                self.count_eviction(trap, true);
+                self.count_eviction(trap, true, size);
                 Evicted::Freed(size)
             }
             EvictStep::Write => {
@@ -155,7 +155,7 @@ impl Shared {
                         drop(g);
                         drop_user_value(v);
                         Counters::add(&self.counters().bytes_written, written);
-                        self.count_eviction(trap, false);
+                        self.count_eviction(trap, false, size);
                         Evicted::Freed(size.max(written as usize))
                     }
                     Err(e) => {
@@ -193,9 +193,11 @@ impl Shared {
         })
     }
 
-    fn count_eviction(&self, trap: bool, clean: bool) {
+    /// Counts the eviction of an executor of `size` bytes in memory.
+    fn count_eviction(&self, trap: bool, clean: bool, size: usize) {
         let c = self.counters();
         Counters::add(&c.evictions, 1);
+        Counters::add(&c.evicted_bytes, size as u64);
         if trap {
             Counters::add(&c.trap_evictions, 1);
         }

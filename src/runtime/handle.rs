@@ -95,6 +95,55 @@ impl<T: Send + 'static> Handle<T> {
     }
 }
 
+impl<T> Handle<T>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+{
+    /// Takes the executor out of the runtime as bytes (its spill format:
+    /// a checked header, then the value), for
+    /// [`Runtime::insert_bytes`](crate::Runtime::insert_bytes) to register
+    /// in another runtime: this is how an executor moves to another
+    /// process. Like [`Handle::into_inner`], it consumes the handle and
+    /// removes the executor (and its spill file); an evicted executor is
+    /// loaded first. The value and its bytes are both in memory while it
+    /// is encoded.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`Handle::into_inner`];
+    /// [`Error::ExportFailed`] when the value cannot be encoded (its
+    /// `Serialize` fails or panics).
+    pub fn into_bytes(self) -> Result<Vec<u8>> {
+        let label = self
+            .slot
+            .as_ref()
+            .map_or_else(|| "executor".to_string(), |s| s.label.clone());
+        let size = self.size();
+        let value = self.into_inner()?;
+        // The value's `Serialize` is user code: a panic is a failed encode.
+        let encoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            crate::spill::encode_bytes(export_key::<T>(), &value)
+        }))
+        .unwrap_or_else(|_| Err("encoding panicked".into()));
+        crate::executor::drop_user_value(value);
+        encoded.map_err(|reason| Error::ExportFailed {
+            executor: label,
+            bytes: size,
+            reason,
+        })
+    }
+}
+
+/// The key of exported bytes: no executor or generation of any runtime,
+/// the type's fingerprint.
+pub(crate) fn export_key<T: 'static>() -> crate::spill::FileKey {
+    crate::spill::FileKey {
+        executor: 0,
+        generation: 0,
+        fingerprint: crate::spill::fingerprint::<T>(),
+    }
+}
+
 impl<T> Drop for Handle<T> {
     fn drop(&mut self) {
         if let (Some(slot), Some(shared)) = (self.slot.take(), self.shared.upgrade()) {

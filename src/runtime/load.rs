@@ -68,8 +68,12 @@ impl Shared {
                 // Counted before the value is published: a task that uses
                 // it (and whatever its caller reads next) sees the load in
                 // the counters.
-                self.counters()
-                    .count_load(read.bytes, read.direct_bytes, rebuild, prefetch);
+                self.counters().count_load(
+                    slot.size.load(Ordering::Relaxed) as u64,
+                    read,
+                    rebuild,
+                    prefetch,
+                );
                 slot.set_state(&mut g, State::Resident);
                 drop(g);
                 self.note_size(slot, 0);

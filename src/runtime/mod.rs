@@ -66,7 +66,7 @@ use crate::error::{ExecutorId, Result};
 use crate::executor::{RebuildFn, Slot};
 use crate::lineage::Lineage;
 use crate::policy::EvictionPolicy;
-use crate::stats::Stats;
+use crate::stats::{Footprint, Stats};
 use shared::Shared;
 
 /// Asks a [`Runtime`] to stop (see [`Runtime::interrupter`]). Cheap to
@@ -173,6 +173,53 @@ impl Runtime {
     {
         let size = encoded_len(&value);
         self.insert_slot(name, Some(value), None, size)
+    }
+
+    /// Registers the executor whose bytes [`Handle::into_bytes`] gave, in
+    /// this runtime (of this process or of another: the bytes are the
+    /// spill format, which is the same on every machine of the same
+    /// architecture). The bytes are checked (length, checksum, the type's
+    /// fingerprint) and decoded into the value, held in memory as after
+    /// [`Runtime::insert`]. This is how an executor moves from one runtime
+    /// to another, over a network say, without a spill file between them.
+    ///
+    /// ```
+    /// # #[global_allocator]
+    /// # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+    /// let a = outcore::Runtime::builder().build()?;
+    /// let b = outcore::Runtime::builder().build()?;
+    /// let h = a.insert(vec![1u32, 2, 3])?;
+    /// let bytes = h.into_bytes()?; // gone from `a`
+    /// let moved = b.insert_bytes::<Vec<u32>>(None, &bytes)?;
+    /// assert_eq!(b.read(&moved, |v| v.clone())?, vec![1, 2, 3]);
+    /// assert!(b.insert_bytes::<Vec<u64>>(None, &bytes).is_err()); // another type
+    /// # Ok::<(), outcore::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadBytes`](crate::Error::BadBytes) when the bytes are not
+    /// an exported executor of type `T`; [`Error::Forked`](crate::Error::Forked)
+    /// in a child process created by `fork()`.
+    pub fn insert_bytes<T>(&self, name: Option<&str>, bytes: &[u8]) -> Result<Handle<T>>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+    {
+        self.shared.check_process()?;
+        // The value's `Deserialize` is user code: a panic is bad bytes.
+        let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            crate::spill::decode_bytes::<T>(bytes, handle::export_key::<T>())
+        }))
+        .unwrap_or_else(|_| Err("decoding panicked".into()));
+        let value = decoded.map_err(|reason| crate::Error::BadBytes {
+            executor: name.map_or_else(
+                || format!("an executor of type {}", std::any::type_name::<T>()),
+                str::to_string,
+            ),
+            bytes: bytes.len() as u64,
+            reason,
+        })?;
+        self.insert_named(name, value)
     }
 
     /// Registers an executor that is built when a task first needs it, by
@@ -422,6 +469,30 @@ impl Runtime {
         self.shared.registry().count_in_memory()
     }
 
+    /// The executors' sizes by where they are: in memory or evicted (one
+    /// scan of the registry, under its lock). With [`Stats::evicted_bytes`]
+    /// and [`Stats::loaded_bytes`] read at two points of a sweep, it is
+    /// what a scheduler needs to decide whether the data fits under the cap
+    /// and, if not, how many processes of this cap it would fit on (see
+    /// the library guide's "Growing onto more processes").
+    ///
+    /// ```
+    /// # #[global_allocator]
+    /// # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+    /// let rt = outcore::Runtime::builder().build()?;
+    /// let _h = rt.insert(vec![0u8; 1 << 20])?;
+    /// let f = rt.footprint();
+    /// assert_eq!((f.executors, f.resident, f.evicted_bytes), (1, 1, 0));
+    /// assert!(f.resident_bytes >= 1 << 20);
+    /// # Ok::<(), outcore::Error>(())
+    /// ```
+    pub fn footprint(&self) -> Footprint {
+        if self.shared.check_process().is_err() {
+            return Footprint::default();
+        }
+        self.shared.registry().footprint()
+    }
+
     /// A handle that reads this runtime's counters from any thread (a
     /// sampler, a progress display) without borrowing the runtime.
     ///
@@ -464,6 +535,13 @@ impl Monitor {
     pub fn stats(&self) -> Option<Stats> {
         let s = self.shared.upgrade()?;
         Some(Stats::collect(s.counters(), s.soft_cap()))
+    }
+
+    /// [`Runtime::footprint`], from any thread; `None` once the runtime
+    /// is dropped.
+    pub fn footprint(&self) -> Option<Footprint> {
+        let s = self.shared.upgrade()?;
+        Some(s.registry().footprint())
     }
 
     /// Executors in memory now (one scan of the registry, under its lock

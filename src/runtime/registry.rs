@@ -361,6 +361,22 @@ impl Registry {
         self.lock().slots.len()
     }
 
+    /// The executors' sizes, by where they are (one scan, under the lock).
+    pub(crate) fn footprint(&self) -> crate::stats::Footprint {
+        let mut f = crate::stats::Footprint::default();
+        for s in self.lock().slots.values() {
+            let size = s.size.load(std::sync::atomic::Ordering::Relaxed) as u64;
+            f.executors += 1;
+            if s.state_hint().in_memory() {
+                f.resident += 1;
+                f.resident_bytes += size;
+            } else {
+                f.evicted_bytes += size;
+            }
+        }
+        f
+    }
+
     /// How many executors are in memory (one scan, under the lock).
     pub(crate) fn count_in_memory(&self) -> usize {
         self.lock()

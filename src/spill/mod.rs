@@ -573,9 +573,8 @@ fn advise(file: &File, advice: libc::c_int) {
     }
 }
 
-#[cfg(feature = "fuzzing")]
 /// Verifies and decodes a whole spill file held in memory (the same checks
-/// as [`read_file`]; used by the fuzz target).
+/// as [`read_file`]): an executor's exported bytes, and the fuzz target's.
 pub fn decode_bytes<T: DeserializeOwned>(
     bytes: &[u8],
     key: FileKey,
@@ -593,18 +592,20 @@ pub(crate) fn encode_payload<T: Serialize>(
     Ok((tee.inner, tee.sum.finish()))
 }
 
-#[cfg(feature = "fuzzing")]
 /// Encodes `value` as a whole spill file in memory (the inverse of
-/// [`decode_bytes`]).
+/// [`decode_bytes`]): the header's place is kept at the start and filled
+/// in last, so the bytes are made in one buffer, once.
 pub fn encode_bytes<T: Serialize>(key: FileKey, value: &T) -> std::result::Result<Vec<u8>, String> {
-    let (payload, payload_sum) = encode_payload(value)?;
+    let mut out = Vec::new();
+    out.extend_from_slice(&[0u8; HEADER_LEN]);
+    let tee = encode_payload_into(out, value).map_err(|e| format!("encode: {e}"))?;
+    let mut out = tee.inner;
     let header = Header {
         key,
-        payload_len: payload.len() as u64,
-        payload_sum,
+        payload_len: (out.len() - HEADER_LEN) as u64,
+        payload_sum: tee.sum.finish(),
     };
-    let mut out = header.encode().to_vec();
-    out.extend_from_slice(&payload);
+    out[..HEADER_LEN].copy_from_slice(&header.encode());
     Ok(out)
 }
 
