@@ -231,27 +231,35 @@ impl fmt::Display for Error {
                 "the runtime of process {owner} was used in process {}, a child created by fork(): its threads and spill files are the parent's",
                 std::process::id()
             ),
-            Error::ExportFailed {
-                executor,
-                bytes,
-                reason,
-            } => write!(
-                f,
-                "{executor} ({}) could not be exported as bytes: {reason}",
-                crate::units::format_bytes(*bytes as u64)
-            ),
-            Error::BadBytes {
-                executor,
-                bytes,
-                reason,
-            } => write!(
-                f,
-                "{executor}: the {} given are not an exported executor of its type: {reason}",
-                crate::units::format_bytes(*bytes)
-            ),
+            Error::ExportFailed { .. } | Error::BadBytes { .. } => moved(f, self),
             Error::Runtime(msg) => write!(f, "runtime: {msg}"),
             Error::Interrupted => write!(f, "interrupted: the runtime was asked to stop"),
         }
+    }
+}
+
+/// The messages of [`Error::ExportFailed`] and [`Error::BadBytes`].
+fn moved(f: &mut fmt::Formatter<'_>, e: &Error) -> fmt::Result {
+    match e {
+        Error::ExportFailed {
+            executor,
+            bytes,
+            reason,
+        } => write!(
+            f,
+            "{executor} ({}) could not be exported as bytes: {reason}",
+            crate::units::format_bytes(*bytes as u64)
+        ),
+        Error::BadBytes {
+            executor,
+            bytes,
+            reason,
+        } => write!(
+            f,
+            "{executor}: the {} given are not an exported executor of its type: {reason}",
+            crate::units::format_bytes(*bytes)
+        ),
+        _ => Ok(()),
     }
 }
 

@@ -93,6 +93,7 @@
 
 mod error;
 mod files;
+pub mod grow;
 mod input;
 pub mod kmeans;
 pub mod npy;

@@ -178,7 +178,7 @@ impl Ranks {
         match &self.inner {
             Inner::Single => 0,
             #[cfg(feature = "mpi")]
-            Inner::Mpi(w) => w.rank,
+            Inner::Mpi(w) => w.rank.get(),
         }
     }
 
@@ -187,7 +187,7 @@ impl Ranks {
         match &self.inner {
             Inner::Single => 1,
             #[cfg(feature = "mpi")]
-            Inner::Mpi(w) => w.size,
+            Inner::Mpi(w) => w.size.get(),
         }
     }
 
@@ -197,7 +197,7 @@ impl Ranks {
         match &self.inner {
             Inner::Single => 1,
             #[cfg(feature = "mpi")]
-            Inner::Mpi(w) => w.on_node,
+            Inner::Mpi(w) => w.on_node.get(),
         }
     }
 
@@ -312,6 +312,72 @@ impl Ranks {
         }
     }
 
+    /// Every rank's `values` (as many on every rank), concatenated in
+    /// rank order, on every rank. Collective.
+    pub fn all_gather_u64(&self, values: &[u64]) -> Vec<u64> {
+        match &self.inner {
+            Inner::Single => values.to_vec(),
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.all_gather_u64(values),
+        }
+    }
+
+    /// Rank 0's `values` on every rank. Collective.
+    pub fn broadcast_u64(&self, values: &mut [u64]) {
+        match &self.inner {
+            Inner::Single => {
+                let _ = values;
+            }
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.broadcast_u64(values),
+        }
+    }
+
+    /// The slots of the allocation the job runs in (`MPI_UNIVERSE_SIZE`,
+    /// which `mpirun --host` and batch schedulers set), when the launcher
+    /// says; one process without MPI has one.
+    pub fn universe(&self) -> Option<usize> {
+        match &self.inner {
+            Inner::Single => Some(1),
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.universe_size(),
+        }
+    }
+
+    /// Whether this process was spawned by a job that grew
+    /// ([`Ranks::grow`]): it joined the ranks after they started, and
+    /// takes part from their growth on.
+    pub fn joined(&self) -> bool {
+        match &self.inner {
+            Inner::Single => false,
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.joined,
+        }
+    }
+
+    /// Adds `extra` ranks: spawns `extra` processes running this program
+    /// with this process's arguments (`MPI_Comm_spawn`) and merges them
+    /// in, after the ranks already there. Every clone of this `Ranks` then
+    /// has the new size, and every collective includes the new ranks,
+    /// which start as [`joined`](Ranks::joined) ranks (their
+    /// [`Ranks::init`] returns once merged). Collective over the ranks
+    /// before growth.
+    ///
+    /// # Errors
+    ///
+    /// On every rank, when the spawn fails (no free slot in the
+    /// allocation, say): the spawn runs under `MPI_ERRORS_RETURN`, so the
+    /// ranks go on as they were. Always on one process without MPI.
+    pub fn grow(&self, extra: usize) -> Result<()> {
+        match &self.inner {
+            Inner::Single => Err(Error::Input(format!(
+                "one process without MPI cannot grow by {extra} ranks"
+            ))),
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.grow(extra),
+        }
+    }
+
     /// Waits for every rank.
     pub fn barrier(&self) {
         match &self.inner {
@@ -423,8 +489,10 @@ mod mpi_impl {
     use mpi::datatype::{Partition, PartitionMut};
     use mpi::environment::Universe;
     use mpi::point_to_point::{Destination, Source};
-    use mpi::topology::SimpleCommunicator;
-    use mpi::traits::{Communicator, CommunicatorCollectives, Root};
+    use std::cell::{Cell, Ref, RefCell};
+
+    use mpi::topology::{InterCommunicator, MergeOrder, SimpleCommunicator};
+    use mpi::traits::{AsRaw, Communicator, CommunicatorCollectives, Root};
     use mpi::Threading;
 
     use super::add;
@@ -435,14 +503,18 @@ mod mpi_impl {
     const SUM_PIECE: usize = 1 << 20;
 
     pub(super) struct World {
-        world: SimpleCommunicator,
-        // Dropped after `world`: finalises MPI.
-        _universe: Universe,
+        /// The ranks: `MPI_COMM_WORLD`'s, or after growth the merged
+        /// communicator of the ranks started and those spawned.
+        comm: RefCell<SimpleCommunicator>,
+        // Dropped after `comm`: finalises MPI.
+        universe: Universe,
         // MPI is used from the thread that initialised it only.
         _not_send: std::marker::PhantomData<*const ()>,
-        pub rank: usize,
-        pub size: usize,
-        pub on_node: usize,
+        pub rank: Cell<usize>,
+        pub size: Cell<usize>,
+        pub on_node: Cell<usize>,
+        /// Spawned by a job that grew: joined it after its start.
+        pub joined: bool,
     }
 
     /// MPI counts are C ints.
@@ -477,10 +549,10 @@ mod mpi_impl {
                 let _ = writeln!(
                     std::io::stderr(),
                     "outcore: error: rank {} of {}: panicked; ending every rank",
-                    self.rank,
-                    self.size
+                    self.rank.get(),
+                    self.size.get()
                 );
-                self.world.abort(101);
+                self.comm().abort(101);
             }
         }
     }
@@ -495,19 +567,115 @@ mod mpi_impl {
                 )));
             }
             let world = universe.world();
-            let on_node = world.split_shared(0).size() as usize;
+            // Spawned by a job that grew: the parents merge with us
+            // (they first, in their order), then split by node.
+            let (comm, joined) = match world.parent() {
+                Some(parent) => (parent.merge(MergeOrder::High), true),
+                None => (world, false),
+            };
+            let on_node = comm.split_shared(0).size() as usize;
             Ok(World {
-                rank: world.rank() as usize,
-                size: world.size() as usize,
-                on_node,
-                world,
-                _universe: universe,
+                rank: Cell::new(comm.rank() as usize),
+                size: Cell::new(comm.size() as usize),
+                on_node: Cell::new(on_node),
+                joined,
+                comm: RefCell::new(comm),
+                universe,
                 _not_send: std::marker::PhantomData,
             })
         }
 
+        fn comm(&self) -> Ref<'_, SimpleCommunicator> {
+            self.comm.borrow()
+        }
+
+        /// `MPI_UNIVERSE_SIZE`: the slots of the allocation, when the
+        /// launcher says.
+        pub fn universe_size(&self) -> Option<usize> {
+            self.universe.size()
+        }
+
+        /// Spawns `extra` processes running this program with this
+        /// process's arguments and merges them in after the ranks there
+        /// are: from then on every collective includes them. Collective.
+        /// A failed spawn is an error on every rank, not an abort.
+        pub fn grow(&self, extra: usize) -> Result<()> {
+            let inter = self.spawn(extra)?;
+            let merged = inter.merge(MergeOrder::Low);
+            drop(inter);
+            let on_node = merged.split_shared(0).size() as usize;
+            self.rank.set(merged.rank() as usize);
+            self.size.set(merged.size() as usize);
+            self.on_node.set(on_node);
+            *self.comm.borrow_mut() = merged;
+            Ok(())
+        }
+
+        /// `MPI_Comm_spawn` of `extra` copies of this program, under
+        /// `MPI_ERRORS_RETURN` (a failure is an error code, not an abort),
+        /// its outcome agreed on by every rank.
+        fn spawn(&self, extra: usize) -> Result<InterCommunicator> {
+            use std::ffi::CString;
+            use std::os::unix::ffi::OsStrExt;
+            let failed =
+                |what: String| Error::Input(format!("could not spawn {extra} ranks: {what}"));
+            let exe = std::env::current_exe().map_err(|e| failed(e.to_string()))?;
+            let prog =
+                CString::new(exe.as_os_str().as_bytes()).map_err(|e| failed(e.to_string()))?;
+            let args = std::env::args_os()
+                .skip(1)
+                .map(|a| CString::new(a.as_bytes()))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| failed(e.to_string()))?;
+            let mut argv: Vec<*mut std::ffi::c_char> = args
+                .iter()
+                .map(|a| a.as_ptr().cast_mut())
+                .chain(std::iter::once(std::ptr::null_mut()))
+                .collect();
+            let n = count(extra, "spawn")?;
+            let mut codes = vec![0i32; extra];
+            let comm = self.comm();
+            // SAFETY: `comm` is a live communicator this thread owns (MPI
+            // is used from the thread that initialised it only);
+            // `MPI_ERRORS_RETURN` is a predefined handler.
+            unsafe {
+                mpi::ffi::MPI_Comm_set_errhandler(comm.as_raw(), mpi::ffi::RSMPI_ERRORS_RETURN);
+            }
+            // SAFETY: reads a constant handle the MPI shim defines.
+            let mut raw = unsafe { mpi::ffi::RSMPI_COMM_NULL };
+            // SAFETY: `prog` and every `argv` string live until the call
+            // returns; `argv` ends with a null pointer; `codes` holds
+            // `extra` ints; `raw` is written by the call. Every rank of
+            // `comm` makes the call (collective), root 0's arguments used.
+            let rc = unsafe {
+                mpi::ffi::MPI_Comm_spawn(
+                    prog.as_ptr(),
+                    argv.as_mut_ptr(),
+                    n,
+                    mpi::ffi::RSMPI_INFO_NULL,
+                    0,
+                    comm.as_raw(),
+                    &mut raw,
+                    codes.as_mut_ptr(),
+                )
+            };
+            // The root's error codes are its own: agree on the outcome.
+            let ok = i32::from(rc == 0 && (self.rank.get() != 0 || codes.iter().all(|&c| c == 0)));
+            let mut all = 0i32;
+            comm.all_reduce_into(&ok, &mut all, mpi::collective::SystemOperation::min());
+            // SAFETY: `raw` is the call's intercommunicator (or null,
+            // which `try_from_raw` refuses), used only through the value.
+            let inter = unsafe { InterCommunicator::try_from_raw(raw) };
+            match (all, inter) {
+                (1, Some(inter)) => Ok(inter),
+                _ => Err(failed(format!(
+                    "MPI_Comm_spawn returned error {rc} (the allocation may have no free slot)"
+                ))),
+            }
+        }
+
         pub fn ordered_sum(&self, local: &[Vec<f64>], len: usize) -> Result<Vec<f64>> {
-            let n = self.size;
+            let n = self.size.get();
             if n == 1 {
                 // The same fold, without copying through MPI.
                 let mut acc = crate::zeros::<f64>(len);
@@ -519,7 +687,7 @@ mod mpi_impl {
             // How many vectors each rank adds.
             let mine = count(local.len(), "ordered_sum")?;
             let mut counts = vec![0i32; n];
-            self.world.all_gather_into(&mine, &mut counts[..]);
+            self.comm().all_gather_into(&mine, &mut counts[..]);
             // Piece by piece: what goes through MPI at once is a few times
             // a piece, not a few times every vector (model-sized sums
             // are as large as a partition of the data).
@@ -542,7 +710,7 @@ mod mpi_impl {
             range: std::ops::Range<usize>,
             out: &mut [f64],
         ) -> Result<()> {
-            let n = self.size;
+            let n = self.size.get();
             let len = range.len();
             let bound = |j: usize| j * len / n;
             // Slice j of every local vector goes to rank j.
@@ -555,7 +723,7 @@ mod mpi_impl {
                 }
                 scounts.push(count(local.len() * (b - a), "ordered_sum")?);
             }
-            let width = bound(self.rank + 1) - bound(self.rank);
+            let width = bound(self.rank.get() + 1) - bound(self.rank.get());
             let rcounts = counts
                 .iter()
                 .map(|&m| count(m as usize * width, "ordered_sum"))
@@ -567,7 +735,7 @@ mod mpi_impl {
                 let rd = displacements(&rcounts)?;
                 let s = Partition::new(&send[..], &scounts[..], &sd[..]);
                 let mut r = PartitionMut::new(&mut recv[..], &rcounts[..], &rd[..]);
-                self.world.all_to_all_varcount_into(&s, &mut r);
+                self.comm().all_to_all_varcount_into(&s, &mut r);
             }
             drop(send);
             // This rank's slice, added in global order: the vectors arrive
@@ -584,21 +752,21 @@ mod mpi_impl {
                 .collect::<Result<Vec<i32>>>()?;
             let wd = displacements(&widths)?;
             let mut r = PartitionMut::new(out, &widths[..], &wd[..]);
-            self.world.all_gather_varcount_into(&acc[..], &mut r);
+            self.comm().all_gather_varcount_into(&acc[..], &mut r);
             Ok(())
         }
 
         pub fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
             let mine = count(local.len(), "all_gather")?;
-            let mut counts = vec![0i32; self.size];
-            self.world.all_gather_into(&mine, &mut counts[..]);
+            let mut counts = vec![0i32; self.size.get()];
+            self.comm().all_gather_into(&mine, &mut counts[..]);
             let total: usize = counts.iter().map(|&c| c as usize).sum();
             count(total, "all_gather")?;
             let d = displacements(&counts)?;
             let mut out = crate::zeros::<f32>(total);
             {
                 let mut r = PartitionMut::new(&mut out[..], &counts[..], &d[..]);
-                self.world.all_gather_varcount_into(local, &mut r);
+                self.comm().all_gather_varcount_into(local, &mut r);
             }
             Ok(out)
         }
@@ -616,8 +784,9 @@ mod mpi_impl {
                 (0..n.div_ceil(piece as u64))
                     .map(move |i| (n - i * piece as u64).min(piece as u64) as usize)
             };
-            if self.rank != 0 {
-                let root = self.world.process_at_rank(0);
+            let comm = self.comm();
+            if self.rank.get() != 0 {
+                let root = comm.process_at_rank(0);
                 for n in pieces(len) {
                     read(&mut buf[..n])?;
                     root.send(&buf[..n]);
@@ -625,7 +794,7 @@ mod mpi_impl {
                 return Ok(());
             }
             for (r, &n) in lens.iter().enumerate().skip(1) {
-                let from = self.world.process_at_rank(r as i32);
+                let from = comm.process_at_rank(r as i32);
                 for n in pieces(n) {
                     from.receive_into(&mut buf[..n]);
                     write(&buf[..n])?;
@@ -635,12 +804,13 @@ mod mpi_impl {
         }
 
         pub fn gather_rows(&self, local: &[f64]) -> Result<Option<Vec<Vec<f64>>>> {
-            let root = self.world.process_at_rank(0);
-            if self.rank != 0 {
+            let comm = self.comm();
+            let root = comm.process_at_rank(0);
+            if self.rank.get() != 0 {
                 root.gather_into(local);
                 return Ok(None);
             }
-            let mut all = crate::zeros::<f64>(local.len() * self.size);
+            let mut all = crate::zeros::<f64>(local.len() * self.size.get());
             root.gather_into_root(local, &mut all[..]);
             Ok(Some(
                 all.chunks(local.len().max(1))
@@ -650,22 +820,26 @@ mod mpi_impl {
         }
 
         pub fn broadcast(&self, values: &mut [f32]) {
-            self.world.process_at_rank(0).broadcast_into(values);
+            self.comm().process_at_rank(0).broadcast_into(values);
         }
 
         /// Every rank's `values` (as many on every rank), in rank order.
         pub fn all_gather_u64(&self, values: &[u64]) -> Vec<u64> {
-            let mut all = vec![0u64; values.len() * self.size];
-            self.world.all_gather_into(values, &mut all[..]);
+            let mut all = vec![0u64; values.len() * self.size.get()];
+            self.comm().all_gather_into(values, &mut all[..]);
             all
         }
 
+        pub fn broadcast_u64(&self, values: &mut [u64]) {
+            self.comm().process_at_rank(0).broadcast_into(values);
+        }
+
         pub fn barrier(&self) {
-            self.world.barrier();
+            self.comm().barrier();
         }
 
         pub fn abort(&self, code: i32) -> ! {
-            self.world.abort(code)
+            self.comm().abort(code)
         }
     }
 }

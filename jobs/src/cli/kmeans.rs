@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use outcore::{format_bytes, MemoryCap, Stats};
+use outcore_jobs::grow::Growth;
 use outcore_jobs::kmeans::{self, Algorithm, Config, Dataset, Event, Init, Outcome};
 use outcore_jobs::ranks::Ranks;
 use outcore_jobs::{
@@ -12,10 +13,11 @@ use outcore_jobs::{
 };
 use serde::Serialize;
 
+use super::grow;
 use super::labels::LabelsOut;
 use super::progress::Feedback;
 use super::{
-    cap_over_limit, file_source, finish_session, named, plural, positive, runtime,
+    cap_over_limit, file_source, finish_session, named, plural, positive, runtime, summed,
     synthetic_source, warn_dims, Given, MemoryArgs, Outputs,
 };
 
@@ -137,8 +139,10 @@ struct KmeansStats<'a> {
     /// Rank 0's seconds in the distance kernel per epoch, summed over its
     /// worker threads.
     epoch_kernel_seconds: &'a [f64],
-    /// Rank 0's bytes read and written per epoch.
+    /// Bytes read per epoch, every rank's added up (spill files and
+    /// input).
     epoch_bytes_read: &'a [u64],
+    /// Rank 0's bytes written per epoch.
     epoch_bytes_written: &'a [u64],
     inertia: f64,
     /// Epochs (mini-batch) or iterations (Lloyd) run.
@@ -176,6 +180,10 @@ struct KmeansStats<'a> {
     /// MPI processes; the counters above are their totals, `peak_bytes`
     /// and `wall_seconds` the largest.
     processes: usize,
+    /// The same: the ranks the job ended on.
+    ranks: usize,
+    /// The job's growths onto more ranks (`--max-ranks`).
+    growth: &'a [Growth],
     per_process: &'a [ProcessTotals],
 }
 
@@ -196,16 +204,33 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     }
     let part_bytes = kmeans::aligned_partition_bytes(part_bytes, job.dims, a.task_points);
     let mut fb = Feedback::new();
-    fb.stage("loading", job.rows);
     let t = Instant::now();
-    let ds = kmeans::load(
-        &session,
-        &job.src,
-        a.sample_weight.as_deref(),
-        Some(&job.cfg),
-        part_bytes,
-        |done, _| fb.progress(done),
-    )?;
+    let load = |session: &Session, fb: &mut Feedback| {
+        fb.stage("loading", job.rows);
+        kmeans::load(
+            session,
+            &job.src,
+            a.sample_weight.as_deref(),
+            Some(&job.cfg),
+            part_bytes,
+            |done, _| fb.progress(done),
+        )
+    };
+    // A rank spawned by growth loads once the ranks it joins have grown.
+    let mut ds = match session.ranks().joined() {
+        true => None,
+        false => Some(load(&session, &mut fb)?),
+    };
+    let growth = match grow::after_load(&session, a.mem.max_ranks, job.shards())? {
+        Some(g) => {
+            // The shards spread over the new ranks: each loads its own.
+            drop(ds.take());
+            ds = Some(load(&session, &mut fb)?);
+            Some(g.done(0))
+        }
+        None => None,
+    };
+    let ds = ds.ok_or_else(|| Error::Input("a spawned rank found no growth to join".into()))?;
     let load_seconds = t.elapsed().as_secs_f64();
     let intro = job.intro(&a, &session, &ds, load_seconds);
     let mut rep = Reporter::new(&session, fb, intro, &job);
@@ -229,6 +254,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         out: &out,
         figures: &figures,
         load_seconds,
+        growth,
     };
     ran.finish(&a, labels, session)
 }
@@ -693,6 +719,8 @@ struct Ran<'a> {
     out: &'a Outcome,
     figures: &'a Figures,
     load_seconds: f64,
+    /// The growth onto more ranks after the load, if any.
+    growth: Option<Growth>,
 }
 
 impl Ran<'_> {
@@ -720,6 +748,8 @@ impl Ran<'_> {
             // Every rank's labels into rank 0's file.
             outs.write("--labels", l.finish(session.ranks()))?;
         }
+        // Every rank's bytes read per epoch, added up on rank 0.
+        let epoch_read = summed(session.ranks(), &self.figures.epoch_read)?;
         // The timeline ends with the totals, so the two agree.
         let s = finish_session(&mut session, &mut outs)?;
         // Every rank's figures, on rank 0 (the others are done).
@@ -727,7 +757,7 @@ impl Ran<'_> {
             return Ok(());
         };
         if let Some(p) = &a.mem.stats {
-            let r = write_json(p, &self.stats(a, &session, &s, &report));
+            let r = write_json(p, &self.stats(a, &session, (&s, &epoch_read), &report));
             outs.write("--stats", r)?;
         }
         self.summary(&session, &report);
@@ -739,7 +769,7 @@ impl Ran<'_> {
         &'b self,
         a: &KmeansArgs,
         session: &Session,
-        s: &'b Stats,
+        (s, epoch_read): (&'b Stats, &'b [u64]),
         report: &'b Report,
     ) -> KmeansStats<'b> {
         let (job, out, rep, cfg) = (self.job, self.out, self.figures, &self.job.cfg);
@@ -757,7 +787,7 @@ impl Ran<'_> {
             epoch_seconds: &out.epoch_seconds,
             epoch_inertia: &out.epoch_inertia,
             epoch_kernel_seconds: &out.epoch_kernel_seconds,
-            epoch_bytes_read: &rep.epoch_read,
+            epoch_bytes_read: epoch_read,
             epoch_bytes_written: &rep.epoch_written,
             inertia: out.inertia,
             iterations: out.iterations,
@@ -781,6 +811,8 @@ impl Ran<'_> {
             workers: rt.workers(),
             runtime: s,
             processes: session.ranks().size(),
+            ranks: session.ranks().size(),
+            growth: self.growth.as_slice(),
             per_process: &report.per_process,
         }
     }

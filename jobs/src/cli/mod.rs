@@ -37,6 +37,7 @@ macro_rules! tell {
 }
 
 mod gen;
+mod grow;
 mod interrupt;
 mod kmeans;
 mod labels;
@@ -118,6 +119,12 @@ struct MemoryArgs {
     /// Eviction policy.
     #[arg(long, value_name = "priority|lru", default_value = "priority")]
     policy: EvictionPolicy,
+    /// Under MPI: when the data does not fit the ranks' caps after the
+    /// load, grow onto free slots of the allocation, up to this many ranks
+    /// in all (`auto`: MPI_UNIVERSE_SIZE, the allocation's slots). The
+    /// results are the same bytes. Default: never grow.
+    #[arg(long, value_name = "N|auto")]
+    max_ranks: Option<outcore_jobs::grow::MaxRanks>,
     /// Write run statistics as JSON to this file.
     #[arg(long, value_name = "FILE")]
     stats: Option<PathBuf>,
@@ -373,6 +380,18 @@ fn runtime(
         (None, None) => 64 << 20,
     };
     Ok((rt, part_bytes))
+}
+
+/// Every rank's `values` (one per epoch, as many on every rank) added up,
+/// on every rank. Collective.
+fn summed(ranks: &Ranks, values: &[u64]) -> Result<Vec<u64>> {
+    if ranks.size() == 1 {
+        return Ok(values.to_vec());
+    }
+    // Byte counts below 2^53 add exactly in f64.
+    let mine = vec![values.iter().map(|&v| v as f64).collect::<Vec<f64>>()];
+    let all = ranks.ordered_sum(&mine, values.len())?;
+    Ok(all.into_iter().map(|v| v as u64).collect())
 }
 
 /// The address space (`ulimit -v`) outcore needs for itself, before any

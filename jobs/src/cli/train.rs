@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use outcore::{format_bytes, MemoryCap, Stats};
+use outcore_jobs::grow::Growth;
 use outcore_jobs::ranks::{Ranks, Shards};
 use outcore_jobs::train::{self, Event, Job, Solver, TrainConfig, Trained};
 use outcore_jobs::{
@@ -17,6 +18,7 @@ use outcore_jobs::{
 };
 use serde::Serialize;
 
+use super::grow;
 use super::progress::Feedback;
 use super::{
     cap_over_limit, file_source, named, plural, positive, runtime, synthetic_source, warn_dims,
@@ -157,6 +159,10 @@ struct TrainStats<'a> {
     /// MPI processes; the counters above are their totals, `peak_bytes`
     /// and `wall_seconds` the largest.
     processes: usize,
+    /// The same: the ranks the job ended on.
+    ranks: usize,
+    /// The job's growths onto more ranks (`--max-ranks`).
+    growth: &'a [Growth],
     per_process: &'a [ProcessTotals],
 }
 
@@ -179,10 +185,42 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     // Whole L-BFGS tasks per shard: the model does not depend on the
     // sharding.
     let shard_bytes = train::aligned_shard_bytes(shard_bytes, dims);
-    let job = load(&session, &plan, shard_bytes)?;
+    // A rank spawned by growth loads once the ranks it joins have grown.
+    let mut job = match session.ranks().joined() {
+        true => None,
+        false => Some(load(&session, &plan, shard_bytes)?),
+    };
+    let bound = spread_limit(&plan, rows, dims, shard_bytes);
+    let growth = match grow::after_load(&session, a.mem.max_ranks, bound)? {
+        Some(g) => {
+            // The shards spread over the new ranks, each loading its own,
+            // of rank 0's size (local SGD's model depends on it).
+            drop(job.take());
+            let mut size = [shard_bytes];
+            session.ranks().broadcast_u64(&mut size);
+            job = Some(load(&session, &plan, size[0])?);
+            Some(g.done(0))
+        }
+        None => None,
+    };
+    let job = job.ok_or_else(|| Error::Input("a spawned rank found no growth to join".into()))?;
     let out = fit(&session, &job, &plan.cfg)?;
     session.phase("output");
-    report(&a, session, &plan.cfg, &job, &out)
+    report(&a, session, (&plan.cfg, growth), &job, &out)
+}
+
+/// The most ranks the job can be spread over: one reduction shard each
+/// (L-BFGS), one shard executor each (local SGD).
+fn spread_limit(plan: &Plan, rows: u64, dims: usize, shard_bytes: u64) -> usize {
+    match plan.cfg.solver {
+        Solver::Lbfgs => {
+            Shards::new(rows.div_ceil(train::TASK_ROWS as u64), plan.cfg.shards).count()
+        }
+        Solver::Sgd => {
+            let per = (shard_bytes / (4 * dims as u64 + 4)).max(1);
+            usize::try_from(rows.div_ceil(per)).unwrap_or(usize::MAX)
+        }
+    }
 }
 
 /// What a command line asks for, its flags checked.
@@ -466,7 +504,7 @@ impl<'a> Moved<'a> {
 fn report(
     a: &TrainArgs,
     mut session: Session,
-    cfg: &TrainConfig,
+    (cfg, growth): (&TrainConfig, Option<Growth>),
     job: &Job,
     out: &Trained,
 ) -> Result<()> {
@@ -491,7 +529,8 @@ fn report(
     let final_accuracy = final_accuracy(cfg, out);
     if let Some(p) = &a.mem.stats {
         let processes = session.ranks().size();
-        let stats = train_stats(cfg, job, out, &report, &s, processes);
+        let mut stats = train_stats(cfg, job, out, &report, &s, processes);
+        stats.growth = growth.as_slice();
         outs.write("--stats", write_json(p, &stats))?;
     }
     let tot = report.total;
@@ -580,6 +619,8 @@ fn train_stats<'a>(
         mem_cap_bytes: report.mem_cap_bytes,
         runtime: s,
         processes,
+        ranks: processes,
+        growth: &[],
         per_process: &report.per_process,
     }
 }

@@ -1,0 +1,293 @@
+//! Growing a job onto free MPI slots when its data does not fit its ranks'
+//! caps.
+//!
+//! After the load, every rank knows from its runtime
+//! ([`Runtime::footprint`](outcore::Runtime::footprint)) how many bytes of
+//! executors it holds and how many of them are evicted. Evicted bytes after
+//! a load mean that every pass will read them again. [`decide`] gathers
+//! these figures on rank 0, which works out how many ranks of this cap the
+//! data needs, never more than the allocation's free slots
+//! (`MPI_UNIVERSE_SIZE`), the job's limit or its shards, and tells every
+//! rank. [`grow`] then spawns the new ranks and merges them in
+//! ([`Ranks::grow`](crate::ranks::Ranks::grow)); the spawned ranks, which
+//! start as [`joined`](crate::ranks::Ranks::joined) ranks, meet it in
+//! [`join`]. From there every rank loads its shards under the new number
+//! of ranks, reading its rows from the input as any rank does.
+//!
+//! The shards never change (their number is a setting, never the number of
+//! ranks), and the results depend on the shards only, so a job that grew
+//! gives the same bytes as one process and as a job started on its final
+//! number of ranks.
+
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::Session;
+
+/// How many ranks a job may grow to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaxRanks {
+    /// As many as the allocation has slots (`MPI_UNIVERSE_SIZE`).
+    Auto,
+    /// At most this many.
+    At(usize),
+}
+
+impl FromStr for MaxRanks {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<MaxRanks, String> {
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(MaxRanks::Auto);
+        }
+        match s.parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(MaxRanks::At(n)),
+            _ => Err(format!(
+                "'{s}' is not a number of ranks (a whole number of at least 1, or auto)"
+            )),
+        }
+    }
+}
+
+/// What the ranks hold after their load, added up on rank 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Holding {
+    /// Ranks now.
+    pub ranks: usize,
+    /// Bytes of every rank's executors, in memory or evicted.
+    pub data_bytes: u64,
+    /// Of those, evicted.
+    pub evicted_bytes: u64,
+    /// The smallest cap of any rank (0: a rank has none).
+    pub cap_bytes: u64,
+    /// The most memory any rank uses outside its executors (the runtime,
+    /// the job's buffers and model).
+    pub other_bytes: u64,
+}
+
+impl Holding {
+    /// Ranks of this cap that hold the data in memory, each keeping an
+    /// eighth of its cap free besides what it uses outside its executors
+    /// (`None` without a cap, or when that leaves no room).
+    pub fn ranks_needed(&self) -> Option<usize> {
+        let cap = self.cap_bytes;
+        let room = cap
+            .checked_sub(self.other_bytes + cap / 8)
+            .filter(|&r| r > 0)?;
+        Some(self.data_bytes.div_ceil(room).max(1) as usize)
+    }
+}
+
+/// Why a job whose data does not fit does not grow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// The launcher does not say how many slots the allocation has.
+    UnknownSlots,
+    /// Every slot of the allocation is taken (`MPI_UNIVERSE_SIZE`).
+    NoFreeSlot(usize),
+    /// The job's limit on ranks is reached.
+    MaxRanks(usize),
+    /// One shard per rank at most, and there are no more.
+    Shards(usize),
+}
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Limit::UnknownSlots => write!(
+                f,
+                "the launcher does not say how many slots the allocation has (MPI_UNIVERSE_SIZE)"
+            ),
+            Limit::NoFreeSlot(n) => write!(
+                f,
+                "the allocation's {n} slots (MPI_UNIVERSE_SIZE) are all taken"
+            ),
+            Limit::MaxRanks(n) => write!(f, "the limit of {n} ranks is reached"),
+            Limit::Shards(n) => write!(
+                f,
+                "the data makes {n} shards, and a rank needs at least one"
+            ),
+        }
+    }
+}
+
+/// What [`decide`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// The data fits: nothing is evicted, or by the estimate the ranks
+    /// there hold it.
+    Fits(Holding),
+    /// Grow to `to` ranks.
+    Grow {
+        /// What the ranks hold.
+        holding: Holding,
+        /// Ranks after growth.
+        to: usize,
+    },
+    /// The data does not fit, and the job cannot grow.
+    Cannot {
+        /// What the ranks hold.
+        holding: Holding,
+        /// Why not.
+        why: Limit,
+    },
+}
+
+/// Whether the job should grow, and to how many ranks: the ranks' holdings
+/// gathered on rank 0, its decision on every rank. Collective over the
+/// ranks that loaded (not the joined ones), after the load.
+pub fn decide(session: &Session, max: MaxRanks, shards: usize) -> Decision {
+    let rt = session.runtime();
+    let f = rt.footprint();
+    let other = rt.stats().current_bytes.saturating_sub(f.resident_bytes);
+    let cap = rt.cap().unwrap_or(0);
+    let ranks = session.ranks();
+    let all = ranks.all_gather_u64(&[f.total_bytes(), f.evicted_bytes, cap, other]);
+    let holding = Holding {
+        ranks: ranks.size(),
+        data_bytes: all.chunks(4).map(|r| r[0]).sum(),
+        evicted_bytes: all.chunks(4).map(|r| r[1]).sum(),
+        cap_bytes: all.chunks(4).map(|r| r[2]).min().unwrap_or(0),
+        other_bytes: all.chunks(4).map(|r| r[3]).max().unwrap_or(0),
+    };
+    // Rank 0 decides, from figures every rank has; its universe counts.
+    let mut slots = [ranks.universe().map_or(0, |u| u as u64 + 1)];
+    ranks.broadcast_u64(&mut slots);
+    let universe = slots[0].checked_sub(1).map(|u| u as usize);
+    choose(holding, universe, max, shards)
+}
+
+/// [`decide`]'s rule: enough ranks to hold the data, within the slots, the
+/// limit and the shards.
+pub fn choose(h: Holding, universe: Option<usize>, max: MaxRanks, shards: usize) -> Decision {
+    if h.evicted_bytes == 0 {
+        return Decision::Fits(h);
+    }
+    let needed = h.ranks_needed().unwrap_or(usize::MAX);
+    let Some(slots) = universe else {
+        return Decision::Cannot {
+            holding: h,
+            why: Limit::UnknownSlots,
+        };
+    };
+    let mut to = needed;
+    let mut why = None;
+    for (bound, limit) in [
+        (slots, Limit::NoFreeSlot(slots)),
+        (
+            match max {
+                MaxRanks::Auto => usize::MAX,
+                MaxRanks::At(n) => n,
+            },
+            Limit::MaxRanks(match max {
+                MaxRanks::Auto => slots,
+                MaxRanks::At(n) => n,
+            }),
+        ),
+        (shards, Limit::Shards(shards)),
+    ] {
+        if bound < to {
+            to = bound;
+            why = Some(limit);
+        }
+    }
+    match why {
+        Some(why) if to <= h.ranks => Decision::Cannot { holding: h, why },
+        // By the estimate the ranks there are hold the data.
+        None if to <= h.ranks => Decision::Fits(h),
+        _ => Decision::Grow { holding: h, to },
+    }
+}
+
+/// One growth of the job, for its statistics.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Growth {
+    /// The epoch (or iteration) the new ranks first take part in.
+    pub epoch: usize,
+    /// Ranks before.
+    pub from: usize,
+    /// Ranks after.
+    pub to: usize,
+    /// Seconds the growth took: spawning, merging and loading the shards
+    /// again.
+    pub seconds: f64,
+}
+
+/// Spawns the ranks that make `to` and merges them in; the spawned ranks
+/// meet this in [`join`]. Returns the ranks before and after. Collective
+/// over the ranks before growth.
+///
+/// # Errors
+///
+/// On every rank, when the spawn fails: the job goes on as it was.
+pub fn grow(session: &Session, to: usize) -> Result<(usize, usize)> {
+    let ranks = session.ranks();
+    let from = ranks.size();
+    if to <= from {
+        return Err(Error::Input(format!(
+            "cannot grow from {from} to {to} ranks"
+        )));
+    }
+    ranks.grow(to - from)?;
+    let mut fromto = [from as u64, to as u64];
+    ranks.broadcast_u64(&mut fromto);
+    Ok((from, to))
+}
+
+/// The spawned ranks' side of [`grow`]: the ranks before and after.
+/// Collective, over every rank after growth.
+pub fn join(session: &Session) -> (usize, usize) {
+    let mut fromto = [0u64, 0];
+    session.ranks().broadcast_u64(&mut fromto);
+    (fromto[0] as usize, fromto[1] as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn holding(data: u64, evicted: u64) -> Holding {
+        Holding {
+            ranks: 1,
+            data_bytes: data * MIB,
+            evicted_bytes: evicted * MIB,
+            cap_bytes: 128 * MIB,
+            other_bytes: 16 * MIB,
+        }
+    }
+
+    #[test]
+    fn the_ranks_needed_hold_the_data_within_the_slots_limit_and_shards() {
+        // 96 MiB of room per rank.
+        let h = holding(384, 300);
+        assert_eq!(h.ranks_needed(), Some(4));
+        let grow = |u, max, shards| match choose(h, u, max, shards) {
+            Decision::Grow { to, .. } => Ok(to),
+            Decision::Cannot { why, .. } => Err(why),
+            Decision::Fits(_) => panic!("fits"),
+        };
+        assert_eq!(grow(Some(8), MaxRanks::Auto, 8), Ok(4));
+        assert_eq!(grow(Some(3), MaxRanks::Auto, 8), Ok(3));
+        assert_eq!(grow(Some(8), MaxRanks::At(2), 8), Ok(2));
+        assert_eq!(grow(Some(8), MaxRanks::Auto, 3), Ok(3));
+        assert_eq!(grow(Some(1), MaxRanks::Auto, 8), Err(Limit::NoFreeSlot(1)));
+        assert_eq!(grow(Some(8), MaxRanks::At(1), 8), Err(Limit::MaxRanks(1)));
+        assert_eq!(grow(None, MaxRanks::Auto, 8), Err(Limit::UnknownSlots));
+        assert!(matches!(
+            choose(holding(64, 0), Some(8), MaxRanks::Auto, 8),
+            Decision::Fits(_)
+        ));
+    }
+
+    #[test]
+    fn max_ranks_reads_a_count_or_auto() {
+        assert_eq!("auto".parse(), Ok(MaxRanks::Auto));
+        assert_eq!("3".parse(), Ok(MaxRanks::At(3)));
+        assert!("0".parse::<MaxRanks>().is_err());
+        assert!("x".parse::<MaxRanks>().is_err());
+    }
+}
