@@ -8,6 +8,8 @@
 #![cfg(feature = "mpi")]
 
 mod bin_common;
+#[path = "mpi/grow.rs"]
+mod grow;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -119,6 +119,12 @@ fn notify(fd: libc::c_int, sig: libc::c_int) {
     }
 }
 
+/// Says that the process now runs among other ranks (the job grew): from
+/// then on, SIGTERM from `mpirun` ends it without a line of its own.
+pub(super) fn set_ranked() {
+    RANKED.store(true, Ordering::SeqCst);
+}
+
 /// Installs the handlers, and the thread that, on a signal, removes the
 /// spill directories and partial outputs and exits with code 128 + the
 /// signal's number.

@@ -7,7 +7,7 @@
 # private /24, so the ranks of one node reach the ranks of the other only
 # over TCP on that link (OpenMPI's tcp BTL), never through shared memory
 # or the host's interfaces. ceil(np/2) ranks run on node A (ranks 0..),
-# the rest on node B.
+# the rest on node B (or as NETNS_SLOTS says: see the hostfile below).
 #
 # How the launch works: mpirun itself runs inside namespace A, with a
 # hostfile naming the two veth addresses. For the address that is not its
@@ -185,8 +185,13 @@ done
 tmp=$(mktemp -d /tmp/ocmpi.XXXXXX)
 
 # Hostfile: ceil(np/2) slots on node A (which gets ranks 0..), the rest on B.
+# NETNS_SLOTS="A B" gives the nodes A and B slots of their own instead
+# (more than np: free slots for MPI_Comm_spawn to start ranks in).
 n_a=$(((np + 1) / 2))
 n_b=$((np - n_a))
+if [[ -n ${NETNS_SLOTS:-} ]]; then
+    read -r n_a n_b <<<"$NETNS_SLOTS"
+fi
 hostfile="$tmp/hostfile"
 {
     echo "$addr_a slots=$n_a"

@@ -1,0 +1,300 @@
+//! Growth onto free MPI slots (`--max-ranks`): a job whose data does not
+//! fit its cap spawns ranks, hands them its shards and gives the same
+//! bytes as one process; without a free slot it says why and goes on out
+//! of core, with the same bytes.
+
+use std::path::Path;
+use std::process::Command;
+
+use super::{have_mpirun, outcore, stats, BIN};
+
+/// Runs `cmd` in `dir` with `TMPDIR` set to `tmp`, under a watchdog: its
+/// stderr; panics unless it succeeds and leaves `tmp` empty.
+fn run_clean(dir: &Path, tmp: &Path, envs: &[(&str, &str)], cmd: &[&str]) -> String {
+    let out = Command::new("timeout")
+        .args(["-k", "5", "300"])
+        .args(cmd)
+        .current_dir(dir)
+        .env("TMPDIR", tmp)
+        .envs(envs.iter().copied())
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("timeout(1) runs");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{cmd:?} failed:\n{err}");
+    let left: Vec<_> = std::fs::read_dir(tmp)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}\n{err}");
+    err
+}
+
+/// `mpirun -np 1` with `slots` slots on this machine, `outcore args`.
+fn on_slots(slots: usize, args: &[&str]) -> Vec<String> {
+    let host = format!("localhost:{slots}");
+    let mut cmd: Vec<String> = [
+        "mpirun",
+        "-np",
+        "1",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "--host",
+        &host,
+        BIN,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    cmd.extend(args.iter().map(|s| s.to_string()));
+    cmd
+}
+
+/// Runs `args` (writing `outputs`) grown from one rank with 4 slots, with
+/// one slot, and on one process without MPI; every output is the same
+/// bytes. Returns the grown run's statistics.
+fn grows_with_the_same_bytes(args: &[&str], outputs: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let mut runs = Vec::new();
+    for (name, slots) in [("grown", 4), ("one-slot", 1), ("single", 0)] {
+        let sub = dir.path().join(name);
+        let tmp = dir.path().join(format!("{name}-tmp"));
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::create_dir(&tmp).unwrap();
+        let mut a = args.to_vec();
+        a.extend(["--stats", "s.json", "--workers", "1"]);
+        if slots > 0 {
+            a.extend(["--max-ranks", "auto"]);
+        }
+        let err = if slots > 0 {
+            let cmd = on_slots(slots, &a);
+            let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+            run_clean(&sub, &tmp, &[], &cmd)
+        } else {
+            let mut cmd = vec![BIN];
+            cmd.extend(&a);
+            run_clean(&sub, &tmp, &[], &cmd)
+        };
+        let files: Vec<Vec<u8>> = outputs
+            .iter()
+            .map(|o| std::fs::read(sub.join(o)).unwrap())
+            .collect();
+        runs.push((name, err, stats(&sub.join("s.json")), files));
+    }
+    let (_, err, grown, files) = &runs[0];
+    let ranks = grown["ranks"].as_u64().unwrap();
+    assert!(ranks >= 3, "grew to {ranks} ranks only: {err}");
+    let g = &grown["growth"][0];
+    assert_eq!(
+        (g["from"].as_u64(), g["to"].as_u64()),
+        (Some(1), Some(ranks))
+    );
+    assert!(g["seconds"].as_f64().unwrap() > 0.0, "{g}");
+    assert_eq!(grown["per_process"].as_array().unwrap().len() as u64, ranks);
+    let line = format!("grew from 1 to {ranks} ranks: ");
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with(&line)).count(),
+        1,
+        "{err}"
+    );
+    let (_, err, one, _) = &runs[1];
+    assert_eq!(one["ranks"].as_u64(), Some(1));
+    assert!(one["growth"].as_array().unwrap().is_empty());
+    let warned: Vec<&str> = err.lines().filter(|l| l.contains("cannot grow")).collect();
+    assert_eq!(warned.len(), 1, "{err}");
+    assert!(warned[0].contains("MPI_UNIVERSE_SIZE"), "{err}");
+    for (name, _, _, other) in &runs[1..] {
+        for (o, (a, b)) in outputs.iter().zip(files.iter().zip(other)) {
+            assert!(a == b, "{o} differs between the grown run and {name}");
+        }
+    }
+    grown.clone()
+}
+
+#[test]
+fn kmeans_grows_onto_free_slots_with_the_same_bytes() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // 48 MiB of data, 3x a cap of 16 MiB.
+    let x = super::gen(dir.path(), "48MiB", 32);
+    let s = grows_with_the_same_bytes(
+        &[
+            "kmeans",
+            "--input",
+            x.to_str().unwrap(),
+            "--k",
+            "8",
+            "--epochs",
+            "2",
+            "--mem-cap",
+            "16MiB",
+            "--output",
+            "c.npy",
+            "--labels",
+            "l.npy",
+        ],
+        &["c.npy", "l.npy"],
+    );
+    // Bytes read per epoch are every rank's.
+    let per_epoch = s["epoch_bytes_read"].as_array().unwrap();
+    assert_eq!(per_epoch.len(), 2, "{s}");
+}
+
+#[test]
+fn training_grows_onto_free_slots_with_the_same_model() {
+    if !have_mpirun() {
+        return;
+    }
+    for solver in ["lbfgs", "sgd"] {
+        grows_with_the_same_bytes(
+            &[
+                "train",
+                "--synthetic",
+                "48MiB",
+                "--dims",
+                "32",
+                "--classes",
+                "4",
+                "--solver",
+                solver,
+                "--mem-cap",
+                "16MiB",
+                "--output",
+                "m.npy",
+            ],
+            &["m.npy"],
+        );
+    }
+}
+
+#[test]
+fn a_job_started_on_one_simulated_node_grows_onto_the_other() {
+    if !have_mpirun() {
+        return;
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mpi/netns.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let args = [
+        "kmeans",
+        "--synthetic",
+        "24MiB",
+        "--dims",
+        "32",
+        "--k",
+        "8",
+        "--true-k",
+        "8",
+        "--epochs",
+        "2",
+        "--mem-cap",
+        "12MiB",
+        "--workers",
+        "1",
+        "--output",
+        "c.npy",
+        "--stats",
+        "s.json",
+    ];
+    // One rank on node A, which has 2 slots; node B has 2 more.
+    let mut cmd = vec!["bash", script, "1", BIN];
+    cmd.extend(args);
+    cmd.extend(["--max-ranks", "auto"]);
+    let out = Command::new("timeout")
+        .args(["-k", "5", "300"])
+        .args(&cmd)
+        .current_dir(dir.path())
+        .env("NETNS_SLOTS", "2 2")
+        .env("TMPDIR", &tmp)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(77) {
+        eprintln!("skipped: {}", err.trim());
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let s = stats(&dir.path().join("s.json"));
+    let ranks = s["ranks"].as_u64().unwrap();
+    assert!(
+        ranks >= 3,
+        "grew to {ranks} ranks only (so none on node B): {err}"
+    );
+    let single = dir.path().join("single");
+    std::fs::create_dir(&single).unwrap();
+    outcore(&single, 0, &args);
+    assert!(
+        std::fs::read(dir.path().join("c.npy")).unwrap()
+            == std::fs::read(single.join("c.npy")).unwrap(),
+        "the centroids differ between the job grown over two nodes and one process"
+    );
+}
+
+#[test]
+fn a_spawned_rank_that_fails_ends_every_rank_with_one_line_and_no_spill() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let x = super::gen(dir.path(), "48MiB", 32);
+    // A NaN in the last row: only the last rank, a spawned one, reads it
+    // (rank 0's load reads rows only as the run needs them).
+    let mut bytes = std::fs::read(&x).unwrap();
+    let n = bytes.len();
+    bytes[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&x, bytes).unwrap();
+    let args = [
+        "kmeans",
+        "--input",
+        x.to_str().unwrap(),
+        "--k",
+        "8",
+        "--mem-cap",
+        "16MiB",
+        "--max-ranks",
+        "auto",
+        "--workers",
+        "1",
+        "--output",
+        "c.npy",
+    ];
+    let cmd = on_slots(4, &args);
+    let out = Command::new("timeout")
+        .args(["-k", "5", "120"])
+        .args(&cmd)
+        .current_dir(dir.path())
+        .env("TMPDIR", &tmp)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !matches!(out.status.code(), Some(0) | Some(124)),
+        "{:?}: {err}",
+        out.status
+    );
+    let ours: Vec<&str> = err.lines().filter(|l| l.starts_with("outcore:")).collect();
+    assert_eq!(ours.len(), 1, "{err}");
+    assert!(
+        ours[0].starts_with("outcore: error: rank 3 of 4: ") && ours[0].contains("is NaN"),
+        "{err}"
+    );
+    assert!(!dir.path().join("c.npy").exists());
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("outcore-spill-"))
+        .collect();
+    assert!(left.is_empty(), "spill left behind: {left:?}");
+}
