@@ -83,6 +83,8 @@ impl Holding {
 /// Why a job whose data does not fit does not grow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Limit {
+    /// The process runs without MPI.
+    NoMpi,
     /// The launcher does not say how many slots the allocation has.
     UnknownSlots,
     /// Every slot of the allocation is taken (`MPI_UNIVERSE_SIZE`).
@@ -96,6 +98,10 @@ pub enum Limit {
 impl std::fmt::Display for Limit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Limit::NoMpi => write!(
+                f,
+                "the process runs without MPI (start it with mpirun, from a build with MPI)"
+            ),
             Limit::UnknownSlots => write!(
                 f,
                 "the launcher does not say how many slots the allocation has (MPI_UNIVERSE_SIZE)"
@@ -156,7 +162,15 @@ pub fn decide(session: &Session, max: MaxRanks, shards: usize) -> Decision {
     let mut slots = [ranks.universe().map_or(0, |u| u as u64 + 1)];
     ranks.broadcast_u64(&mut slots);
     let universe = slots[0].checked_sub(1).map(|u| u as usize);
-    choose(holding, universe, max, shards)
+    match choose(holding, universe, max, shards) {
+        Decision::Cannot { holding, .. } | Decision::Grow { holding, .. } if !ranks.is_mpi() => {
+            Decision::Cannot {
+                holding,
+                why: Limit::NoMpi,
+            }
+        }
+        d => d,
+    }
 }
 
 /// [`decide`]'s rule: enough ranks to hold the data, within the slots, the

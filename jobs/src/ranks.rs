@@ -344,6 +344,12 @@ impl Ranks {
         }
     }
 
+    /// Whether the ranks are MPI's (else one process without MPI, which
+    /// cannot grow).
+    pub fn is_mpi(&self) -> bool {
+        !matches!(self.inner, Inner::Single)
+    }
+
     /// Whether this process was spawned by a job that grew
     /// ([`Ranks::grow`]): it joined the ranks after they started, and
     /// takes part from their growth on.

@@ -94,6 +94,7 @@ impl Session {
             for r in self.input_reads() {
                 t.add_reads(r);
             }
+            t.set_ranks(self.ranks.size());
             self.timeline = Some(t);
         }
         Ok(())
@@ -112,6 +113,14 @@ impl Session {
     /// Whether this process is rank 0 (always, on one process).
     pub fn is_root(&self) -> bool {
         self.ranks.is_root()
+    }
+
+    /// Tells the timeline the ranks the job now runs on, after it grew
+    /// ([`grow`](crate::grow)).
+    pub fn ranks_changed(&self) {
+        if let Some(t) = &self.timeline {
+            t.set_ranks(self.ranks.size());
+        }
     }
 
     /// Names the phase the timeline's next samples belong to.

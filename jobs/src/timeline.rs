@@ -5,9 +5,9 @@
 //! when each phase begins, however short, and one at the end):
 //!
 //! ```text
-//! time_s,accounted_bytes,rss_bytes,cap_bytes,resident_executors,evictions,loads,bytes_read,bytes_written,phase
-//! 0.000,1187840,6901760,268435456,0,0,0,0,0,load
-//! 0.050,98566144,104407040,268435456,12,0,12,96468992,0,init
+//! time_s,accounted_bytes,rss_bytes,cap_bytes,resident_executors,evictions,loads,bytes_read,bytes_written,ranks,phase
+//! 0.000,1187840,6901760,268435456,0,0,0,0,0,1,load
+//! 0.050,98566144,104407040,268435456,12,0,12,96468992,0,1,init
 //! ```
 //!
 //! - `accounted_bytes`: what the allocator counts against the cap (the
@@ -16,6 +16,8 @@
 //! - `resident_executors`: executors in memory;
 //! - `evictions`, `loads`, `bytes_read` (spill files and input files read
 //!   again), `bytes_written` (spill files): running totals;
+//! - `ranks`: the MPI ranks the job runs on (1 on one process; it
+//!   changes when the job grows, see [`Timeline::set_ranks`]);
 //! - `phase`: what the job is doing (`load`, `init`, `epoch 3`, ...), as
 //!   set by [`Timeline::phase`].
 //!
@@ -38,7 +40,11 @@ use crate::error::{Error, Result};
 use crate::input::InputReads;
 
 /// The CSV header line.
-pub const HEADER: &str = "time_s,accounted_bytes,rss_bytes,cap_bytes,resident_executors,evictions,loads,bytes_read,bytes_written,phase";
+pub const HEADER: &str = "time_s,accounted_bytes,rss_bytes,cap_bytes,resident_executors,evictions,loads,bytes_read,bytes_written,ranks,phase";
+
+/// The header of timelines written before the `ranks` column (read as one
+/// rank).
+const HEADER_BEFORE_RANKS: &str = "time_s,accounted_bytes,rss_bytes,cap_bytes,resident_executors,evictions,loads,bytes_read,bytes_written,phase";
 
 /// The default sampling period.
 pub const PERIOD: Duration = Duration::from_millis(50);
@@ -53,6 +59,8 @@ struct Inner {
     inputs: Mutex<Vec<InputReads>>,
     /// Samples written.
     rows: AtomicU64,
+    /// The `ranks` column (0 is read as 1).
+    ranks: AtomicU64,
 }
 
 /// The phase and the sampler's orders.
@@ -127,6 +135,17 @@ impl Timeline {
             s.phase.clear();
             s.phase.push_str(name);
             s.entered.push(name.to_string());
+        }
+        self.inner.wake.notify_all();
+    }
+
+    /// Sets the `ranks` column from now on (the job grew), with a row at
+    /// once.
+    pub fn set_ranks(&self, ranks: usize) {
+        self.inner.ranks.store(ranks as u64, Ordering::Relaxed);
+        if let Ok(mut st) = self.inner.state.lock() {
+            let phase = st.phase.clone();
+            st.entered.push(phase);
         }
         self.inner.wake.notify_all();
     }
@@ -254,7 +273,7 @@ impl Sampler {
         self.line.clear();
         let _ = write!(
             self.line,
-            "{t:.3},{},{},{},{resident},{},{},{},{},{}",
+            "{t:.3},{},{},{},{resident},{},{},{},{},{},{}",
             s.current_bytes,
             rss,
             self.cap.map_or(String::new(), |c| c.to_string()),
@@ -262,6 +281,7 @@ impl Sampler {
             s.loads,
             s.bytes_read + input,
             s.bytes_written,
+            self.inner.ranks.load(Ordering::Relaxed).max(1),
             csv_field(phase),
         );
         writeln!(self.out, "{}", self.line)?;
@@ -322,6 +342,9 @@ pub struct Sample {
     pub bytes_read: u64,
     /// Bytes written so far.
     pub bytes_written: u64,
+    /// The MPI ranks the job ran on (1 in files written before the
+    /// column).
+    pub ranks: u64,
     /// The phase.
     pub phase: String,
 }
@@ -336,15 +359,17 @@ pub fn read(path: &Path) -> Result<Vec<Sample>> {
         ))
     };
     let mut lines = text.lines();
-    if lines.next().map(str::trim) != Some(HEADER) {
-        return Err(bad(1, "unexpected header"));
-    }
+    let with_ranks = match lines.next().map(str::trim) {
+        Some(HEADER) => true,
+        Some(HEADER_BEFORE_RANKS) => false,
+        _ => return Err(bad(1, "unexpected header")),
+    };
     let mut out = Vec::new();
     for (i, l) in lines.enumerate() {
         if l.trim().is_empty() {
             continue;
         }
-        let mut f = l.splitn(10, ',');
+        let mut f = l.splitn(if with_ranks { 11 } else { 10 }, ',');
         let mut next = || f.next().unwrap_or("");
         let num = |s: &str| {
             s.trim()
@@ -368,6 +393,7 @@ pub fn read(path: &Path) -> Result<Vec<Sample>> {
         let loads = num(next())?;
         let bytes_read = num(next())?;
         let bytes_written = num(next())?;
+        let ranks = if with_ranks { num(next())? } else { 1 };
         let phase = next().trim();
         let phase = phase
             .strip_prefix('"')
@@ -383,6 +409,7 @@ pub fn read(path: &Path) -> Result<Vec<Sample>> {
             loads,
             bytes_read,
             bytes_written,
+            ranks,
             phase,
         });
     }

@@ -55,6 +55,7 @@ pub(super) fn after_load(
         Decision::Grow { holding, to } => match grow::grow(session, to) {
             Ok((from, to)) => {
                 super::interrupt::set_ranked();
+                session.ranks_changed();
                 say!(
                     "grew from {from} to {to} ranks: {} of data, {} cap per rank",
                     format_bytes(holding.data_bytes),

@@ -91,18 +91,26 @@ const EVICTIONS: RGBColor = RGBColor(255, 127, 14);
 const BANDS: [RGBColor; 2] = [RGBColor(238, 241, 246), RGBColor(250, 251, 253)];
 
 /// Phases as (start, end, name), in time order.
-fn phases(s: &[Sample]) -> Vec<(f64, f64, &str)> {
-    let mut out: Vec<(f64, f64, &str)> = Vec::new();
+fn phases(s: &[Sample]) -> Vec<(f64, f64, String)> {
+    let mut out: Vec<(f64, f64, String)> = Vec::new();
+    let mut at: Option<(&str, u64)> = None;
     for x in s {
-        match out.last_mut() {
-            Some(last) if last.2 == x.phase => last.1 = x.time_s,
-            _ => {
-                if let Some(last) = out.last_mut() {
-                    last.1 = x.time_s;
-                }
-                out.push((x.time_s, x.time_s, &x.phase));
+        if at == Some((x.phase.as_str(), x.ranks)) {
+            if let Some(last) = out.last_mut() {
+                last.1 = x.time_s;
             }
+            continue;
         }
+        if let Some(last) = out.last_mut() {
+            last.1 = x.time_s;
+        }
+        // On several ranks (after growth, say), the band says how many.
+        let name = match x.ranks {
+            0 | 1 => x.phase.clone(),
+            n => format!("{} ({n} ranks)", x.phase),
+        };
+        out.push((x.time_s, x.time_s, name));
+        at = Some((x.phase.as_str(), x.ranks));
     }
     out
 }
@@ -152,7 +160,12 @@ fn draw(s: &[Sample], title: &str, rgb: &mut [u8], size: (u32, u32)) -> DrawResu
 
 /// The memory chart: phases, load and eviction ticks, accounted bytes,
 /// the resident set and the cap, and the legend.
-fn draw_memory(area: &Area<'_>, s: &[Sample], bands: &[(f64, f64, &str)], tmax: f64) -> DrawResult {
+fn draw_memory(
+    area: &Area<'_>,
+    s: &[Sample],
+    bands: &[(f64, f64, String)],
+    tmax: f64,
+) -> DrawResult {
     let cap = s.iter().find_map(|x| x.cap_bytes);
     let highest = s
         .iter()
@@ -202,7 +215,7 @@ fn draw_memory(area: &Area<'_>, s: &[Sample], bands: &[(f64, f64, &str)], tmax: 
 /// Phases: shaded bands, named where the name fits.
 fn draw_phases(
     chart: &mut Chart<'_, '_>,
-    bands: &[(f64, f64, &str)],
+    bands: &[(f64, f64, String)],
     tmax: f64,
     ymax: f64,
 ) -> DrawResult {
@@ -301,7 +314,7 @@ fn draw_memory_series(
 fn draw_traffic(
     area: &Area<'_>,
     s: &[Sample],
-    bands: &[(f64, f64, &str)],
+    bands: &[(f64, f64, String)],
     tmax: f64,
 ) -> DrawResult {
     let read = rate(s, |x| x.bytes_read);

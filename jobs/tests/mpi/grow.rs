@@ -298,3 +298,46 @@ fn a_spawned_rank_that_fails_ends_every_rank_with_one_line_and_no_spill() {
         .collect();
     assert!(left.is_empty(), "spill left behind: {left:?}");
 }
+
+#[test]
+fn the_timeline_counts_the_ranks_before_and_after_growth() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let args = [
+        "kmeans",
+        "--synthetic",
+        "24MiB",
+        "--dims",
+        "32",
+        "--k",
+        "8",
+        "--epochs",
+        "1",
+        "--mem-cap",
+        "8MiB",
+        "--max-ranks",
+        "2",
+        "--workers",
+        "1",
+        "--timeline",
+        "t.csv",
+    ];
+    let cmd = on_slots(4, &args);
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    run_clean(dir.path(), &tmp, &[], &cmd);
+    let t = outcore_jobs::timeline::read(&dir.path().join("t.csv")).unwrap();
+    assert_eq!(t[0].ranks, 1);
+    assert_eq!(t.last().unwrap().ranks, 2);
+    let first_two = t.iter().position(|s| s.ranks == 2).unwrap();
+    assert!(t[first_two..].iter().all(|s| s.ranks == 2));
+    let png = dir.path().join("t.png");
+    super::outcore(
+        dir.path(),
+        0,
+        &["plot", "t.csv", "--output", png.to_str().unwrap()],
+    );
+}
