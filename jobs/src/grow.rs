@@ -68,15 +68,20 @@ pub struct Holding {
 }
 
 impl Holding {
-    /// Ranks of this cap that hold the data in memory, each keeping an
-    /// eighth of its cap free besides what it uses outside its executors
-    /// (`None` without a cap, or when that leaves no room).
-    pub fn ranks_needed(&self) -> Option<usize> {
+    /// Ranks of this cap that hold the data of `shards` shards in memory
+    /// (the shards about equal, whole shards per rank, as many on each as
+    /// the rank holding most has), each keeping an eighth of its cap free
+    /// besides what it uses outside its executors. `None` without a cap,
+    /// or when that leaves no room.
+    pub fn ranks_needed(&self, shards: usize) -> Option<usize> {
         let cap = self.cap_bytes;
         let room = cap
             .checked_sub(self.other_bytes + cap / 8)
             .filter(|&r| r > 0)?;
-        Some(self.data_bytes.div_ceil(room).max(1) as usize)
+        let shards = shards.max(1) as u64;
+        let shard = self.data_bytes.div_ceil(shards).max(1);
+        let per_rank = (room / shard).max(1);
+        Some(shards.div_ceil(per_rank) as usize)
     }
 }
 
@@ -179,7 +184,7 @@ pub fn choose(h: Holding, universe: Option<usize>, max: MaxRanks, shards: usize)
     if h.evicted_bytes == 0 {
         return Decision::Fits(h);
     }
-    let needed = h.ranks_needed().unwrap_or(usize::MAX);
+    let needed = h.ranks_needed(shards).unwrap_or(usize::MAX);
     let Some(slots) = universe else {
         return Decision::Cannot {
             holding: h,
@@ -276,9 +281,11 @@ mod tests {
 
     #[test]
     fn the_ranks_needed_hold_the_data_within_the_slots_limit_and_shards() {
-        // 96 MiB of room per rank.
+        // 96 MiB of room per rank: 2 shards of 48 MiB in 8, 1 of 64 in 6.
         let h = holding(384, 300);
-        assert_eq!(h.ranks_needed(), Some(4));
+        assert_eq!(h.ranks_needed(8), Some(4));
+        assert_eq!(h.ranks_needed(6), Some(6));
+        assert_eq!(h.ranks_needed(3), Some(3), "a shard larger than the room");
         let grow = |u, max, shards| match choose(h, u, max, shards) {
             Decision::Grow { to, .. } => Ok(to),
             Decision::Cannot { why, .. } => Err(why),
