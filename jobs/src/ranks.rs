@@ -366,7 +366,7 @@ impl Ranks {
     /// in, after the ranks already there. Every clone of this `Ranks` then
     /// has the new size, and every collective includes the new ranks,
     /// which start as [`joined`](Ranks::joined) ranks (their
-    /// [`Ranks::init`] returns once merged). Collective over the ranks
+    /// `Ranks::init` returns once merged). Collective over the ranks
     /// before growth.
     ///
     /// # Errors
@@ -598,7 +598,12 @@ mod mpi_impl {
         /// `MPI_UNIVERSE_SIZE`: the slots of the allocation, when the
         /// launcher says.
         pub fn universe_size(&self) -> Option<usize> {
-            self.universe.size()
+            // Test hook: more slots than the allocation has, to see a
+            // spawn fail.
+            let claimed = std::env::var("OUTCORE_FAULT_UNIVERSE_SIZE").ok();
+            claimed
+                .and_then(|v| v.parse().ok())
+                .or_else(|| self.universe.size())
         }
 
         /// Spawns `extra` processes running this program with this
@@ -669,15 +674,21 @@ mod mpi_impl {
             let ok = i32::from(rc == 0 && (self.rank.get() != 0 || codes.iter().all(|&c| c == 0)));
             let mut all = 0i32;
             comm.all_reduce_into(&ok, &mut all, mpi::collective::SystemOperation::min());
-            // SAFETY: `raw` is the call's intercommunicator (or null,
-            // which `try_from_raw` refuses), used only through the value.
-            let inter = unsafe { InterCommunicator::try_from_raw(raw) };
-            match (all, inter) {
-                (1, Some(inter)) => Ok(inter),
-                _ => Err(failed(format!(
+            // SAFETY: reads a constant handle the MPI shim defines.
+            let comm_null = unsafe { mpi::ffi::RSMPI_COMM_NULL };
+            // A failed spawn may leave `raw` anything (OpenMPI 4 writes a
+            // null pointer, not MPI_COMM_NULL): wrapped only on success.
+            let inter = (all == 1 && raw != comm_null)
+                // SAFETY: every rank's spawn succeeded, so `raw` is the
+                // call's new intercommunicator, owned from here on by the
+                // value.
+                .then(|| unsafe { InterCommunicator::try_from_raw(raw) })
+                .flatten();
+            inter.ok_or_else(|| {
+                failed(format!(
                     "MPI_Comm_spawn returned error {rc} (the allocation may have no free slot)"
-                ))),
-            }
+                ))
+            })
         }
 
         pub fn ordered_sum(&self, local: &[Vec<f64>], len: usize) -> Result<Vec<f64>> {

@@ -341,3 +341,92 @@ fn the_timeline_counts_the_ranks_before_and_after_growth() {
         &["plot", "t.csv", "--output", png.to_str().unwrap()],
     );
 }
+
+/// A spawn that MPI refuses (here: more ranks than the allocation has
+/// slots, which the job never asks for unless `MPI_UNIVERSE_SIZE` says so:
+/// the test hook `OUTCORE_FAULT_UNIVERSE_SIZE` makes it claim 4 of 2) is
+/// an error code under `MPI_ERRORS_RETURN`: one warning, and the run goes
+/// on out of core to the same bytes. It used to panic in the wrapper of
+/// the communicator the failed call left. (OpenMPI 4.1's `mpirun` then
+/// stays up after the ranks have finished: the test ends it once the run
+/// has said it is done.)
+#[test]
+fn a_refused_spawn_is_a_warning_and_the_run_goes_on_out_of_core() {
+    use std::io::BufRead;
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "kmeans",
+        "--synthetic",
+        "24MiB",
+        "--dims",
+        "32",
+        "--k",
+        "8",
+        "--epochs",
+        "1",
+        "--mem-cap",
+        "8MiB",
+        "--workers",
+        "1",
+        "--output",
+        "c.npy",
+    ];
+    let single = dir.path().join("single");
+    std::fs::create_dir(&single).unwrap();
+    outcore(&single, 0, &args);
+    let mut child = Command::new("timeout")
+        .args([
+            "-k",
+            "5",
+            "120",
+            "mpirun",
+            "-np",
+            "1",
+            "--host",
+            "localhost:2",
+        ])
+        .args(["-x", "OUTCORE_FAULT_UNIVERSE_SIZE=4", BIN])
+        .args(args)
+        .args(["--max-ranks", "auto"])
+        .current_dir(dir.path())
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = Vec::new();
+    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let done = line.starts_with("done in");
+        err.push(line);
+        if done {
+            break;
+        }
+    }
+    // SIGTERM to timeout(1), which passes it on to mpirun.
+    // SAFETY: a signal to our own child process.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let _ = child.wait();
+    let err = err.join("\n");
+    assert!(err.contains("done in"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let warned: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("outcore: warning:"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{err}");
+    assert!(
+        warned[0].contains("could not grow to 4 ranks") && warned[0].contains("MPI_Comm_spawn"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read(dir.path().join("c.npy")).unwrap()
+            == std::fs::read(single.join("c.npy")).unwrap(),
+        "the centroids differ after a refused spawn"
+    );
+}
