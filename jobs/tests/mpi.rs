@@ -32,20 +32,63 @@ fn have_mpirun() -> bool {
     ok
 }
 
-/// Runs `cmd` (a program and its arguments) in `dir` under a watchdog:
-/// its exit code (`None`: killed) and stderr.
-fn watched(dir: &Path, seconds: u32, cmd: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new("timeout")
-        .args(["-k", "5", &seconds.to_string()])
+/// `cmd` (a program and its arguments) to run in `dir` under a watchdog
+/// of `seconds`, allowed to run `mpirun` as root.
+fn watchdog(dir: &Path, seconds: u32, cmd: &[&str]) -> Command {
+    let mut c = Command::new("timeout");
+    c.args(["-k", "5", &seconds.to_string()])
         .args(cmd)
         .current_dir(dir)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c
+}
+
+/// Runs `cmd` in `dir` under a watchdog: its exit code (`None`: killed)
+/// and stderr.
+fn watched(dir: &Path, seconds: u32, cmd: &[&str]) -> (Option<i32>, String) {
+    let out = watchdog(dir, seconds, cmd)
         .output()
         .expect("timeout(1) runs");
     let code = out.status.code();
     assert_ne!(code, Some(124), "timed out (a hang): {cmd:?}");
     (code, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The spill directories left in `tmp`.
+fn spill_left(tmp: &Path) -> Vec<String> {
+    std::fs::read_dir(tmp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("outcore-spill-"))
+        .collect()
+}
+
+/// `outcore args` on `np` ranks spread over two simulated nodes
+/// (tests/mpi/netns.sh; `envs` for the script, such as `NETNS_SLOTS`),
+/// in `dir` under a watchdog: its exit code and stderr, or `None` when
+/// the script cannot make the nodes here (it says why).
+fn on_two_nodes(
+    dir: &Path,
+    envs: &[(&str, &str)],
+    np: &str,
+    args: &[&str],
+) -> Option<(Option<i32>, String)> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mpi/netns.sh");
+    let mut cmd = vec!["bash", script, np, BIN];
+    cmd.extend(args);
+    let out = watchdog(dir, 300, &cmd)
+        .envs(envs.iter().copied())
+        .output()
+        .expect("timeout(1) runs");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    if out.status.code() == Some(77) {
+        eprintln!("skipped: {}", err.trim());
+        return None;
+    }
+    assert_ne!(out.status.code(), Some(124), "timed out (a hang): {cmd:?}");
+    Some((out.status.code(), err))
 }
 
 /// `outcore args` on `n` ranks (0: started directly, no MPI); panics
@@ -467,7 +510,6 @@ fn ranks_on_two_simulated_nodes_over_tcp_give_the_same_bytes() {
     }
     // Two network namespaces joined by a veth pair, OpenMPI's TCP
     // transport between them (tests/mpi/netns.sh; root only).
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mpi/netns.sh");
     let dir = tempfile::tempdir().unwrap();
     let args = [
         "kmeans",
@@ -492,13 +534,9 @@ fn ranks_on_two_simulated_nodes_over_tcp_give_the_same_bytes() {
         "--output",
         "c.npy",
     ];
-    let mut cmd = vec!["bash", script, "3", BIN];
-    cmd.extend(args);
-    let (code, err) = watched(dir.path(), 300, &cmd);
-    if code == Some(77) {
-        eprintln!("skipped: {}", err.trim());
+    let Some((code, err)) = on_two_nodes(dir.path(), &[], "3", &args) else {
         return;
-    }
+    };
     assert_eq!(code, Some(0), "{err}");
     let single = dir.path().join("single");
     std::fs::create_dir(&single).unwrap();
@@ -626,11 +664,6 @@ fn a_rank_out_of_memory_ends_every_rank_with_one_line_and_no_spill() {
         line.starts_with("outcore: rank 1 of 3: out of memory: "),
         "{line}"
     );
-    let left: Vec<_> = std::fs::read_dir(&tmp)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("outcore-spill-"))
-        .collect();
+    let left = spill_left(&tmp);
     assert!(left.is_empty(), "spill left behind: {left:?}");
 }

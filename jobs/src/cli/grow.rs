@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use outcore::format_bytes;
 use outcore_jobs::grow::{self, Decision, Growth, Holding, MaxRanks};
-use outcore_jobs::{Result, Session};
+use outcore_jobs::{Error, Result, Session};
 
 /// A growth under way: the ranks before and after, since when.
 pub(super) struct Growing {
@@ -26,17 +26,40 @@ impl Growing {
     }
 }
 
+/// Loads the job's data with `load` and grows as [`after_load`] says:
+/// then every rank loads its shards again (`load` called with `true`),
+/// a spawned rank for the first time (it has no load before growth).
+/// The data, and the growth if the job grew. Collective.
+pub(super) fn load_and_grow<T>(
+    session: &Session,
+    max: Option<MaxRanks>,
+    bound: usize,
+    mut load: impl FnMut(&Session, bool) -> Result<T>,
+) -> Result<(T, Option<Growth>)> {
+    let mut data = match session.ranks().joined() {
+        true => None,
+        false => Some(load(session, false)?),
+    };
+    let growth = match after_load(session, max, bound)? {
+        Some(g) => {
+            // The shards spread over the new ranks: each loads its own.
+            drop(data.take());
+            data = Some(load(session, true)?);
+            Some(g.done(0))
+        }
+        None => None,
+    };
+    let data = data.ok_or_else(|| Error::Input("a spawned rank found no growth to join".into()))?;
+    Ok((data, growth))
+}
+
 /// After the load: grows to as many ranks as the data needs, when it does
 /// not fit and `max` allows (`bound`: the most ranks the job can be spread
 /// over, one shard each), and says so on rank 0. A spawned rank meets the
 /// growth here. `Some` when the ranks changed: every rank then loads its
 /// shards again under the new number of ranks (a spawned one, for the
 /// first time). Collective.
-pub(super) fn after_load(
-    session: &Session,
-    max: Option<MaxRanks>,
-    bound: usize,
-) -> Result<Option<Growing>> {
+fn after_load(session: &Session, max: Option<MaxRanks>, bound: usize) -> Result<Option<Growing>> {
     let started = Instant::now();
     if session.ranks().joined() {
         let (from, to) = grow::join(session);

@@ -216,21 +216,9 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
             |done, _| fb.progress(done),
         )
     };
-    // A rank spawned by growth loads once the ranks it joins have grown.
-    let mut ds = match session.ranks().joined() {
-        true => None,
-        false => Some(load(&session, &mut fb)?),
-    };
-    let growth = match grow::after_load(&session, a.mem.max_ranks, job.shards())? {
-        Some(g) => {
-            // The shards spread over the new ranks: each loads its own.
-            drop(ds.take());
-            ds = Some(load(&session, &mut fb)?);
-            Some(g.done(0))
-        }
-        None => None,
-    };
-    let ds = ds.ok_or_else(|| Error::Input("a spawned rank found no growth to join".into()))?;
+    let (ds, growth) = grow::load_and_grow(&session, a.mem.max_ranks, job.shards(), |s, _| {
+        load(s, &mut fb)
+    })?;
     let load_seconds = t.elapsed().as_secs_f64();
     let intro = job.intro(&a, &session, &ds, load_seconds);
     let mut rep = Reporter::new(&session, fb, intro, &job);

@@ -185,25 +185,16 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     // Whole L-BFGS tasks per shard: the model does not depend on the
     // sharding.
     let shard_bytes = train::aligned_shard_bytes(shard_bytes, dims);
-    // A rank spawned by growth loads once the ranks it joins have grown.
-    let mut job = match session.ranks().joined() {
-        true => None,
-        false => Some(load(&session, &plan, shard_bytes)?),
-    };
     let bound = spread_limit(&plan, rows, dims, shard_bytes);
-    let growth = match grow::after_load(&session, a.mem.max_ranks, bound)? {
-        Some(g) => {
-            // The shards spread over the new ranks, each loading its own,
-            // of rank 0's size (local SGD's model depends on it).
-            drop(job.take());
-            let mut size = [shard_bytes];
-            session.ranks().broadcast_u64(&mut size);
-            job = Some(load(&session, &plan, size[0])?);
-            Some(g.done(0))
+    let (job, growth) = grow::load_and_grow(&session, a.mem.max_ranks, bound, |s, again| {
+        // After growth, of rank 0's shard size (local SGD's model
+        // depends on it).
+        let mut size = [shard_bytes];
+        if again {
+            s.ranks().broadcast_u64(&mut size);
         }
-        None => None,
-    };
-    let job = job.ok_or_else(|| Error::Input("a spawned rank found no growth to join".into()))?;
+        load(s, &plan, size[0])
+    })?;
     let out = fit(&session, &job, &plan.cfg)?;
     session.phase("output");
     report(&a, session, (&plan.cfg, growth), &job, &out)

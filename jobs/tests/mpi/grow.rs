@@ -4,21 +4,15 @@
 //! of core, with the same bytes.
 
 use std::path::Path;
-use std::process::Command;
 
-use super::{have_mpirun, outcore, stats, BIN};
+use super::{have_mpirun, on_two_nodes, outcore, spill_left, stats, watchdog, BIN};
 
 /// Runs `cmd` in `dir` with `TMPDIR` set to `tmp`, under a watchdog: its
 /// stderr; panics unless it succeeds and leaves `tmp` empty.
 fn run_clean(dir: &Path, tmp: &Path, envs: &[(&str, &str)], cmd: &[&str]) -> String {
-    let out = Command::new("timeout")
-        .args(["-k", "5", "300"])
-        .args(cmd)
-        .current_dir(dir)
+    let out = watchdog(dir, 300, cmd)
         .env("TMPDIR", tmp)
         .envs(envs.iter().copied())
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .output()
         .expect("timeout(1) runs");
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -176,7 +170,6 @@ fn a_job_started_on_one_simulated_node_grows_onto_the_other() {
     if !have_mpirun() {
         return;
     }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mpi/netns.sh");
     let dir = tempfile::tempdir().unwrap();
     let tmp = dir.path().join("tmp");
     std::fs::create_dir(&tmp).unwrap();
@@ -202,25 +195,13 @@ fn a_job_started_on_one_simulated_node_grows_onto_the_other() {
         "s.json",
     ];
     // One rank on node A, which has 2 slots; node B has 2 more.
-    let mut cmd = vec!["bash", script, "1", BIN];
-    cmd.extend(args);
-    cmd.extend(["--max-ranks", "auto"]);
-    let out = Command::new("timeout")
-        .args(["-k", "5", "300"])
-        .args(&cmd)
-        .current_dir(dir.path())
-        .env("NETNS_SLOTS", "2 2")
-        .env("TMPDIR", &tmp)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    if out.status.code() == Some(77) {
-        eprintln!("skipped: {}", err.trim());
+    let grown = [&args[..], &["--max-ranks", "auto"]].concat();
+    let tmpdir = tmp.to_string_lossy();
+    let envs = [("NETNS_SLOTS", "2 2"), ("TMPDIR", &tmpdir)];
+    let Some((code, err)) = on_two_nodes(dir.path(), &envs, "1", &grown) else {
         return;
-    }
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    };
+    assert_eq!(code, Some(0), "{err}");
     let s = stats(&dir.path().join("s.json"));
     let ranks = s["ranks"].as_u64().unwrap();
     assert!(
@@ -268,13 +249,9 @@ fn a_spawned_rank_that_fails_ends_every_rank_with_one_line_and_no_spill() {
         "c.npy",
     ];
     let cmd = on_slots(4, &args);
-    let out = Command::new("timeout")
-        .args(["-k", "5", "120"])
-        .args(&cmd)
-        .current_dir(dir.path())
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let out = watchdog(dir.path(), 120, &cmd)
         .env("TMPDIR", &tmp)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -290,12 +267,7 @@ fn a_spawned_rank_that_fails_ends_every_rank_with_one_line_and_no_spill() {
         "{err}"
     );
     assert!(!dir.path().join("c.npy").exists());
-    let left: Vec<_> = std::fs::read_dir(&tmp)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("outcore-spill-"))
-        .collect();
+    let left = spill_left(&tmp);
     assert!(left.is_empty(), "spill left behind: {left:?}");
 }
 
@@ -377,23 +349,11 @@ fn a_refused_spawn_is_a_warning_and_the_run_goes_on_out_of_core() {
     let single = dir.path().join("single");
     std::fs::create_dir(&single).unwrap();
     outcore(&single, 0, &args);
-    let mut child = Command::new("timeout")
-        .args([
-            "-k",
-            "5",
-            "120",
-            "mpirun",
-            "-np",
-            "1",
-            "--host",
-            "localhost:2",
-        ])
-        .args(["-x", "OUTCORE_FAULT_UNIVERSE_SIZE=4", BIN])
-        .args(args)
-        .args(["--max-ranks", "auto"])
-        .current_dir(dir.path())
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    let mut cmd = vec!["mpirun", "-np", "1", "--host", "localhost:2"];
+    cmd.extend(["-x", "OUTCORE_FAULT_UNIVERSE_SIZE=4", BIN]);
+    cmd.extend(args);
+    cmd.extend(["--max-ranks", "auto"]);
+    let mut child = watchdog(dir.path(), 120, &cmd)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
