@@ -191,22 +191,17 @@ pub fn choose(h: Holding, universe: Option<usize>, max: MaxRanks, shards: usize)
             why: Limit::UnknownSlots,
         };
     };
-    let mut to = needed;
-    let mut why = None;
-    for (bound, limit) in [
-        (slots, Limit::NoFreeSlot(slots)),
-        (
-            match max {
-                MaxRanks::Auto => usize::MAX,
-                MaxRanks::At(n) => n,
-            },
-            Limit::MaxRanks(match max {
-                MaxRanks::Auto => slots,
-                MaxRanks::At(n) => n,
-            }),
-        ),
-        (shards, Limit::Shards(shards)),
-    ] {
+    let max = match max {
+        MaxRanks::Auto => None,
+        MaxRanks::At(n) => Some((n, Limit::MaxRanks(n))),
+    };
+    let (mut to, mut why) = (needed, None);
+    let bounds = [
+        Some((slots, Limit::NoFreeSlot(slots))),
+        max,
+        Some((shards, Limit::Shards(shards))),
+    ];
+    for (bound, limit) in bounds.into_iter().flatten() {
         if bound < to {
             to = bound;
             why = Some(limit);

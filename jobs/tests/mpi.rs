@@ -55,6 +55,35 @@ fn watched(dir: &Path, seconds: u32, cmd: &[&str]) -> (Option<i32>, String) {
     (code, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// Runs `args` on one process without MPI in `dir/single`, and checks
+/// that its `output` is the same bytes as the one in `dir` (`what`: the
+/// run it is compared with).
+fn same_as_one_process(dir: &Path, args: &[&str], output: &str, what: &str) {
+    let single = dir.join("single");
+    std::fs::create_dir(&single).unwrap();
+    outcore(&single, 0, args);
+    assert!(
+        std::fs::read(dir.join(output)).unwrap() == std::fs::read(single.join(output)).unwrap(),
+        "{output} differs between {what} and one process"
+    );
+}
+
+/// Writes a NaN into the last value of the `.npy` file `x`: only the rank
+/// holding the last row reads it.
+fn nan_in_last_row(x: &Path) {
+    let mut bytes = std::fs::read(x).unwrap();
+    let n = bytes.len();
+    bytes[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(x, bytes).unwrap();
+}
+
+/// `dir/tmp`, made.
+fn tmp_in(dir: &Path) -> PathBuf {
+    let tmp = dir.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    tmp
+}
+
 /// The spill directories left in `tmp`.
 fn spill_left(tmp: &Path) -> Vec<String> {
     std::fs::read_dir(tmp)
@@ -459,10 +488,7 @@ fn one_failing_rank_ends_every_rank_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let x = gen(dir.path(), "2MiB", 16);
     // A NaN in the last row: only the last rank reads it.
-    let mut bytes = std::fs::read(&x).unwrap();
-    let n = bytes.len();
-    bytes[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
-    std::fs::write(&x, bytes).unwrap();
+    nan_in_last_row(&x);
     let kmeans = |what: &str, args: &[&str]| {
         let mut cmd = vec!["mpirun", "-np", "3", "--oversubscribe", BIN, "kmeans"];
         cmd.extend(args);
@@ -538,14 +564,7 @@ fn ranks_on_two_simulated_nodes_over_tcp_give_the_same_bytes() {
         return;
     };
     assert_eq!(code, Some(0), "{err}");
-    let single = dir.path().join("single");
-    std::fs::create_dir(&single).unwrap();
-    outcore(&single, 0, &args);
-    assert!(
-        std::fs::read(dir.path().join("c.npy")).unwrap()
-            == std::fs::read(single.join("c.npy")).unwrap(),
-        "the centroids differ between two nodes and one process"
-    );
+    same_as_one_process(dir.path(), &args, "c.npy", "two nodes");
 }
 
 /// Ranks given different data (a stale copy of the file on one node) or

@@ -5,7 +5,10 @@
 
 use std::path::Path;
 
-use super::{have_mpirun, on_two_nodes, outcore, spill_left, stats, watchdog, BIN};
+use super::{
+    have_mpirun, nan_in_last_row, on_two_nodes, same_as_one_process, spill_left, stats, tmp_in,
+    watchdog, BIN,
+};
 
 /// Runs `cmd` in `dir` with `TMPDIR` set to `tmp`, under a watchdog: its
 /// stderr; panics unless it succeeds and leaves `tmp` empty.
@@ -171,8 +174,7 @@ fn a_job_started_on_one_simulated_node_grows_onto_the_other() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let tmp = dir.path().join("tmp");
-    std::fs::create_dir(&tmp).unwrap();
+    let tmp = tmp_in(dir.path());
     let args = [
         "kmeans",
         "--synthetic",
@@ -208,14 +210,7 @@ fn a_job_started_on_one_simulated_node_grows_onto_the_other() {
         ranks >= 3,
         "grew to {ranks} ranks only (so none on node B): {err}"
     );
-    let single = dir.path().join("single");
-    std::fs::create_dir(&single).unwrap();
-    outcore(&single, 0, &args);
-    assert!(
-        std::fs::read(dir.path().join("c.npy")).unwrap()
-            == std::fs::read(single.join("c.npy")).unwrap(),
-        "the centroids differ between the job grown over two nodes and one process"
-    );
+    same_as_one_process(dir.path(), &args, "c.npy", "the job grown over two nodes");
 }
 
 #[test]
@@ -224,15 +219,11 @@ fn a_spawned_rank_that_fails_ends_every_rank_with_one_line_and_no_spill() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let tmp = dir.path().join("tmp");
-    std::fs::create_dir(&tmp).unwrap();
+    let tmp = tmp_in(dir.path());
     let x = super::gen(dir.path(), "48MiB", 32);
     // A NaN in the last row: only the last rank, a spawned one, reads it
     // (rank 0's load reads rows only as the run needs them).
-    let mut bytes = std::fs::read(&x).unwrap();
-    let n = bytes.len();
-    bytes[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
-    std::fs::write(&x, bytes).unwrap();
+    nan_in_last_row(&x);
     let args = [
         "kmeans",
         "--input",
@@ -277,8 +268,7 @@ fn the_timeline_counts_the_ranks_before_and_after_growth() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let tmp = dir.path().join("tmp");
-    std::fs::create_dir(&tmp).unwrap();
+    let tmp = tmp_in(dir.path());
     let args = [
         "kmeans",
         "--synthetic",
@@ -346,9 +336,6 @@ fn a_refused_spawn_is_a_warning_and_the_run_goes_on_out_of_core() {
         "--output",
         "c.npy",
     ];
-    let single = dir.path().join("single");
-    std::fs::create_dir(&single).unwrap();
-    outcore(&single, 0, &args);
     let mut cmd = vec!["mpirun", "-np", "1", "--host", "localhost:2"];
     cmd.extend(["-x", "OUTCORE_FAULT_UNIVERSE_SIZE=4", BIN]);
     cmd.extend(args);
@@ -384,9 +371,5 @@ fn a_refused_spawn_is_a_warning_and_the_run_goes_on_out_of_core() {
         warned[0].contains("could not grow to 4 ranks") && warned[0].contains("MPI_Comm_spawn"),
         "{err}"
     );
-    assert!(
-        std::fs::read(dir.path().join("c.npy")).unwrap()
-            == std::fs::read(single.join("c.npy")).unwrap(),
-        "the centroids differ after a refused spawn"
-    );
+    same_as_one_process(dir.path(), &args, "c.npy", "a run after a refused spawn");
 }
