@@ -24,7 +24,10 @@
 //! start on a 4 KiB boundary of the file (the vector's encoding carries the
 //! padding), so loading reads them with `O_DIRECT` straight into the new
 //! vector, which the allocator places on a page boundary. The rest of the
-//! file goes through a small buffered reader. Where the filesystem refuses
+//! file (the header, each vector's length and padding, other fields) is
+//! read with `O_DIRECT` too, a page at a time through a small aligned
+//! buffer (`aligned.rs`): through the page cache, the kernel read ahead
+//! bytes the direct reads then read again. Where the filesystem refuses
 //! `O_DIRECT` (tmpfs, some network filesystems), everything is read
 //! buffered.
 //!
@@ -50,6 +53,7 @@
 //!
 //! - `mod.rs` (this file): the format, writing and loading (direct loads
 //!   through the crate's read-ahead engine, `readahead.rs`);
+//! - `aligned.rs`: the small reads of a direct load;
 //! - `dir.rs`: the private spill directory, its lock and the sweep of
 //!   directories left by killed runs;
 //! - `tests.rs`: round trips and every kind of corruption.
@@ -208,7 +212,7 @@ impl<W: Write> Write for Tee<W> {
 /// A reader that counts and checksums what passes through, and reports EOF
 /// at the end of the payload. With a direct descriptor, [`RawRead`] reads
 /// page-aligned stretches of the payload with `O_DIRECT`.
-struct TeeRead<R> {
+struct TeeRead<'f, R> {
     inner: R,
     sum: Checksum,
     /// Payload bytes not read yet.
@@ -216,12 +220,12 @@ struct TeeRead<R> {
     /// The file offset of the next payload byte.
     pos: u64,
     /// The same file opened with `O_DIRECT`, if the filesystem allows it.
-    direct: Option<File>,
+    direct: Option<&'f File>,
     /// Bytes read with direct I/O.
     direct_bytes: u64,
 }
 
-impl<R: Read> Read for TeeRead<R> {
+impl<R: Read> Read for TeeRead<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let max = buf
             .len()
@@ -237,10 +241,10 @@ impl<R: Read> Read for TeeRead<R> {
     }
 }
 
-impl<R: Read + Seek> RawRead for TeeRead<R> {
+impl<R: Read + Seek> RawRead for TeeRead<'_, R> {
     unsafe fn read_direct(&mut self, dst: *mut u8, len: usize) -> io::Result<usize> {
         let page = crate::alloc::PAGE;
-        let Some(file) = &self.direct else {
+        let Some(file) = self.direct else {
             return Ok(0);
         };
         if dst as usize % page != 0 || self.pos % page as u64 != 0 {
@@ -516,14 +520,24 @@ pub(crate) fn read_file_counted<T: DeserializeOwned>(
                 .ok()
         })
         .flatten();
-    if direct.is_none() {
-        // Doubles the kernel's readahead window; with direct reads the
-        // default window wastes less of what is read directly.
-        advise(&file, libc::POSIX_FADV_SEQUENTIAL);
-    }
-    let mut reader = BufReader::with_capacity(READ_BUF, file);
-    let value = read_from(&mut reader, file_len, key, direct);
-    drop_cached(reader.get_ref());
+    let value = match &direct {
+        // The small reads go direct too (see `aligned`): no read-ahead
+        // of bytes the direct reads then read again.
+        Some(d) => {
+            let mut reader = aligned::AlignedReader::new(file, d);
+            let value = read_from(&mut reader, file_len, key, direct.as_ref());
+            drop_cached(reader.plain());
+            value
+        }
+        None => {
+            // Doubles the kernel's readahead window.
+            advise(&file, libc::POSIX_FADV_SEQUENTIAL);
+            let mut reader = BufReader::with_capacity(READ_BUF, file);
+            let value = read_from(&mut reader, file_len, key, None);
+            drop_cached(reader.get_ref());
+            value
+        }
+    };
     let (value, direct_bytes) = value.map_err(|m| io::Error::new(io::ErrorKind::InvalidData, m))?;
     Ok((
         value,
@@ -616,7 +630,7 @@ fn read_from<T: DeserializeOwned, R: Read + Seek>(
     mut r: R,
     file_len: u64,
     key: FileKey,
-    direct: Option<File>,
+    direct: Option<&File>,
 ) -> std::result::Result<(T, u64), String> {
     let mut hb = [0u8; HEADER_LEN];
     r.read_exact(&mut hb).map_err(|_| {
@@ -704,6 +718,7 @@ impl SpillStore {
     }
 }
 
+mod aligned;
 pub(crate) mod dir;
 #[cfg(test)]
 mod tests;

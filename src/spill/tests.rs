@@ -1234,6 +1234,53 @@ fn large_pod_vecs_load_with_direct_io() {
     assert_eq!(direct_roundtrip(dir.path(), &pod_f32(1000)).direct_bytes, 0);
 }
 
+/// Bytes this thread has had read from storage (`/proc/thread-self/io`),
+/// or `None` where the kernel does not count them.
+fn storage_reads() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/thread-self/io").ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("read_bytes: "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn a_direct_load_reads_each_byte_from_storage_once() {
+    let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target");
+    std::fs::create_dir_all(&base).unwrap();
+    let dir = tempfile::tempdir_in(&base).unwrap();
+    let Some(before) = storage_reads() else {
+        eprintln!("skipped: /proc/thread-self/io is not available");
+        return;
+    };
+    // A 1 MiB executor, a struct of two vectors and small fields, and a
+    // large value that is not a `PodVec` behind a `PodVec`.
+    let big_tail = Mixed {
+        tail: (0..400_000).collect(),
+        ..mixed(300_000)
+    };
+    let (mut read, mut bytes, mut direct) = (0, 0, 0);
+    let mut check = |what: &str, l: Loaded| {
+        let now = storage_reads().unwrap() - before;
+        assert!(
+            now - read <= l.bytes + (64 << 10),
+            "{what}: {} bytes from storage for a {}-byte file",
+            now - read,
+            l.bytes
+        );
+        (read, bytes, direct) = (now, bytes + l.bytes, direct + l.direct_bytes);
+    };
+    check("1 MiB", direct_roundtrip(dir.path(), &pod_f32(CHUNK / 4)));
+    check("mixed", direct_roundtrip(dir.path(), &mixed(600_000)));
+    check("big tail", direct_roundtrip(dir.path(), &big_tail));
+    assert!(read >= direct, "storage reads are not counted here");
+    // Read through the page cache, the first small read of each file made
+    // the kernel read ahead 256 KiB that the direct reads then read again.
+    assert!(
+        read <= bytes + 3 * (16 << 10),
+        "{read} bytes from storage for {bytes} bytes of files"
+    );
+}
+
 /// A plain struct of the user's (see [`crate::Plain`]).
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq)]
