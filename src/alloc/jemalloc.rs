@@ -1,6 +1,12 @@
 //! jemalloc settings: large blocks in the ordinary arenas and `retain:false`
-//! under an address-space limit (chosen before jemalloc starts), freed pages
-//! kept for reuse while a capped runtime lives, purging, and queries.
+//! under an address-space limit (chosen before jemalloc starts), blocks of
+//! 1 MiB or more in one arena every thread shares, freed pages kept for
+//! reuse while a capped runtime lives, purging, and queries.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tikv_jemallocator::Jemalloc;
 
 /// Asks jemalloc to return unused dirty pages to the operating system (all
 /// arenas) and flushes this thread's cache. Never allocates.
@@ -132,6 +138,112 @@ extern "C" fn choose_malloc_conf() {
     // yet (it does so on its first allocation).
     unsafe {
         MALLOC_CONF = conf.as_ptr();
+    }
+    create_shared_arena();
+}
+
+/// Blocks of at least this many bytes come from one arena that every
+/// thread shares ([`SHARED_ARENA`]); smaller ones from the thread's own.
+///
+/// jemalloc gives each thread one of several arenas, and a freed block
+/// goes back to the arena it came from. An eviction on one thread freed
+/// its executor's pages into that arena, and the load that followed, on
+/// another thread (another prefetcher, a worker), took fresh pages from
+/// its own: the kept pages were reused by chance, then purged, and the
+/// load faulted and zeroed new ones (a capped PageRank: 314 huge-page
+/// faults per iteration of 256 loads of 4 MiB; with one arena for large
+/// blocks, about 2, and a third of the kernel time). 1 MiB: executors'
+/// buffers, which loads read straight into (see `pod::DIRECT_FROM`), and
+/// few enough allocations that threads do not wait on the arena's locks.
+pub(crate) const SHARED_FROM: usize = 1 << 20;
+
+/// The index of the arena large blocks share, plus one (0: none was made;
+/// blocks then come from the thread's arena).
+static SHARED_ARENA: AtomicU32 = AtomicU32::new(0);
+
+/// Makes the arena large blocks share (at start-up, before `main`).
+fn create_shared_arena() {
+    let mut index: libc::c_uint = 0;
+    let mut len = std::mem::size_of::<libc::c_uint>();
+    // SAFETY: "arenas.create" writes the new arena's index, an `unsigned`,
+    // into `index` (`len` bytes); it takes no input.
+    let r = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"arenas.create".as_ptr(),
+            (&raw mut index).cast(),
+            &mut len,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    if r == 0 {
+        SHARED_ARENA.store(index.saturating_add(1), Ordering::Relaxed);
+    }
+}
+
+/// jemalloc's flags for a block of `size` bytes aligned to `align` (both
+/// from `placed`) in the shared arena, or `None` for a block the thread's
+/// arena serves.
+#[inline(always)]
+fn shared(size: usize, align: usize) -> Option<libc::c_int> {
+    if size < SHARED_FROM {
+        return None;
+    }
+    let arena = SHARED_ARENA.load(Ordering::Relaxed);
+    (arena != 0).then(|| {
+        tikv_jemalloc_sys::MALLOCX_ARENA(arena as usize - 1)
+            | tikv_jemalloc_sys::MALLOCX_TCACHE_NONE
+            | tikv_jemalloc_sys::MALLOCX_ALIGN(align)
+    })
+}
+
+/// jemalloc's allocation of `layout` (zeroed if `zero`): large blocks in
+/// the shared arena.
+///
+/// # Safety
+///
+/// `layout` has a non-zero size.
+#[inline(always)]
+pub(crate) unsafe fn alloc(inner: &Jemalloc, layout: Layout, zero: bool) -> *mut u8 {
+    match shared(layout.size(), layout.align()) {
+        Some(flags) => {
+            let flags = if zero {
+                flags | tikv_jemalloc_sys::MALLOCX_ZERO
+            } else {
+                flags
+            };
+            // SAFETY: a non-zero size (the caller's promise) and valid
+            // flags (an arena that exists, a power-of-two alignment).
+            unsafe { tikv_jemalloc_sys::mallocx(layout.size(), flags).cast() }
+        }
+        // SAFETY: the caller's promise, passed on.
+        None if zero => unsafe { inner.alloc_zeroed(layout) },
+        // SAFETY: as above.
+        None => unsafe { inner.alloc(layout) },
+    }
+}
+
+/// jemalloc's reallocation of `ptr` (its size and the new block's
+/// alignment in `layout`) to `new_size`: a large new block in the shared
+/// arena if it moves.
+///
+/// # Safety
+///
+/// As for `GlobalAlloc::realloc`: `ptr` came from jemalloc, `new_size` is
+/// non-zero.
+#[inline(always)]
+pub(crate) unsafe fn realloc(
+    inner: &Jemalloc,
+    ptr: *mut u8,
+    layout: Layout,
+    new_size: usize,
+) -> *mut u8 {
+    match shared(new_size, layout.align()) {
+        // SAFETY: the caller's promise; jemalloc frees `ptr` only if it
+        // moved it.
+        Some(flags) => unsafe { tikv_jemalloc_sys::rallocx(ptr.cast(), new_size, flags).cast() },
+        // SAFETY: the caller's promise, passed on.
+        None => unsafe { inner.realloc(ptr, layout, new_size) },
     }
 }
 

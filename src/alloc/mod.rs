@@ -24,7 +24,8 @@
 //!   allocations made under a runtime lock;
 //! - `slots.rs`: the lock-free slots the evictor registry lives in (std
 //!   only, so that `tests/miri` runs it alone under Miri);
-//! - `jemalloc.rs`: `retain:false` chosen before `main`, `purge()`;
+//! - `jemalloc.rs`: `retain:false` chosen before `main`, the arena blocks of
+//!   1 MiB or more share, `purge()`;
 //! - `account.rs`: per-thread deltas, `USED`/`PEAK`, the cap and flush
 //!   threshold, bypass and eviction scopes, the exit flush, trap counters;
 //! - `trap.rs`: the `Evictor` contract, the registry of evictors, the
@@ -170,7 +171,9 @@ unsafe impl GlobalAlloc for TrapAlloc {
         let inner = placed(layout);
         // SAFETY: the caller guarantees `layout` has a non-zero size, and
         // `inner` has the same size.
-        allocate(layout, || unsafe { self.inner.alloc(inner) })
+        allocate(layout, || unsafe {
+            jemalloc::alloc(&self.inner, inner, false)
+        })
     }
 
     #[inline]
@@ -178,7 +181,9 @@ unsafe impl GlobalAlloc for TrapAlloc {
         let inner = placed(layout);
         // SAFETY: the caller guarantees `layout` has a non-zero size, and
         // `inner` has the same size.
-        let p = allocate(layout, || unsafe { self.inner.alloc_zeroed(inner) });
+        let p = allocate(layout, || unsafe {
+            jemalloc::alloc(&self.inner, inner, true)
+        });
         if reserve::contains(p) {
             // SAFETY: the reserve handed out `layout.size()` writable bytes.
             unsafe { std::ptr::write_bytes(p, 0, layout.size()) };
@@ -221,7 +226,7 @@ unsafe impl GlobalAlloc for TrapAlloc {
         // `new_size` is non-zero, and jemalloc's realloc only uses the
         // layout's alignment; on failure `ptr` stays valid, so retrying is
         // sound.
-        let attempt = || unsafe { self.inner.realloc(ptr, call_layout, new_size) };
+        let attempt = || unsafe { jemalloc::realloc(&self.inner, ptr, call_layout, new_size) };
         if new_size <= old {
             let p = attempt();
             if !p.is_null() {
