@@ -262,6 +262,24 @@ fn a_spawned_rank_that_fails_ends_every_rank_with_one_line_and_no_spill() {
     assert!(left.is_empty(), "spill left behind: {left:?}");
 }
 
+/// One epoch of a small K-means on 24 MiB of synthetic data under an
+/// 8 MiB cap per rank, one worker: it needs more ranks than one.
+const SMALL_KMEANS: &[&str] = &[
+    "kmeans",
+    "--synthetic",
+    "24MiB",
+    "--dims",
+    "32",
+    "--k",
+    "8",
+    "--epochs",
+    "1",
+    "--mem-cap",
+    "8MiB",
+    "--workers",
+    "1",
+];
+
 #[test]
 fn the_timeline_counts_the_ranks_before_and_after_growth() {
     if !have_mpirun() {
@@ -269,25 +287,7 @@ fn the_timeline_counts_the_ranks_before_and_after_growth() {
     }
     let dir = tempfile::tempdir().unwrap();
     let tmp = tmp_in(dir.path());
-    let args = [
-        "kmeans",
-        "--synthetic",
-        "24MiB",
-        "--dims",
-        "32",
-        "--k",
-        "8",
-        "--epochs",
-        "1",
-        "--mem-cap",
-        "8MiB",
-        "--max-ranks",
-        "2",
-        "--workers",
-        "1",
-        "--timeline",
-        "t.csv",
-    ];
+    let args = [SMALL_KMEANS, &["--max-ranks", "2", "--timeline", "t.csv"]].concat();
     let cmd = on_slots(4, &args);
     let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
     run_clean(dir.path(), &tmp, &[], &cmd);
@@ -319,26 +319,10 @@ fn a_refused_spawn_is_a_warning_and_the_run_goes_on_out_of_core() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let args = [
-        "kmeans",
-        "--synthetic",
-        "24MiB",
-        "--dims",
-        "32",
-        "--k",
-        "8",
-        "--epochs",
-        "1",
-        "--mem-cap",
-        "8MiB",
-        "--workers",
-        "1",
-        "--output",
-        "c.npy",
-    ];
+    let args = [SMALL_KMEANS, &["--output", "c.npy"]].concat();
     let mut cmd = vec!["mpirun", "-np", "1", "--host", "localhost:2"];
     cmd.extend(["-x", "OUTCORE_FAULT_UNIVERSE_SIZE=4", BIN]);
-    cmd.extend(args);
+    cmd.extend(&args);
     cmd.extend(["--max-ranks", "auto"]);
     let mut child = watchdog(dir.path(), 120, &cmd)
         .stderr(std::process::Stdio::piped())
