@@ -42,6 +42,10 @@ def main():
     d = {"iterations": 4, "iteration_seconds": [2.0, 1.0, 1.2, 1.1],
          "stats": {"bytes_read": 4 << 20, "demand_loads": 3}}
     assert pagerank.summary(d) == (1.1, float(1 << 20), 3), pagerank.summary(d)
+    # A repeat's bound: its device runs' mean, and the uncapped iteration
+    # when that is longer than the reads.
+    assert pagerank.judge(0.5, 1e9, [1e9, 2e9]) == (1e9 / 1.5e9, 1.5e9)
+    assert pagerank.judge(0.9, 1e9, [2e9, 2e9]) == (0.9, 2e9)
     print(f"benches ok: dd {len(bws)} runs, fio {len(fios)} runs, bound {bw / 1e9:.2f} GB/s")
 
 

@@ -148,8 +148,9 @@ pub struct Blocks {
 }
 
 /// Builds the graph's executors: each edge block is generated and inserted
-/// (the runtime spills what does not fit under the cap), then its node
-/// block with every rank at 1 / nodes.
+/// in the order the iterations sweep them (the runtime spills what does not
+/// fit under the cap, so the spill files lie on disk in the order they are
+/// read back), then the node blocks with every rank at 1 / nodes.
 pub fn build(rt: &Runtime, g: &Graph) -> outcore::Result<Blocks> {
     let b = g.blocks;
     let mut blocks = Blocks {
@@ -158,17 +159,18 @@ pub fn build(rt: &Runtime, g: &Graph) -> outcore::Result<Blocks> {
         sums: Vec::with_capacity(b),
         dangling: 0.0,
     };
-    for i in 0..b {
-        let mut outdeg = vec![0u32; g.block_len(i)];
-        let mut row = Vec::with_capacity(b);
-        for j in 0..b {
-            let e = g.block_edges(i, j);
-            for edge in &e {
-                outdeg[edge.src as usize] += 1;
-            }
-            row.push(rt.insert_named(Some(&format!("edges {i},{j}")), PodVec::from(e))?);
+    let mut grid: Vec<Vec<Option<Handle<PodVec<Edge>>>>> =
+        (0..b).map(|_| (0..b).map(|_| None).collect()).collect();
+    let mut outdeg: Vec<Vec<u32>> = (0..b).map(|i| vec![0u32; g.block_len(i)]).collect();
+    for (i, j) in g.sweep() {
+        let e = g.block_edges(i, j);
+        for edge in &e {
+            outdeg[i][edge.src as usize] += 1;
         }
-        blocks.edges.push(row);
+        grid[i][j] = Some(rt.insert_named(Some(&format!("edges {i},{j}")), PodVec::from(e))?);
+    }
+    for (i, (row, outdeg)) in grid.into_iter().zip(outdeg).enumerate() {
+        blocks.edges.push(row.into_iter().flatten().collect());
         let n = outdeg.len();
         let mut nodes = Nodes {
             rank: PodVec::from(vec![0.0; n]),
