@@ -120,8 +120,11 @@ fn stress(cap: MemoryCap, elems: usize) {
     std::thread::scope(|s| {
         // Short-lived threads allocating and freeing beside the tasks. (A
         // thread's stack is mapped outside any allocator, so under a hard
-        // limit a spawn may fail: that one is skipped.)
-        s.spawn(|| {
+        // limit a spawn may fail: those are skipped. The first one is
+        // tried again after evicting what is idle: the executors may fill
+        // the address space, and nothing else would evict before a task.
+        // An eviction whose write panics leaves its executor in memory.)
+        let churn = || {
             while !stop.load(Ordering::Relaxed) {
                 let buf = vec![7u8; 1 << 20];
                 if let Ok(t) = std::thread::Builder::new().spawn(move || drop(buf)) {
@@ -130,7 +133,13 @@ fn stress(cap: MemoryCap, elems: usize) {
                     std::thread::sleep(Duration::from_millis(1));
                 }
             }
-        });
+        };
+        let mut tries = 0;
+        while std::thread::Builder::new().spawn_scoped(s, churn).is_err() {
+            tries += 1;
+            assert!(tries <= 100, "no room for a thread");
+            let _ = rt.evict_all();
+        }
         for sweep in 0..SWEEPS {
             let write = sweep % 2 == 1;
             let mut b = rt.batch();
