@@ -5,7 +5,7 @@
 //!                          │                        │ acquire: load if evicted,
 //!                          ▼                        │ pin, run, unpin
 //!                  eviction ranks ◄─────────────────┘
-//!                 (policy + plan)      prefetchers (2 threads): load upcoming
+//!                 (policy + plan)      prefetchers (4 threads): load upcoming
 //!                          │           executors, evicting only ones needed later
 //!                          ▼
 //!      TrapAlloc ──► Evictor::evict_for_trap (try-locks only)

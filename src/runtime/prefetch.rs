@@ -1,7 +1,7 @@
 //! The prefetchers: threads that load the executors needed next while the
 //! workers compute, so loads overlap the work.
 //!
-//! Two of them, so that a second load is in flight while the first one's
+//! Several of them, so that other loads are in flight while one load's
 //! reads complete and it is checked and handed over: one load at a time
 //! left the device idle between loads. 4 GiB of `.npy` under 1 GiB, k =
 //! 100, alternating runs: steady epochs 2.50-2.64 s against 2.29-2.36 s
@@ -9,6 +9,17 @@
 //! first epoch (which reads the whole input) 8.5-10.4 s against 5.5-7.3 s.
 //! The workers loaded on demand a thousand times a run with one, a dozen
 //! times with two.
+//!
+//! Four since a PageRank over small executors: a load reads its header,
+//! then its data, so a thread keeps at most one executor's requests in
+//! flight, and a 1 MiB executor is two of them. Over 1 MiB edge blocks
+//! (1 GiB under 128 MiB, 2 workers) the device had 1.8-2.0 reads in
+//! flight on average with two threads and 2.7-3.2 with four, and the
+//! capped iterations took 1.36-1.86 s with two against 1.27-1.54 s with
+//! four (3 alternating pairs). Over 4 MiB blocks, 7-9 reads were in
+//! flight with two already: 0.95-0.99 s against 0.94-1.21 s. `outcore
+//! kmeans`, 1 GiB under 256 MiB: 6.0-6.6 s with two, 4.9-5.4 s with four,
+//! the same inertia and peak (3 alternating pairs).
 //!
 //! Under an address-space limit (`RLIMIT_AS`) there is one: each thread
 //! costs address space (its stack, and the C library's arena for its
@@ -189,13 +200,13 @@ enum Room {
     IfIdle(u64),
 }
 
-/// Prefetch threads a runtime starts: two, or one under an address-space
+/// Prefetch threads a runtime starts: four, or one under an address-space
 /// limit.
 pub(crate) fn prefetchers() -> usize {
     if crate::cap::rlimit_as().is_some() {
         1
     } else {
-        2
+        4
     }
 }
 
