@@ -70,7 +70,7 @@
 //!   [`TaskContext`], [`CycleId`]: executors and tasks.
 //! - [`TrapAlloc`] and the usage queries [`current_usage`],
 //!   [`peak_usage`], [`reset_peak`], [`thread_net_allocated`],
-//!   [`flush_thread`], [`flush_threshold`].
+//!   [`flush_thread`], [`flush_threshold`], [`flush_threshold_for`].
 //! - [`MemoryCap`], [`parse_size`], [`format_bytes`]: sizes and caps.
 //! - [`EvictionPolicy`]: which executor goes first.
 //! - [`PodVec`] ([`Plain`] element types): a vector that spills at memory
@@ -131,8 +131,8 @@ mod stats;
 mod units;
 
 pub use alloc::{
-    current_usage, flush_thread, flush_threshold, peak_usage, reset_peak, set_process_name,
-    thread_net_allocated, TrapAlloc,
+    current_usage, flush_thread, flush_threshold, flush_threshold_for, peak_usage, reset_peak,
+    set_process_name, thread_net_allocated, TrapAlloc,
 };
 pub use cap::{parse_size, MemoryCap};
 pub use checksum::Checksum;

@@ -62,7 +62,7 @@
 //! - [`npy`]: `.npy` arrays in and out; [`write_json`] and
 //!   [`check_writable`] for the other outputs.
 //! - [`Session`]: what every job shares (the runtime, ranks, phases,
-//!   totals).
+//!   totals); [`Workers`]: how many worker threads a cap holds.
 //! - [`Error`], [`Result`].
 //!
 //! ## Source layout
@@ -78,6 +78,7 @@
 //! - `npy.rs`: `.npy`/`.npz` reading (npyz headers, zip archives), `.npy`
 //!   writing;
 //! - `files.rs`: files written whole or not at all; opening inputs;
+//! - `workers.rs`: how many worker threads a cap holds ([`Workers`]);
 //! - `timeline.rs`: `--timeline`, the sampler thread and the CSV reader;
 //! - `error.rs`: the one error enum of the jobs;
 //! - `main.rs` and `cli/`: the `outcore` binary (it installs `TrapAlloc`)
@@ -102,6 +103,7 @@ pub mod ranks;
 mod session;
 pub mod timeline;
 pub mod train;
+mod workers;
 
 pub use error::{Error, Result};
 pub use files::{
@@ -109,6 +111,7 @@ pub use files::{
 };
 pub use input::{BlockReader, InputReads, Labels, Partitioned, Source};
 pub use session::{ProcessTotals, Report, Session, Totals};
+pub use workers::{Workers, THREAD_BYTES};
 
 /// Runs `batch` and hands each task's result to `each` in submission order
 /// as it comes (see [`outcore::Batch::run_in_order`]). Every task runs; the

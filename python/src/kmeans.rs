@@ -12,6 +12,9 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::run::{f32s, le_bytes, run_job, session_figures, Settings};
 
+/// The rows a `predict` task labels at a time.
+const PREDICT_POINTS: usize = 1024;
+
 /// The K-means settings, as the estimators name them.
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
@@ -96,7 +99,11 @@ pub(crate) fn kmeans_fit<'py>(
     let src = Source::from_path(&path, None).map_err(crate::to_py)?;
     let (_, dims) = src.shape().map_err(crate::to_py)?;
     let cfg = params.config(dims)?;
-    let (session, part_bytes) = settings.session()?;
+    let (rows, _) = src.shape().map_err(crate::to_py)?;
+    let (session, part_bytes) = settings.session(py, |cap, pb, n| {
+        let pb = kmeans::aligned_partition_bytes(pb, dims, cfg.task_points);
+        kmeans::workers((rows, dims), &cfg, pb, cap, (0, 1), n)
+    })?;
     let part_bytes = kmeans::aligned_partition_bytes(part_bytes, dims, cfg.task_points);
     let (out, extra) = run_job(py, &session, || {
         fit(
@@ -206,11 +213,13 @@ pub(crate) fn kmeans_predict<'py>(
     let values = f32s(&centers);
     let dims = values.len() / k.max(1);
     let centers = Centers::new(k, dims, values);
-    let (session, part_bytes) = settings.session()?;
+    let (session, part_bytes) = settings.session(py, |cap, pb, n| {
+        kmeans::predict_workers((k, dims), pb, PREDICT_POINTS, cap, n)
+    })?;
     let (labels, dists) = run_job(py, &session, || {
         let ds = kmeans::load(&session, &src, None, None, part_bytes, |_, _| {})?;
         let (mut labels, mut dists) = (Vec::new(), Vec::new());
-        kmeans::predict(&session, &ds, &centers, true, 1024, |l, d| {
+        kmeans::predict(&session, &ds, &centers, true, PREDICT_POINTS, |l, d| {
             labels.extend_from_slice(l);
             dists.extend_from_slice(d);
             Ok(())

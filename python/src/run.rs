@@ -5,12 +5,13 @@
 //! `KeyboardInterrupt` once the job has stopped and its spill directory
 //! is gone.
 
+use std::ffi::CString;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use outcore::{MemoryCap, Runtime};
-use outcore_jobs::Session;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use outcore_jobs::{Session, Workers};
+use pyo3::exceptions::{PyRuntimeError, PyUserWarning, PyValueError};
 use pyo3::prelude::*;
 
 /// Executors per cap: the command line's partition size, cap / 256
@@ -65,19 +66,34 @@ impl Settings {
 
 impl Settings {
     /// A session under these settings, and the size of its executors.
-    pub(crate) fn session(&self) -> PyResult<(Session, u64)> {
-        let mut b = Runtime::builder().mem_cap(self.cap);
-        if let Some(w) = self.workers {
-            b = b.workers(w);
+    /// `workers` plans the worker threads from the cap, the executor size
+    /// and the workers asked for (`n_jobs`, or one per core): when the cap
+    /// holds fewer, fewer start, with a `UserWarning` that says so.
+    pub(crate) fn session(
+        &self,
+        py: Python<'_>,
+        workers: impl FnOnce(Option<u64>, u64, usize) -> Workers,
+    ) -> PyResult<(Session, u64)> {
+        let cap = self.cap.resolve();
+        let part_bytes = match cap {
+            Some(cap) => (cap / PARTS_PER_CAP).clamp(1 << 20, 256 << 20),
+            None => 64 << 20,
+        };
+        let wanted = self.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(outcore::MAX_WORKERS)
+        });
+        let planned = workers(cap, part_bytes, wanted);
+        if let Some(w) = planned.warning() {
+            let line = w.trim_start_matches("outcore: warning: ");
+            PyErr::warn(py, &py.get_type::<PyUserWarning>(), &CString::new(line)?, 1)?;
         }
+        let mut b = Runtime::builder().mem_cap(self.cap).workers(planned.run);
         if let Some(d) = &self.spill_dir {
             b = b.spill_dir(d);
         }
         let rt = b.build().map_err(|e| crate::to_py(e.into()))?;
-        let part_bytes = match rt.cap() {
-            Some(cap) => (cap / PARTS_PER_CAP).clamp(1 << 20, 256 << 20),
-            None => 64 << 20,
-        };
         let mut session = Session::new(rt);
         if let Some(p) = &self.timeline {
             session.record_timeline(p, "load").map_err(crate::to_py)?;

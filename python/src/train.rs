@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use outcore_jobs::train::{self, Solver, TrainConfig, Trained};
-use outcore_jobs::{Labels, Session, Source};
+use outcore_jobs::{Labels, Session, Source, Workers};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -39,7 +39,9 @@ pub(crate) fn logistic_fit<'py>(
         shards: shards.max(1),
         ..TrainConfig::default()
     };
-    let (session, part_bytes) = settings.session()?;
+    let (session, part_bytes) = settings.session(py, |cap, sb, n| {
+        Workers::plan(cap, 0, train::aligned_shard_bytes(sb, dims), n)
+    })?;
     let shard_bytes = train::aligned_shard_bytes(part_bytes, dims);
     let labels = Labels::File(labels);
     let out = run_job(py, &session, || {

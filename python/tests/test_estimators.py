@@ -136,3 +136,15 @@ def test_timeline_and_verbose(blobs, tmp_path, capfd):
     assert len(lines) > 1 and "," in lines[0]
     err = capfd.readouterr().err
     assert "outcore: pass 2:" in err, err
+
+
+def test_more_workers_than_the_cap_holds_run_fewer_with_one_warning(tmp_path):
+    rng = np.random.default_rng(11)
+    path = tmp_path / "X.npy"
+    np.save(path, rng.normal(size=(200_000, 16)).astype(np.float32))
+    with pytest.warns(UserWarning, match="64 workers asked for") as rec:
+        many = outcore.KMeans(4, random_state=0, max_iter=3, mem_cap="16MiB", n_jobs=64).fit(path)
+    assert len([w for w in rec if "workers asked for" in str(w.message)]) == 1
+    assert 1 <= many.stats_["workers"] < 64
+    one = outcore.KMeans(4, random_state=0, max_iter=3, mem_cap="16MiB", n_jobs=1).fit(path)
+    assert many.cluster_centers_.tobytes() == one.cluster_centers_.tobytes()

@@ -459,12 +459,21 @@ pub(crate) fn soft_cap() -> Option<usize> {
     }
 }
 
+/// The flush threshold that goes with a soft cap of `cap` bytes (`None`:
+/// no cap): what each thread may hold beyond [`current_usage`] under that
+/// cap. A job planning its threads counts it once per thread.
+pub fn flush_threshold_for(cap: Option<u64>) -> usize {
+    cap.map_or(MAX_FLUSH as usize, |c| {
+        usize::try_from(c / 256)
+            .unwrap_or(usize::MAX)
+            .clamp(MIN_FLUSH as usize, MAX_FLUSH as usize)
+    })
+}
+
 /// Sets the soft cap and the flush threshold that goes with it.
 pub(super) fn set_soft_cap(cap: Option<usize>) {
     CAP.0.store(cap.unwrap_or(NO_CAP), Ordering::Relaxed);
-    let t = cap.map_or(MAX_FLUSH, |c| {
-        (c / 256).clamp(MIN_FLUSH as usize, MAX_FLUSH as usize) as isize
-    });
+    let t = flush_threshold_for(cap.map(|c| c as u64)) as isize;
     TUNING.0.flush.store(t, Ordering::Relaxed);
     update_hopeless();
 }

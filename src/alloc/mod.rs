@@ -54,7 +54,8 @@ use std::sync::atomic::Ordering;
 use tikv_jemallocator::Jemalloc;
 
 pub use account::{
-    current_usage, flush_thread, flush_threshold, peak_usage, reset_peak, thread_net_allocated,
+    current_usage, flush_thread, flush_threshold, flush_threshold_for, peak_usage, reset_peak,
+    thread_net_allocated,
 };
 pub(crate) use account::{thread_own_net, BypassGuard, EvictScope, COUNTERS};
 pub(crate) use jemalloc::{kept_pages, purge};

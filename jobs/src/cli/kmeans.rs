@@ -196,7 +196,17 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         None => MemoryCap::Bytes(1 << 30),
         Some(_) => MemoryCap::Auto,
     };
-    let (rt, part_bytes) = runtime(&a.mem, default_cap, job.data_bytes(), ranks)?;
+    let place = (ranks.rank(), ranks.size());
+    let (rt, part_bytes) = runtime(
+        &a.mem,
+        default_cap,
+        job.data_bytes(),
+        ranks,
+        |cap, pb, n| {
+            let pb = kmeans::aligned_partition_bytes(pb, job.dims, a.task_points);
+            kmeans::workers((job.rows, job.dims), &job.cfg, pb, cap, place, n)
+        },
+    )?;
     let mut session = Session::on(rt, ranks.clone());
     // Under MPI, the timeline is rank 0's.
     if let Some(p) = &a.mem.timeline {

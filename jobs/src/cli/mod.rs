@@ -53,7 +53,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use clap::{Args, Parser, Subcommand};
 use outcore::{format_bytes, parse_size, EvictionPolicy, MemoryCap, Runtime, Stats};
 use outcore_jobs::ranks::Ranks;
-use outcore_jobs::{Error, Result, Source};
+use outcore_jobs::{Error, Result, Source, Workers};
 
 /// Set on MPI ranks other than 0: they print no progress or summaries.
 static SILENT: AtomicBool = AtomicBool::new(false);
@@ -342,12 +342,15 @@ fn synthetic_source(size: &str, dims: usize, true_k: usize, seed: u64) -> Result
 
 /// Builds the runtime from the memory flags (`default_cap` when
 /// `--mem-cap` is not given); returns it and the partition size in bytes
-/// for `data_bytes` of data.
+/// for `data_bytes` of data. `workers` plans the worker threads from the
+/// cap, the partition size and the workers asked for (`--workers`, or one
+/// per core): when the cap holds fewer, fewer start, and rank 0 says so.
 fn runtime(
     m: &MemoryArgs,
     default_cap: MemoryCap,
     data_bytes: u64,
     ranks: &Ranks,
+    workers: impl FnOnce(Option<u64>, u64, usize) -> Workers,
 ) -> Result<(Runtime, u64)> {
     if m.partitions == Some(0) {
         return Err(Error::Input("--partitions must be at least 1".into()));
@@ -359,7 +362,6 @@ fn runtime(
             cap = MemoryCap::Bytes(b);
         }
     }
-    let mut b = Runtime::builder().mem_cap(cap).policy(m.policy);
     if let Some(w) = m.workers {
         if w > outcore::MAX_WORKERS {
             return Err(Error::Input(format!(
@@ -367,19 +369,37 @@ fn runtime(
                 outcore::MAX_WORKERS
             )));
         }
-        b = b.workers(positive("--workers", w)?);
+        positive("--workers", w)?;
     }
+    let cap_bytes = cap.resolve();
+    let part_bytes = match (m.partitions, cap_bytes) {
+        (Some(p), _) => data_bytes.div_ceil(p).max(1),
+        (None, Some(cap)) => (cap / PARTS_PER_CAP).clamp(1 << 20, 256 << 20),
+        (None, None) => 64 << 20,
+    };
+    let planned = workers(cap_bytes, part_bytes, m.workers.unwrap_or_else(cores));
+    if ranks.is_root() {
+        if let Some(w) = planned.warning() {
+            tell!("{w}");
+        }
+    }
+    let mut b = Runtime::builder()
+        .mem_cap(cap)
+        .policy(m.policy)
+        .workers(planned.run);
     if let Some(d) = &m.spill_dir {
         b = b.spill_dir(d);
     }
     let rt = b.build()?;
     interrupt::remove_on_interrupt(rt.spill_dir().to_path_buf());
-    let part_bytes = match (m.partitions, rt.cap()) {
-        (Some(p), _) => data_bytes.div_ceil(p).max(1),
-        (None, Some(cap)) => (cap / PARTS_PER_CAP).clamp(1 << 20, 256 << 20),
-        (None, None) => 64 << 20,
-    };
     Ok((rt, part_bytes))
+}
+
+/// One worker per core, at most [`outcore::MAX_WORKERS`].
+fn cores() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, outcore::MAX_WORKERS)
 }
 
 /// Every rank's `values` (one per epoch, as many on every rank) added up,
@@ -423,8 +443,7 @@ impl Cli {
             Cmd::Train(a) => a.mem.workers,
             Cmd::Gen(_) | Cmd::Plot(_) => None,
         };
-        flag.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-            .clamp(1, outcore::MAX_WORKERS)
+        flag.unwrap_or_else(cores).clamp(1, outcore::MAX_WORKERS)
     }
 }
 

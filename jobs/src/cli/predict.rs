@@ -68,6 +68,9 @@ struct PredictStats<'a> {
     runtime: &'a Stats,
 }
 
+/// The rows a task labels at a time.
+const TASK_POINTS: usize = 1100;
+
 /// What labels the rows.
 enum Predictor {
     Centres(Centers),
@@ -98,7 +101,18 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
     warn_dims(given, Some(&a.input));
     let job = Job::parse(&a)?;
     let data_bytes = job.rows * job.dims as u64 * 4;
-    let (rt, part_bytes) = runtime(&a.mem, MemoryCap::Auto, data_bytes, &Ranks::single())?;
+    // A model's scores are float64, two centres' worth of bytes a class.
+    let k = match &job.predictor {
+        Predictor::Centres(c) => c.k,
+        Predictor::Model(m) => 2 * m.classes as usize,
+    };
+    let (rt, part_bytes) = runtime(
+        &a.mem,
+        MemoryCap::Auto,
+        data_bytes,
+        &Ranks::single(),
+        |cap, pb, n| kmeans::predict_workers((k, job.dims), pb, TASK_POINTS, cap, n),
+    )?;
     let mut session = Session::new(rt);
     if let Some(p) = &a.mem.timeline {
         session.record_timeline(p, "load")?;
@@ -235,7 +249,7 @@ impl Job {
         };
         match &self.predictor {
             Predictor::Centres(c) => {
-                kmeans::predict(session, ds, c, dists.is_some(), 1100, |l, d| {
+                kmeans::predict(session, ds, c, dists.is_some(), TASK_POINTS, |l, d| {
                     put(l)?;
                     if let Some(w) = dists.as_mut() {
                         w.write(d)?;

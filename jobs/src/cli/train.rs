@@ -14,7 +14,7 @@ use outcore_jobs::ranks::{Ranks, Shards};
 use outcore_jobs::train::{self, Event, Job, Solver, TrainConfig, Trained};
 use outcore_jobs::{
     check_outputs, npy, write_json, Error, Labels, ProcessTotals, Report, Result, Session, Source,
-    Totals,
+    Totals, Workers,
 };
 use serde::Serialize;
 
@@ -176,6 +176,9 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         plan.default_cap,
         rows * (dims as u64 * 4 + 4),
         ranks,
+        // Each task pins its shard; the model's own memory is checked
+        // once the classes are known (`train::load`).
+        |cap, sb, n| Workers::plan(cap, 0, train::aligned_shard_bytes(sb, dims), n),
     )?;
     let mut session = Session::on(rt, ranks.clone());
     // Under MPI, the timeline is rank 0's.

@@ -124,6 +124,19 @@ impl Needs {
         }
     }
 
+    /// What the run holds whatever its workers (the initialisation, or
+    /// the centres and the step's sums), and what each running task holds
+    /// on top: its partition, its own sums, and its rows' labels,
+    /// distances and (on CPUs without the fused kernel) distance tiles,
+    /// `task_points` rows at a time.
+    pub(super) fn per_worker(&self, k: usize, task_points: usize) -> (u64, u64) {
+        let scratch = task_points as u64 * (4 * k as u64 + 8);
+        (
+            self.least() - self.partition,
+            self.partition + self.partial + scratch,
+        )
+    }
+
     /// Tasks a step runs at once under `cap` with `workers` workers: each
     /// beyond the first pins one more partition and may hold its own
     /// sums.
@@ -163,6 +176,25 @@ pub(super) fn partition_bytes(
         }
         _ => aligned(part_bytes),
     }
+}
+
+/// The memory a run under `cfg` of `rows` x `dims` holds whatever its
+/// workers, and each worker's task, in partitions of about `part_bytes`
+/// under `cap`, on rank `rank` of `ranks`: what [`Workers`] plans from
+/// (see [`super::worker_bytes`]).
+///
+/// [`Workers`]: crate::Workers
+pub(super) fn worker_bytes(
+    (rows, dims): (u64, usize),
+    cfg: &Config,
+    part_bytes: u64,
+    cap: Option<u64>,
+    (rank, ranks): (usize, usize),
+) -> (u64, u64) {
+    let shards = super::shards::shards(rows, cfg).of_rank(rank, ranks).len();
+    let part_bytes = partition_bytes(part_bytes, dims, cfg, shards, cap);
+    let part_rows = part_bytes / (4 * dims.max(1) as u64);
+    Needs::of(rows, dims, cfg, part_rows, shards, ranks).per_worker(cfg.k, cfg.task_points)
 }
 
 /// The vectors of a step's sums a process keeps (see `fold.rs`): on one

@@ -78,7 +78,7 @@ use self::minibatch::MiniBatch;
 use self::plan::{chunks, Chunk, Plan};
 use crate::error::{Error, Result};
 use crate::input::{mix, Source};
-use crate::Session;
+use crate::{Session, Workers};
 use outcore::Runtime;
 
 /// The centres, shared read-only with tasks.
@@ -163,6 +163,51 @@ pub fn aligned_partition_bytes(part_bytes: u64, dims: usize, task_points: usize)
     let tp = task_points.max(1) as u64;
     let rows = (part_bytes / row).max(1);
     (rows / tp).max(1) * tp * row
+}
+
+/// The worker threads to start for a run of `cfg` on `rows` x `dims` of
+/// data, in partitions of about `part_bytes`, under `cap`, on rank `rank`
+/// of `ranks`, `wanted` being asked for: as many as the cap holds beside
+/// the run's fixed working memory (see [`Workers`]).
+///
+/// ```
+/// use outcore_jobs::kmeans::{self, Config};
+///
+/// let cfg = Config { k: 16, ..Config::default() };
+/// // 256 MiB of 64-D points under a 64 MiB cap, in 1 MiB partitions.
+/// let w = kmeans::workers((1 << 20, 64), &cfg, 1 << 20, Some(64 << 20), (0, 1), 256);
+/// assert!(w.run < 256);
+/// ```
+pub fn workers(
+    (rows, dims): (u64, usize),
+    cfg: &Config,
+    part_bytes: u64,
+    cap: Option<u64>,
+    (rank, ranks): (usize, usize),
+    wanted: usize,
+) -> Workers {
+    let (fixed, task) = budget::worker_bytes((rows, dims), cfg, part_bytes, cap, (rank, ranks));
+    Workers::plan(cap, fixed, task, wanted)
+}
+
+/// The worker threads to start for [`predict`] with `k` centres on
+/// `dims` columns, in partitions of about `part_bytes` labelled
+/// `task_points` rows at a time, under `cap` (see [`Workers`]).
+pub fn predict_workers(
+    (k, dims): (usize, usize),
+    part_bytes: u64,
+    task_points: usize,
+    cap: Option<u64>,
+    wanted: usize,
+) -> Workers {
+    let (k, d) = (k as u64, dims.max(1) as u64);
+    // The centres, the kernel's copy and their norms.
+    let fixed = 8 * k * d + 8 * k;
+    let part_rows = part_bytes / (4 * d);
+    // A partition (values, norms), and a task's labels, distances and
+    // distance tiles.
+    let task = part_rows * (4 * d + 4) + task_points as u64 * (4 * k + 8);
+    Workers::plan(cap, fixed, task, wanted)
 }
 
 /// Streams `src` into partitions of about `part_bytes` each, declared to

@@ -85,3 +85,37 @@ pub fn npy_words(path: &std::path::Path) -> (String, Vec<[u8; 4]>) {
 pub fn flush_slack(cap: u64) -> u64 {
     4 * (cap / 256).max(64 << 10)
 }
+
+/// Runs the `outcore` binary with `args`: its exit code (`None` when a
+/// signal ended it), its stderr, and its peak resident set in bytes (the
+/// kernel's `ru_maxrss` of this child alone).
+#[allow(dead_code)]
+#[expect(
+    clippy::zombie_processes,
+    reason = "reaped by wait4, which gives the child's rusage; std's wait does not"
+)]
+pub fn outcore_rss(args: &[&str]) -> (Option<i32>, String, u64) {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outcore"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("failed to start outcore");
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    // SAFETY: rusage is plain integers; all zeros is a valid value.
+    let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+    // SAFETY: the pid is our unwaited child; `status` and `usage` are
+    // valid for writes. std's `Child` is not waited afterwards.
+    let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(r, child.id() as i32, "wait4");
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    (code, err, usage.ru_maxrss as u64 * 1024)
+}
