@@ -455,7 +455,58 @@ pub fn check_writable(path: &Path) -> Result<()> {
             Ok(())
         }
         // Without a name where the system allows: nothing to leave.
-        Target::Replace(real) => temp_next_to(&real, path).map(drop),
+        Target::Replace(real) => {
+            temp_next_to(&real, path)?;
+            check_final_name(&real, path)
+        }
+    }
+}
+
+/// Checks what the temporary file does not: that `real`'s own name can
+/// hold the output. A new name is created and removed again (a name over
+/// the filesystem's limit is refused here, not after the run); an
+/// existing file must not be immutable or append-only (`chattr +i`,
+/// `+a`), which no rename can replace. Errors name `shown`.
+fn check_final_name(real: &Path, shown: &Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(real)
+    {
+        Ok(f) => {
+            drop(f);
+            std::fs::remove_file(real).map_err(|e| Error::io(shown, "cannot write", e))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            // Opened to read its flags only; a file that cannot be opened
+            // is replaced by its name, as before.
+            let Ok(f) = File::open(real) else {
+                return Ok(());
+            };
+            let mut flags: libc::c_long = 0;
+            // SAFETY: `f` is an open descriptor for the call, and
+            // FS_IOC_GETFLAGS writes one long to `flags`, which outlives it.
+            let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) };
+            // FS_IMMUTABLE_FL, FS_APPEND_FL (linux/fs.h).
+            let (immutable, append) = (0x10, 0x20);
+            let what = if r != 0 {
+                return Ok(());
+            } else if flags & immutable != 0 {
+                "immutable (chattr +i)"
+            } else if flags & append != 0 {
+                "append-only (chattr +a)"
+            } else {
+                return Ok(());
+            };
+            Err(Error::Output {
+                path: shown.to_path_buf(),
+                reason: format!("cannot write: the file is {what}, so it cannot be replaced"),
+            })
+        }
+        Err(e) => Err(Error::io(shown, "cannot write", e)),
     }
 }
 

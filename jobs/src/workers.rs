@@ -49,6 +49,8 @@ pub struct Workers {
     pub each: u64,
     /// The cap planned against, if any.
     pub cap: Option<u64>,
+    /// What the run holds whatever its workers.
+    pub fixed: u64,
 }
 
 impl Workers {
@@ -77,13 +79,16 @@ impl Workers {
             run,
             each,
             cap,
+            fixed,
         }
     }
 
     /// One line when the run starts fewer workers than asked for, saying
-    /// how many and why.
+    /// how many and why; none when the cap cannot hold even one worker
+    /// beside the fixed memory (the job's own check says what it needs).
     pub fn warning(&self) -> Option<String> {
-        if self.run >= self.wanted {
+        let one = self.fixed.saturating_add(self.each);
+        if self.run >= self.wanted || self.cap.is_some_and(|c| c < one) {
             return None;
         }
         Some(format!(
@@ -129,8 +134,10 @@ mod tests {
     }
 
     #[test]
-    fn a_cap_smaller_than_the_fixed_memory_still_runs_one_worker() {
+    fn a_cap_smaller_than_the_fixed_memory_runs_one_worker_and_leaves_the_line_to_the_job() {
         let w = Workers::plan(Some(1 << 20), 1 << 30, 1 << 20, 4);
+        assert_eq!((w.run, w.warning()), (1, None));
+        let w = Workers::plan(Some(8 << 20), 1 << 20, 2 << 20, 4);
         assert_eq!(w.run, 1);
         let line = w.warning().unwrap_or_default();
         assert!(line.contains("4 workers asked for, 1 run"), "{line}");

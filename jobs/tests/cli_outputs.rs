@@ -486,3 +486,84 @@ fn a_closed_stderr_does_not_lose_the_run() {
         assert!(dir.path().join(f).exists(), "{f} was not written");
     }
 }
+
+/// Whether the run did any work: its progress lines name the epoch or
+/// the initialisation.
+fn worked(err: &str) -> bool {
+    err.contains("epoch") || err.contains("initialised")
+}
+
+#[test]
+fn an_output_name_the_filesystem_refuses_stops_the_run_before_the_work() {
+    // A 300-byte name failed only after the whole run.
+    let dir = tempfile::tempdir().unwrap();
+    let long = format!("{}.npy", "a".repeat(300));
+    for flag in ["--output", "--labels", "--stats", "--timeline"] {
+        let err = fails_in(dir.path(), &[&RUN[..], &[flag, &long]].concat());
+        assert!(err.contains("File name too long"), "{flag}: {err}");
+        assert!(!worked(&err), "{flag}: the run worked first: {err}");
+        assert_eq!(err.lines().count(), 1, "{flag}: {err}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn an_immutable_output_stops_the_run_before_the_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.npy");
+    std::fs::write(&p, b"old").unwrap();
+    let chattr = |flag: &str| {
+        Command::new("chattr")
+            .args([flag, p.to_str().unwrap()])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !chattr("+i") {
+        // Not root, or a filesystem without the flag (tmpfs).
+        eprintln!("skipped: chattr +i is not available here");
+        return;
+    }
+    let err = fails_in(dir.path(), &[&RUN[..], &["--output", "c.npy"]].concat());
+    assert!(chattr("-i"));
+    assert!(err.contains("immutable"), "{err}");
+    assert!(!worked(&err), "the run worked first: {err}");
+    assert_eq!(std::fs::read(&p).unwrap(), b"old");
+}
+
+#[test]
+fn streamed_labels_that_fail_mid_run_list_the_outputs_not_written() {
+    // Under a file-size limit the labels file (8 MiB) fails while the
+    // final pass streams it: the line must say which outputs exist.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
+    c.current_dir(dir.path())
+        .args(["kmeans", "--synthetic", "32MiB", "--dims", "16", "--k", "4"])
+        .args(["--epochs", "1", "--mem-cap", "none"])
+        .args([
+            "--output", "c.npy", "--labels", "l.npy", "--stats", "s.json",
+        ]);
+    // SAFETY: setrlimit is async-signal-safe and limits this child only.
+    unsafe {
+        c.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 64 << 10,
+                rlim_max: 64 << 10,
+            };
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            libc::setrlimit(libc::RLIMIT_FSIZE, &lim);
+            Ok(())
+        });
+    }
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(
+        errors[0].contains(
+            "outputs written: none; not written: --output c.npy, --labels l.npy, --stats s.json"
+        ),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

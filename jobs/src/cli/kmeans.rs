@@ -239,8 +239,11 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         .as_deref()
         .map(|p| LabelsOut::new(&session, p, job.rows));
     let out = match labels.as_mut() {
+        // A labels file that fails mid-run (disk full, file-size limit):
+        // the line lists the outputs, none of them written.
         Some(l) => {
-            kmeans::run_with_labels(&session, &ds, &job.cfg, |ev| rep.on(ev), |v| l.write(v))?
+            kmeans::run_with_labels(&session, &ds, &job.cfg, |ev| rep.on(ev), |v| l.write(v))
+                .map_err(|e| outputs(&a, session.is_root()).failed_writing(e))?
         }
         None => kmeans::run(&session, &ds, &job.cfg, |ev| rep.on(ev))?,
     };
@@ -255,6 +258,17 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         growth,
     };
     ran.finish(&a, labels, session)
+}
+
+/// The outputs asked for, in the order they are written (rank 0 writes
+/// the centres and the statistics).
+fn outputs(a: &KmeansArgs, root: bool) -> Outputs {
+    Outputs::new(&[
+        ("--output", if root { &a.output } else { &None }),
+        ("--labels", &a.labels),
+        ("--timeline", &a.mem.timeline),
+        ("--stats", if root { &a.mem.stats } else { &None }),
+    ])
 }
 
 /// Warnings for flags given that do not apply to the run.
@@ -731,12 +745,7 @@ impl Ran<'_> {
         mut session: Session,
     ) -> Result<()> {
         let root = session.is_root();
-        let mut outs = Outputs::new(&[
-            ("--output", if root { &a.output } else { &None }),
-            ("--labels", &a.labels),
-            ("--timeline", &a.mem.timeline),
-            ("--stats", if root { &a.mem.stats } else { &None }),
-        ]);
+        let mut outs = outputs(a, root);
         let (k, dims) = (self.job.cfg.k as u64, self.job.dims as u64);
         if let (Some(p), true) = (&a.output, root) {
             let centres = npy::write_array(p, &[k, dims], &self.out.centers.values);

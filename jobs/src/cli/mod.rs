@@ -265,6 +265,15 @@ impl Outputs {
         }
     }
 
+    /// [`failed`](Self::failed) for an error writing or reading a file
+    /// (a streamed output failing mid-run); other errors as they are.
+    fn failed_writing(&self, e: Error) -> Error {
+        match e {
+            Error::Io { .. } | Error::Output { .. } => self.failed(e),
+            e => e,
+        }
+    }
+
     /// `e` with the outputs written and those not, when there are others
     /// than the one it names.
     fn failed(&self, e: Error) -> Error {

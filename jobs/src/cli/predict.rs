@@ -247,6 +247,14 @@ impl Job {
             fb.progress(done);
             Ok(())
         };
+        let mut outs = Outputs::new(&[
+            ("--labels", &Some(a.labels.clone())),
+            ("--distances", &a.distances),
+            ("--timeline", &a.mem.timeline),
+            ("--stats", &a.mem.stats),
+        ]);
+        // A streamed output that fails mid-run (disk full, file-size
+        // limit): the line lists the outputs, none of them written.
         match &self.predictor {
             Predictor::Centres(c) => {
                 kmeans::predict(session, ds, c, dists.is_some(), TASK_POINTS, |l, d| {
@@ -255,16 +263,11 @@ impl Job {
                         w.write(d)?;
                     }
                     Ok(())
-                })?;
+                })
             }
-            Predictor::Model(m) => train::predict(session, ds, m, put)?,
+            Predictor::Model(m) => train::predict(session, ds, m, put),
         }
-        let mut outs = Outputs::new(&[
-            ("--labels", &Some(a.labels.clone())),
-            ("--distances", &a.distances),
-            ("--timeline", &a.mem.timeline),
-            ("--stats", &a.mem.stats),
-        ]);
+        .map_err(|e| outs.failed_writing(e))?;
         outs.write("--labels", labels.finish())?;
         if let Some(w) = dists {
             outs.write("--distances", w.finish())?;
