@@ -547,3 +547,26 @@ fn a_cycle_of_steps_prefetches_every_executor_of_the_next_step() {
         models[1].state()
     );
 }
+
+// ---------------------------------------------------------------------------
+// Issue 52, item 9: keys, sizes, removal and the cap, as an embedder meets
+// them.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_removed_executors_queued_task_says_it_was_removed() {
+    let rt = Runtime::builder().workers(1).build().unwrap();
+    let h = rt.insert_named(Some("A"), 1u32).unwrap();
+    let label = format!("executor #{} (A)", h.id());
+    let mut b = rt.batch();
+    b.read(&h, |v: &u32| *v);
+    drop(h);
+    match b.run() {
+        Err(e @ Error::UnknownExecutor { removed: true, .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains(&label) && msg.contains("was removed"), "{msg}");
+            assert!(!msg.contains("does not belong"), "{msg}");
+        }
+        other => panic!("expected UnknownExecutor (removed), got {other:?}"),
+    }
+}

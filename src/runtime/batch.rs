@@ -16,9 +16,8 @@ use crate::error::{Error, Result};
 use crate::executor::Slot;
 use crate::stats::Counters;
 
-/// A task's executor, or the label of one from another runtime (for the
-/// error).
-type TaskSlot = std::result::Result<Arc<Slot>, String>;
+/// A task's executor, or the error for one from another runtime.
+type TaskSlot = Result<Arc<Slot>>;
 
 /// A task as submitted: its executors, each with how it holds it.
 type Named = Vec<(TaskSlot, Access)>;
@@ -57,8 +56,7 @@ type Named = Vec<(TaskSlot, Access)>;
 pub struct Batch<'rt, R> {
     shared: &'rt Arc<Shared>,
     /// Each task's executors (or, for a handle of another runtime, the
-    /// executor's label for the error), each with whether the task writes
-    /// it, and its function.
+    /// error), each with how the task holds it, and its function.
     tasks: Vec<(Named, TaskFn<R>)>,
     /// At most this many tasks start past the first result not yet handed
     /// back ([`Batch::ahead`]).
@@ -496,7 +494,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
 fn checked(sh: &Shared, named: Named) -> Result<Vec<(Arc<Slot>, Access)>> {
     let mut slots: Vec<(Arc<Slot>, Access)> = Vec::with_capacity(named.len());
     for (slot, access) in named {
-        let slot = slot.map_err(|executor| Error::UnknownExecutor { executor })?;
+        let slot = slot?;
         if pinned_here(slot.id) {
             // A task's batch with a task on the task's own executor: it
             // would wait for the task that waits for it.
@@ -712,6 +710,7 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(Error::UnknownExecutor {
             executor: labels(&t.slots),
+            removed: false,
         }),
         Err(p) => Err(Error::TaskPanicked {
             executor: labels(&t.slots),

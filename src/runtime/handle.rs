@@ -67,12 +67,14 @@ impl<T: Send + 'static> Handle<T> {
     pub fn into_inner(mut self) -> Result<T> {
         let slot = self.slot.take().ok_or_else(|| Error::UnknownExecutor {
             executor: "executor".into(),
+            removed: true,
         })?;
         let shared = self
             .shared
             .upgrade()
             .ok_or_else(|| Error::UnknownExecutor {
                 executor: slot.label.clone(),
+                removed: false,
             })?;
         // In a fork child the executor is the parent's: left as it is
         // (see `Drop`).
@@ -91,6 +93,7 @@ impl<T: Send + 'static> Handle<T> {
             .map(|b| *b)
             .map_err(|_| Error::UnknownExecutor {
                 executor: slot.label.clone(),
+                removed: false,
             })
     }
 }

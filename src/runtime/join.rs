@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 
 use super::handle::Handle;
 use super::shared::Shared;
-use crate::error::ExecutorId;
+use crate::error::{Error, ExecutorId};
 use crate::executor::Slot;
 
 /// What a task started with [`Batch::read_with`](crate::Batch::read_with)
@@ -125,14 +125,20 @@ impl std::fmt::Debug for Erased<'_> {
 }
 
 impl Erased<'_> {
-    /// The executor's slot when it belongs to the runtime `sh`, else its
-    /// label (for the error).
-    pub(crate) fn slot_in(&self, sh: &Arc<Shared>) -> std::result::Result<Arc<Slot>, String> {
+    /// The executor's slot when it belongs to the runtime `sh`, else the
+    /// error a task on it gets.
+    pub(crate) fn slot_in(&self, sh: &Arc<Shared>) -> crate::Result<Arc<Slot>> {
         let ours = self.shared.upgrade().is_some_and(|s| Arc::ptr_eq(&s, sh));
         match self.slot {
             Some(s) if ours => Ok(s.clone()),
-            Some(s) => Err(s.label.clone()),
-            None => Err("a removed executor".to_string()),
+            Some(s) => Err(Error::UnknownExecutor {
+                executor: s.label.clone(),
+                removed: false,
+            }),
+            None => Err(Error::UnknownExecutor {
+                executor: "executor".to_string(),
+                removed: true,
+            }),
         }
     }
 }

@@ -236,6 +236,7 @@ impl Shared {
             }
             _ => Error::UnknownExecutor {
                 executor: slot.label.clone(),
+                removed: true,
             },
         }
     }
