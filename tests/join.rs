@@ -205,8 +205,9 @@ fn misuse_in_a_task_fails_the_task_only() {
     let other = rt.insert(2u32).unwrap();
     let (ka, ko) = (a.key(), other.key());
     let mut b = rt.batch();
-    // An executor the task did not name, a write of one it reads, a type
-    // that is not the executor's, and the same executor read and written.
+    // An executor the task did not name, a write of one it reads, a key
+    // of another runtime (whose executor has the same id, and another
+    // type), and the same executor read and written.
     b.task(&[&a], &[], move |j| *j.read(ko));
     b.task(&[&a], &[], move |j| *j.write(ka));
     b.task(&[&a], &[], move |j| {
@@ -221,8 +222,9 @@ fn misuse_in_a_task_fails_the_task_only() {
     assert_eq!(a.state(), State::Resident);
 }
 
-/// A key of another type with the id of `k` (keys are made from handles
-/// only: a second runtime hands out the same ids in the same order).
+/// A key of another type with the id of `k`, of another runtime (keys are
+/// made from handles only: a second runtime hands out the same ids in the
+/// same order).
 fn outcore_key_as<T>(k: outcore::Key<u32>) -> outcore::Key<T>
 where
     T: serde::Serialize + serde::de::DeserializeOwned + Send + Default + 'static,
@@ -569,4 +571,38 @@ fn a_removed_executors_queued_task_says_it_was_removed() {
         }
         other => panic!("expected UnknownExecutor (removed), got {other:?}"),
     }
+}
+
+#[test]
+fn a_key_of_another_runtime_is_refused_even_with_the_same_id() {
+    let one = Runtime::builder().workers(1).build().unwrap();
+    let two = Runtime::builder().workers(1).build().unwrap();
+    let mine = one.insert(vec![1u32; 4]).unwrap();
+    // The other runtime's first executor of the same type: the same id.
+    let theirs = loop {
+        let h = two.insert(vec![2u32; 4]).unwrap();
+        if h.id() >= mine.id() {
+            break h;
+        }
+    };
+    assert_eq!(theirs.id(), mine.id());
+    assert_ne!(theirs.key(), mine.key());
+    let foreign = theirs.key();
+    let mut b = one.batch();
+    b.task(&[&mine], &[], move |j| j.read(foreign)[0]);
+    let r = b.run();
+    match r {
+        Err(Error::TaskPanicked { message, .. }) => {
+            assert!(message.contains("another runtime"), "{message}");
+        }
+        other => panic!("a foreign key read this runtime's executor: {other:?}"),
+    }
+    // A write through it fails the task too (and, as any panic in a task
+    // that writes, poisons what it writes).
+    let scratch = one.insert(vec![0u32; 4]).unwrap();
+    let mut b = one.batch();
+    b.task(&[], &[&scratch], move |j| j.write(foreign)[0] = 9);
+    assert!(matches!(b.run(), Err(Error::TaskPanicked { .. })));
+    assert_eq!(one.read(&mine, |v: &Vec<u32>| v[0]).unwrap(), 1);
+    assert_eq!(two.read(&theirs, |v: &Vec<u32>| v[0]).unwrap(), 2);
 }

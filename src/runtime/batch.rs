@@ -251,7 +251,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
             .chain(writes.iter().map(|h| (self.slot_of(*h), Access::Write)))
             .collect();
         let task: TaskFn<R> =
-            Box::new(move |v: &[Value<'_>], _: &TaskContext| Some(f(&Join::new(v))));
+            Box::new(move |v: &[Value<'_>], cx: &TaskContext| Some(f(&Join::new(v, cx.runtime))));
         self.tasks.push((named, task));
         self
     }
@@ -676,7 +676,10 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     }
     let mut held = acquired?;
     let before = crate::alloc::thread_own_net();
-    let cx = TaskContext::default();
+    let cx = TaskContext {
+        runtime: sh.ident(),
+        ..TaskContext::default()
+    };
     let here: Vec<PinnedHere> = t.slots.iter().map(|(s, _)| PinnedHere::new(s.id)).collect();
     let out = {
         let vals = values(&t, &mut held);

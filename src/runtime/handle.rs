@@ -14,6 +14,8 @@ use crate::executor::{Slot, State, NONE};
 pub struct Handle<T> {
     pub(crate) slot: Option<Arc<Slot>>,
     pub(crate) shared: Weak<Shared>,
+    /// The runtime's identity ([`Shared::ident`]), which its keys carry.
+    pub(crate) runtime: u64,
     pub(crate) _t: PhantomData<fn() -> T>,
 }
 

@@ -314,6 +314,7 @@ impl Runtime {
         Ok(Handle {
             slot: Some(slot),
             shared: Arc::downgrade(sh),
+            runtime: sh.ident(),
             _t: PhantomData,
         })
     }

@@ -57,6 +57,9 @@ use crate::spill::SpillStore;
 use crate::stats::Counters;
 
 pub(crate) struct Shared {
+    /// This runtime's identity, unique in the process: the keys of its
+    /// executors carry it (see [`Key`](crate::Key)).
+    ident: u64,
     cap: Option<u64>,
     policy: EvictionPolicy,
     store: SpillStore,
@@ -111,6 +114,9 @@ pub(crate) struct Shared {
     interrupted: Arc<AtomicBool>,
 }
 
+/// The next runtime's identity (see [`Shared::ident`]).
+static NEXT_RUNTIME: AtomicU64 = AtomicU64::new(1);
+
 impl Shared {
     pub(crate) fn new(
         cap: Option<u64>,
@@ -120,6 +126,7 @@ impl Shared {
         prefetch_on: bool,
     ) -> Arc<Shared> {
         Arc::new(Shared {
+            ident: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
             cap,
             policy,
             store,
@@ -146,6 +153,11 @@ impl Shared {
             evicted_mark: AtomicU64::new(0),
             interrupted: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// This runtime's identity, unique in the process (never reused).
+    pub(crate) fn ident(&self) -> u64 {
+        self.ident
     }
 
     /// Keeps the ranked lists able to hold `executors` (and the entries
