@@ -606,3 +606,59 @@ fn a_key_of_another_runtime_is_refused_even_with_the_same_id() {
     assert_eq!(one.read(&mine, |v: &Vec<u32>| v[0]).unwrap(), 1);
     assert_eq!(two.read(&theirs, |v: &Vec<u32>| v[0]).unwrap(), 2);
 }
+
+#[test]
+fn a_read_queued_behind_the_last_handles_drop_does_not_start() {
+    let test = "a_read_queued_behind_the_last_handles_drop_does_not_start";
+    if !is_child(test) {
+        child_ok(test, None, Duration::from_secs(60), &[]);
+        return;
+    }
+    use std::sync::mpsc;
+    let rt = Runtime::builder().workers(2).build().unwrap();
+    let x = rt.insert(vec![1u32; 8]).unwrap();
+    let y = rt.insert(vec![2u32; 8]).unwrap();
+    let z = rt.insert(vec![3u32; 8]).unwrap();
+    // A join reads `x` and `y`, and holds them until told.
+    let (started_tx, started) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    let mut first = rt.batch();
+    first.read2(&x, &y, move |a: &Vec<u32>, b: &Vec<u32>| {
+        started_tx.send(()).unwrap();
+        let _ = go_rx.lock().unwrap().recv();
+        a[0] + b[0]
+    });
+    // Queued before the drop, run after it: a read of `x` beside the one
+    // in progress, and a task that wants `x` alone.
+    let mut shared = rt.batch();
+    shared.read2(&x, &z, |a: &Vec<u32>, c: &Vec<u32>| a[0] + c[0]);
+    let mut alone = rt.batch();
+    alone.read(&x, |a: &Vec<u32>| a[0]);
+    let executors = rt.footprint().executors;
+    let (r, r_alone) = std::thread::scope(|s| {
+        let holder = s.spawn(move || first.run());
+        started.recv().unwrap();
+        let dropper = s.spawn(move || drop(x));
+        // The drop has begun once `x` left the registry; it then waits
+        // for the read in progress.
+        while rt.footprint().executors == executors {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let r = shared.run();
+        go.send(()).unwrap();
+        let r_alone = alone.run();
+        dropper.join().unwrap();
+        assert_eq!(holder.join().unwrap().unwrap(), vec![3]);
+        (r, r_alone)
+    });
+    for r in [r.map(|v| v[0]), r_alone.map(|v| v[0])] {
+        match r {
+            Err(e @ Error::UnknownExecutor { removed: true, .. }) => {
+                assert!(e.to_string().contains("was removed"), "{e}");
+            }
+            other => panic!("a task on an executor being dropped ran: {other:?}"),
+        }
+    }
+}
