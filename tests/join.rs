@@ -662,3 +662,74 @@ fn a_read_queued_behind_the_last_handles_drop_does_not_start() {
         }
     }
 }
+
+#[test]
+fn a_joins_result_is_not_counted_toward_the_executor_it_writes() {
+    let test = "a_joins_result_is_not_counted_toward_the_executor_it_writes";
+    if !is_child(test) {
+        child_ok(test, None, Duration::from_secs(120), &[]);
+        return;
+    }
+    let rt = Runtime::builder()
+        .mem_cap(MemoryCap::Bytes(96 << 20))
+        .workers(1)
+        .build()
+        .unwrap();
+    let data = rt.insert(PodVec::from(vec![1u8; 32 << 20])).unwrap();
+    let model = rt.insert(PodVec::from(vec![0u8; 1 << 20])).unwrap();
+    let before = model.size();
+    // A join that writes the model and returns 40 MiB.
+    let mut b = rt.batch();
+    b.read_write(&data, &model, |d: &PodVec<u8>, m: &mut PodVec<u8>| {
+        m[0] = d[0];
+        vec![7u8; 40 << 20]
+    });
+    let out = b.run().unwrap();
+    assert_eq!(out[0].len(), 40 << 20);
+    drop(out);
+    println!("MODEL_BEFORE={before} MODEL_AFTER={}", model.size());
+    assert!(
+        model.size() < 2 << 20,
+        "the 1 MiB model reports {} bytes after a join returned 40 MiB",
+        model.size()
+    );
+    // The two fit together under the cap: the next join runs.
+    let mut b = rt.batch();
+    b.read_write(&data, &model, |d: &PodVec<u8>, m: &mut PodVec<u8>| {
+        m[1] = d[1];
+    });
+    b.run().unwrap();
+    assert_eq!(rt.read(&model, |m: &PodVec<u8>| m[1]).unwrap(), 1);
+}
+
+#[test]
+fn every_executor_a_join_writes_is_measured_again() {
+    let rt = Runtime::builder().workers(1).build().unwrap();
+    let data = rt.insert(vec![3u8; 16]).unwrap();
+    let grows = rt.insert(PodVec::from(vec![0u8; 1 << 20])).unwrap();
+    let shrinks = rt.insert(PodVec::from(vec![0u8; 8 << 20])).unwrap();
+    let small = rt.insert(PodVec::from(vec![0u8; 1 << 20])).unwrap();
+    let (kd, kg, ks, km) = (data.key(), grows.key(), shrinks.key(), small.key());
+    let mut b = rt.batch();
+    // One written executor grows by 30 MiB, another shrinks by 8 MiB, a
+    // third is written and stays as it was.
+    b.task(&[&data], &[&grows, &shrinks, &small], move |j| {
+        let fill = j.read(kd)[0];
+        *j.write(kg) = PodVec::from(vec![fill; 31 << 20]);
+        *j.write(ks) = PodVec::from(vec![fill; 16]);
+        j.write(km)[0] = fill;
+    });
+    b.run().unwrap();
+    let (g, s, m) = (grows.size(), shrinks.size(), small.size());
+    println!("grown {g}, shrunk {s}, same {m}");
+    assert!((31 << 20..32 << 20).contains(&g), "grown to 31 MiB: {g}");
+    assert!(s < 4096, "shrunk to 16 bytes: {s}");
+    assert!((1 << 20..2 << 20).contains(&m), "kept 1 MiB: {m}");
+    // The footprint adds up the sizes as measured (in memory or not: a
+    // capped test alongside may evict them).
+    let f = rt.footprint();
+    assert_eq!(
+        f.resident_bytes + f.evicted_bytes,
+        (g + s + m + data.size()) as u64
+    );
+}

@@ -661,6 +661,37 @@ fn give_back(sh: &Shared, slot: &Arc<Slot>, h: Held, changed: bool, poisoned: bo
     sh.note_idle(slot);
 }
 
+/// Measures again each executor a task changed (`changed` of its access),
+/// by the bytes it encodes to, when the task left `delta` bytes allocated
+/// (or freed) on its thread or changed several executors.
+///
+/// The delta alone does not say whose the bytes are: the task's result
+/// holds some (a 40 MiB vector returned by a task that writes a 1 MiB
+/// model), and a task that writes two executors grows either. A task that
+/// left nothing allocated and changed one executor kept its size.
+fn measure_changed(
+    sh: &Shared,
+    slots: &[(Arc<Slot>, Access)],
+    held: &[Held],
+    delta: i64,
+    changed: impl Fn(Access) -> bool,
+) {
+    let n = slots.iter().filter(|(_, a)| changed(*a)).count();
+    if n == 0 || (delta == 0 && n == 1) {
+        return;
+    }
+    for ((slot, access), h) in slots.iter().zip(held) {
+        let Held::Alone(v) = h else { continue };
+        if !changed(*access) {
+            continue;
+        }
+        if let Some(bytes) = (slot.measure)(&**v) {
+            let size = slot.size.swap(bytes, Ordering::Relaxed);
+            sh.note_size(slot, size);
+        }
+    }
+}
+
 fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     if sh.interrupted() {
         for (slot, _) in &t.slots {
@@ -694,14 +725,9 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     // A value read side by side is lent as `&T` only, and reads must not
     // change what they read (the contract of `Batch::read`): it stays clean.
     let changed = |a: Access| a.writes() || (a == Access::Alone && cx.dirty.get());
-    let mut changing = t.slots.iter().filter(|(_, a)| changed(*a));
-    if let (Some((slot, _)), None) = (changing.next(), changing.next()) {
-        // What the task left allocated is the one changed executor's.
+    if out.is_ok() {
         let delta = crate::alloc::thread_own_net() - before;
-        let size = slot.size.load(Ordering::Relaxed);
-        slot.size
-            .store((size as i64 + delta).max(0) as usize, Ordering::Relaxed);
-        sh.note_size(slot, size);
+        measure_changed(sh, &t.slots, &held, delta, changed);
     }
     Counters::add(&sh.counters().tasks, 1);
     let panicked = out.is_err();

@@ -578,19 +578,7 @@ impl Drop for Runtime {
 /// Counts the bytes `value` encodes to (its size estimate before it has
 /// been measured on a load).
 fn encoded_len<T: Serialize>(value: &T) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0 += b.len();
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut c = Count(0);
-    let _ = bincode::serde::encode_into_std_write(value, &mut c, crate::spill::bincode_config());
-    c.0
+    crate::executor::encoded_len(value).0
 }
 
 /// A lineage with its value type erased, as the slot stores it, and
