@@ -556,24 +556,6 @@ fn a_cycle_of_steps_prefetches_every_executor_of_the_next_step() {
 // ---------------------------------------------------------------------------
 
 #[test]
-fn a_removed_executors_queued_task_says_it_was_removed() {
-    let rt = Runtime::builder().workers(1).build().unwrap();
-    let h = rt.insert_named(Some("A"), 1u32).unwrap();
-    let label = format!("executor #{} (A)", h.id());
-    let mut b = rt.batch();
-    b.read(&h, |v: &u32| *v);
-    drop(h);
-    match b.run() {
-        Err(e @ Error::UnknownExecutor { removed: true, .. }) => {
-            let msg = e.to_string();
-            assert!(msg.contains(&label) && msg.contains("was removed"), "{msg}");
-            assert!(!msg.contains("does not belong"), "{msg}");
-        }
-        other => panic!("expected UnknownExecutor (removed), got {other:?}"),
-    }
-}
-
-#[test]
 fn a_key_of_another_runtime_is_refused_even_with_the_same_id() {
     let one = Runtime::builder().workers(1).build().unwrap();
     let two = Runtime::builder().workers(1).build().unwrap();
@@ -605,62 +587,6 @@ fn a_key_of_another_runtime_is_refused_even_with_the_same_id() {
     assert!(matches!(b.run(), Err(Error::TaskPanicked { .. })));
     assert_eq!(one.read(&mine, |v: &Vec<u32>| v[0]).unwrap(), 1);
     assert_eq!(two.read(&theirs, |v: &Vec<u32>| v[0]).unwrap(), 2);
-}
-
-#[test]
-fn a_read_queued_behind_the_last_handles_drop_does_not_start() {
-    let test = "a_read_queued_behind_the_last_handles_drop_does_not_start";
-    if !is_child(test) {
-        child_ok(test, None, Duration::from_secs(60), &[]);
-        return;
-    }
-    use std::sync::mpsc;
-    let rt = Runtime::builder().workers(2).build().unwrap();
-    let x = rt.insert(vec![1u32; 8]).unwrap();
-    let y = rt.insert(vec![2u32; 8]).unwrap();
-    let z = rt.insert(vec![3u32; 8]).unwrap();
-    // A join reads `x` and `y`, and holds them until told.
-    let (started_tx, started) = mpsc::channel();
-    let (go, go_rx) = mpsc::channel::<()>();
-    let go_rx = std::sync::Mutex::new(go_rx);
-    let mut first = rt.batch();
-    first.read2(&x, &y, move |a: &Vec<u32>, b: &Vec<u32>| {
-        started_tx.send(()).unwrap();
-        let _ = go_rx.lock().unwrap().recv();
-        a[0] + b[0]
-    });
-    // Queued before the drop, run after it: a read of `x` beside the one
-    // in progress, and a task that wants `x` alone.
-    let mut shared = rt.batch();
-    shared.read2(&x, &z, |a: &Vec<u32>, c: &Vec<u32>| a[0] + c[0]);
-    let mut alone = rt.batch();
-    alone.read(&x, |a: &Vec<u32>| a[0]);
-    let executors = rt.footprint().executors;
-    let (r, r_alone) = std::thread::scope(|s| {
-        let holder = s.spawn(move || first.run());
-        started.recv().unwrap();
-        let dropper = s.spawn(move || drop(x));
-        // The drop has begun once `x` left the registry; it then waits
-        // for the read in progress.
-        while rt.footprint().executors == executors {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-        let r = shared.run();
-        go.send(()).unwrap();
-        let r_alone = alone.run();
-        dropper.join().unwrap();
-        assert_eq!(holder.join().unwrap().unwrap(), vec![3]);
-        (r, r_alone)
-    });
-    for r in [r.map(|v| v[0]), r_alone.map(|v| v[0])] {
-        match r {
-            Err(e @ Error::UnknownExecutor { removed: true, .. }) => {
-                assert!(e.to_string().contains("was removed"), "{e}");
-            }
-            other => panic!("a task on an executor being dropped ran: {other:?}"),
-        }
-    }
 }
 
 #[test]
@@ -732,4 +658,140 @@ fn every_executor_a_join_writes_is_measured_again() {
         f.resident_bytes + f.evicted_bytes,
         (g + s + m + data.size()) as u64
     );
+}
+
+/// A join over `a` and `b` (the first read, the second written), noting
+/// while it runs the bytes the running joins hold together in `now`, and
+/// their highest in `peak`.
+fn noted_join(
+    batch: &mut outcore::Batch<'_, ()>,
+    a: &outcore::Handle<PodVec<u8>>,
+    b: &outcore::Handle<PodVec<u8>>,
+    now: &Arc<std::sync::atomic::AtomicUsize>,
+    peak: &Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (now, peak) = (now.clone(), peak.clone());
+    batch.read_write(a, b, move |x: &PodVec<u8>, y: &mut PodVec<u8>| {
+        let bytes = x.len() + y.len();
+        let held = now.fetch_add(bytes, SeqCst) + bytes;
+        peak.fetch_max(held, SeqCst);
+        // Long enough for the other worker to start a join meanwhile.
+        std::thread::sleep(Duration::from_millis(3));
+        y[0] = y[0].wrapping_add(x[0]);
+        now.fetch_sub(bytes, SeqCst);
+    });
+}
+
+#[test]
+fn joins_running_side_by_side_stay_under_the_cap_together() {
+    let test = "joins_running_side_by_side_stay_under_the_cap_together";
+    if !is_child(test) {
+        let out = child_ok(test, None, Duration::from_secs(120), &[]);
+        assert!(out.num("PEAK") <= out.num("CAP"), "{}", out.stdout);
+        return;
+    }
+    use std::sync::atomic::AtomicUsize;
+    const CAP: u64 = 5 << 20;
+    // Eight executors of 1.5 MiB; joins over pairs (3 MiB): one fits
+    // under the 5 MiB cap, two do not.
+    let rt = Runtime::builder()
+        .mem_cap(MemoryCap::Bytes(CAP))
+        .workers(2)
+        .build()
+        .unwrap();
+    let hs: Vec<_> = (0..8u8)
+        .map(|i| rt.insert(PodVec::from(vec![i; 3 << 19])).unwrap())
+        .collect();
+    let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut b = rt.batch();
+    for round in 0..10 {
+        for p in 0..4 {
+            let (x, y) = if round % 2 == 0 { (2 * p, 2 * p + 1) } else { (2 * p + 1, 2 * p) };
+            noted_join(&mut b, &hs[x], &hs[y], &now, &peak);
+        }
+    }
+    b.run().unwrap();
+    let peak = peak.load(std::sync::atomic::Ordering::SeqCst);
+    println!("PEAK={peak} CAP={CAP}");
+    // Every join added its first block into its second, ten times.
+    let total: u32 = hs
+        .iter()
+        .map(|h| u32::from(rt.read(h, |v: &PodVec<u8>| v[0]).unwrap()))
+        .sum();
+    assert!(total > 0);
+}
+
+#[test]
+fn a_read_queued_behind_the_last_handles_drop_does_not_start() {
+    let test = "a_read_queued_behind_the_last_handles_drop_does_not_start";
+    if !is_child(test) {
+        child_ok(test, None, Duration::from_secs(60), &[]);
+        return;
+    }
+    use std::sync::mpsc;
+    let rt = Runtime::builder().workers(2).build().unwrap();
+    let x = rt.insert(vec![1u32; 8]).unwrap();
+    let y = rt.insert(vec![2u32; 8]).unwrap();
+    let z = rt.insert(vec![3u32; 8]).unwrap();
+    // A join reads `x` and `y`, and holds them until told.
+    let (started_tx, started) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    let mut first = rt.batch();
+    first.read2(&x, &y, move |a: &Vec<u32>, b: &Vec<u32>| {
+        started_tx.send(()).unwrap();
+        let _ = go_rx.lock().unwrap().recv();
+        a[0] + b[0]
+    });
+    // Queued before the drop, run after it: a read of `x` beside the one
+    // in progress, and a task that wants `x` alone.
+    let mut shared = rt.batch();
+    shared.read2(&x, &z, |a: &Vec<u32>, c: &Vec<u32>| a[0] + c[0]);
+    let mut alone = rt.batch();
+    alone.read(&x, |a: &Vec<u32>| a[0]);
+    let executors = rt.footprint().executors;
+    let (r, r_alone) = std::thread::scope(|s| {
+        let holder = s.spawn(move || first.run());
+        started.recv().unwrap();
+        let dropper = s.spawn(move || drop(x));
+        // The drop has begun once `x` left the registry; it then waits
+        // for the read in progress.
+        while rt.footprint().executors == executors {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let r = shared.run();
+        go.send(()).unwrap();
+        let r_alone = alone.run();
+        dropper.join().unwrap();
+        assert_eq!(holder.join().unwrap().unwrap(), vec![3]);
+        (r, r_alone)
+    });
+    for r in [r.map(|v| v[0]), r_alone.map(|v| v[0])] {
+        match r {
+            Err(e @ Error::UnknownExecutor { removed: true, .. }) => {
+                assert!(e.to_string().contains("was removed"), "{e}");
+            }
+            other => panic!("a task on an executor being dropped ran: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_removed_executors_queued_task_says_it_was_removed() {
+    let rt = Runtime::builder().workers(1).build().unwrap();
+    let h = rt.insert_named(Some("A"), 1u32).unwrap();
+    let label = format!("executor #{} (A)", h.id());
+    let mut b = rt.batch();
+    b.read(&h, |v: &u32| *v);
+    drop(h);
+    match b.run() {
+        Err(e @ Error::UnknownExecutor { removed: true, .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains(&label) && msg.contains("was removed"), "{msg}");
+            assert!(!msg.contains("does not belong"), "{msg}");
+        }
+        other => panic!("expected UnknownExecutor (removed), got {other:?}"),
+    }
 }

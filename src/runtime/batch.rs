@@ -595,7 +595,11 @@ impl<R: Send + 'static> Job for BatchState<R> {
                 return Step::Exhausted;
             }
             let inner = &mut *g;
-            let Some(t) = inner.queue.take_free(&inner.busy, inner.limit) else {
+            // A join waits while the executors running tasks pin and its
+            // own would be more than the cap (see `pins.rs`).
+            let (cap, helping) = (sh.soft_cap(), in_task());
+            let admit = |slots: &[(Arc<Slot>, Access)]| sh.pins().admit(slots, cap, helping);
+            let Some(t) = inner.queue.take_free(&inner.busy, inner.limit, admit) else {
                 return Step::Blocked;
             };
             inner.busy.take(&t.slots);
@@ -611,6 +615,7 @@ impl<R: Send + 'static> Job for BatchState<R> {
                 panic_message(&*p)
             )))
         });
+        sh.pins().release(&ids, sh.soft_cap());
         let mut g = self.inner.lock();
         g.results[index] = Some(result);
         g.busy.give(&ids);

@@ -23,6 +23,8 @@
 //! - `join.rs`: what a task sees ([`TaskContext`], and [`Join`] and
 //!   [`Key`] for tasks over several executors);
 //! - `pool.rs`: the worker pool, the prefetchers' signal;
+//! - `pins.rs`: what running tasks pin, so that joins side by side stay
+//!   under the cap;
 //! - `shared.rs`: the state the threads share;
 //! - `registry.rs`: executors and their declared cycles (several per
 //!   runtime);
@@ -39,6 +41,7 @@ mod evict;
 mod handle;
 mod join;
 mod load;
+mod pins;
 mod pool;
 mod prefetch;
 mod queue;
