@@ -707,7 +707,11 @@ fn joins_running_side_by_side_stay_under_the_cap_together() {
     let mut b = rt.batch();
     for round in 0..10 {
         for p in 0..4 {
-            let (x, y) = if round % 2 == 0 { (2 * p, 2 * p + 1) } else { (2 * p + 1, 2 * p) };
+            let (x, y) = if round % 2 == 0 {
+                (2 * p, 2 * p + 1)
+            } else {
+                (2 * p + 1, 2 * p)
+            };
             noted_join(&mut b, &hs[x], &hs[y], &now, &peak);
         }
     }

@@ -11,6 +11,15 @@ use crate::executor::{Slot, State, NONE};
 
 /// A handle to an executor holding a `T`. Cheap to pass by reference;
 /// dropping it frees the executor's memory and its spill file.
+///
+/// Dropping it waits while a task holds the executor (the value is freed
+/// when the task gives it back); from the moment the drop begins, no other
+/// task starts on it, and those still queued fail with
+/// [`Error::UnknownExecutor`] (removed). A thread must therefore not drop a
+/// handle whose executor a task it waits for holds: drop it after the
+/// batch that uses it has returned, or move it into the last task on the
+/// executor and drop it there (a task that drops its own executor's last
+/// handle does not wait: the executor goes when the task returns).
 pub struct Handle<T> {
     pub(crate) slot: Option<Arc<Slot>>,
     pub(crate) shared: Weak<Shared>,

@@ -45,7 +45,12 @@ impl Pins {
     /// module's doc); if so, its executors are counted as pinned until
     /// [`Pins::release`]. Without a cap, every task may start, and nothing
     /// is counted.
-    pub(crate) fn admit(&self, slots: &[(Arc<Slot>, Access)], cap: Option<u64>, helping: bool) -> bool {
+    pub(crate) fn admit(
+        &self,
+        slots: &[(Arc<Slot>, Access)],
+        cap: Option<u64>,
+        helping: bool,
+    ) -> bool {
         let Some(cap) = cap else { return true };
         let mut g = self.inner.lock();
         if slots.len() > 1 && !helping && !g.by_id.is_empty() {
