@@ -210,6 +210,9 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
     /// starts a task only when all its executors are free for it, and pins
     /// them in the order of their ids, so tasks that name the same
     /// executors in different orders never wait for each other in a cycle.
+    /// Under a cap, it starts the task only when what the running tasks pin
+    /// and the task's executors fit under the cap together, or when no
+    /// other task runs (so joins side by side stay under the cap).
     ///
     /// The task fails without running, with
     /// [`Error::TooLargeTogether`], when its executors together (their
