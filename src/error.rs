@@ -101,11 +101,18 @@ pub enum Error {
         /// The executor.
         executor: String,
     },
-    /// The handle does not belong to this runtime, or the executor was
-    /// removed.
+    /// The handle does not belong to this runtime (it is another's, or
+    /// its runtime was dropped), or the executor was removed: its last
+    /// handle was dropped, or taken by
+    /// [`Handle::into_inner`](crate::Handle::into_inner) or
+    /// [`Handle::into_bytes`](crate::Handle::into_bytes), before the task
+    /// could have it.
     UnknownExecutor {
         /// The executor.
         executor: String,
+        /// The executor belonged to this runtime and was removed (else it
+        /// belongs to another runtime, or to one dropped).
+        removed: bool,
     },
     /// A task asked for the executor it runs on (a task of its own batch
     /// on it, or [`Handle::into_inner`](crate::Handle::into_inner)): it
@@ -218,7 +225,15 @@ impl fmt::Display for Error {
                 f,
                 "{executor} is poisoned: an earlier task panicked while modifying it"
             ),
-            Error::UnknownExecutor { executor } => {
+            Error::UnknownExecutor {
+                executor,
+                removed: true,
+            } => write!(
+                f,
+                "{executor} was removed from the runtime (its last handle was dropped or taken) \
+                 before the task could have it"
+            ),
+            Error::UnknownExecutor { executor, .. } => {
                 write!(f, "{executor} does not belong to this runtime")
             }
             Error::Reentrant { executor } => write!(

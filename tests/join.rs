@@ -205,8 +205,9 @@ fn misuse_in_a_task_fails_the_task_only() {
     let other = rt.insert(2u32).unwrap();
     let (ka, ko) = (a.key(), other.key());
     let mut b = rt.batch();
-    // An executor the task did not name, a write of one it reads, a type
-    // that is not the executor's, and the same executor read and written.
+    // An executor the task did not name, a write of one it reads, a key
+    // of another runtime (whose executor has the same id, and another
+    // type), and the same executor read and written.
     b.task(&[&a], &[], move |j| *j.read(ko));
     b.task(&[&a], &[], move |j| *j.write(ka));
     b.task(&[&a], &[], move |j| {
@@ -221,8 +222,9 @@ fn misuse_in_a_task_fails_the_task_only() {
     assert_eq!(a.state(), State::Resident);
 }
 
-/// A key of another type with the id of `k` (keys are made from handles
-/// only: a second runtime hands out the same ids in the same order).
+/// A key of another type with the id of `k`, of another runtime (keys are
+/// made from handles only: a second runtime hands out the same ids in the
+/// same order).
 fn outcore_key_as<T>(k: outcore::Key<u32>) -> outcore::Key<T>
 where
     T: serde::Serialize + serde::de::DeserializeOwned + Send + Default + 'static,
@@ -546,4 +548,254 @@ fn a_cycle_of_steps_prefetches_every_executor_of_the_next_step() {
         data[1].state(),
         models[1].state()
     );
+}
+
+// ---------------------------------------------------------------------------
+// Issue 52, item 9: keys, sizes, removal and the cap, as an embedder meets
+// them.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_key_of_another_runtime_is_refused_even_with_the_same_id() {
+    let one = Runtime::builder().workers(1).build().unwrap();
+    let two = Runtime::builder().workers(1).build().unwrap();
+    let mine = one.insert(vec![1u32; 4]).unwrap();
+    // The other runtime's first executor of the same type: the same id.
+    let theirs = loop {
+        let h = two.insert(vec![2u32; 4]).unwrap();
+        if h.id() >= mine.id() {
+            break h;
+        }
+    };
+    assert_eq!(theirs.id(), mine.id());
+    assert_ne!(theirs.key(), mine.key());
+    let foreign = theirs.key();
+    let mut b = one.batch();
+    b.task(&[&mine], &[], move |j| j.read(foreign)[0]);
+    let r = b.run();
+    match r {
+        Err(Error::TaskPanicked { message, .. }) => {
+            assert!(message.contains("another runtime"), "{message}");
+        }
+        other => panic!("a foreign key read this runtime's executor: {other:?}"),
+    }
+    // A write through it fails the task too (and, as any panic in a task
+    // that writes, poisons what it writes).
+    let scratch = one.insert(vec![0u32; 4]).unwrap();
+    let mut b = one.batch();
+    b.task(&[], &[&scratch], move |j| j.write(foreign)[0] = 9);
+    assert!(matches!(b.run(), Err(Error::TaskPanicked { .. })));
+    assert_eq!(one.read(&mine, |v: &Vec<u32>| v[0]).unwrap(), 1);
+    assert_eq!(two.read(&theirs, |v: &Vec<u32>| v[0]).unwrap(), 2);
+}
+
+#[test]
+fn a_joins_result_is_not_counted_toward_the_executor_it_writes() {
+    let test = "a_joins_result_is_not_counted_toward_the_executor_it_writes";
+    if !is_child(test) {
+        child_ok(test, None, Duration::from_secs(120), &[]);
+        return;
+    }
+    let rt = Runtime::builder()
+        .mem_cap(MemoryCap::Bytes(96 << 20))
+        .workers(1)
+        .build()
+        .unwrap();
+    let data = rt.insert(PodVec::from(vec![1u8; 32 << 20])).unwrap();
+    let model = rt.insert(PodVec::from(vec![0u8; 1 << 20])).unwrap();
+    let before = model.size();
+    // A join that writes the model and returns 40 MiB.
+    let mut b = rt.batch();
+    b.read_write(&data, &model, |d: &PodVec<u8>, m: &mut PodVec<u8>| {
+        m[0] = d[0];
+        vec![7u8; 40 << 20]
+    });
+    let out = b.run().unwrap();
+    assert_eq!(out[0].len(), 40 << 20);
+    drop(out);
+    println!("MODEL_BEFORE={before} MODEL_AFTER={}", model.size());
+    assert!(
+        model.size() < 2 << 20,
+        "the 1 MiB model reports {} bytes after a join returned 40 MiB",
+        model.size()
+    );
+    // The two fit together under the cap: the next join runs.
+    let mut b = rt.batch();
+    b.read_write(&data, &model, |d: &PodVec<u8>, m: &mut PodVec<u8>| {
+        m[1] = d[1];
+    });
+    b.run().unwrap();
+    assert_eq!(rt.read(&model, |m: &PodVec<u8>| m[1]).unwrap(), 1);
+}
+
+#[test]
+fn every_executor_a_join_writes_is_measured_again() {
+    let rt = Runtime::builder().workers(1).build().unwrap();
+    let data = rt.insert(vec![3u8; 16]).unwrap();
+    let grows = rt.insert(PodVec::from(vec![0u8; 1 << 20])).unwrap();
+    let shrinks = rt.insert(PodVec::from(vec![0u8; 8 << 20])).unwrap();
+    let small = rt.insert(PodVec::from(vec![0u8; 1 << 20])).unwrap();
+    let (kd, kg, ks, km) = (data.key(), grows.key(), shrinks.key(), small.key());
+    let mut b = rt.batch();
+    // One written executor grows by 30 MiB, another shrinks by 8 MiB, a
+    // third is written and stays as it was.
+    b.task(&[&data], &[&grows, &shrinks, &small], move |j| {
+        let fill = j.read(kd)[0];
+        *j.write(kg) = PodVec::from(vec![fill; 31 << 20]);
+        *j.write(ks) = PodVec::from(vec![fill; 16]);
+        j.write(km)[0] = fill;
+    });
+    b.run().unwrap();
+    let (g, s, m) = (grows.size(), shrinks.size(), small.size());
+    println!("grown {g}, shrunk {s}, same {m}");
+    assert!((31 << 20..32 << 20).contains(&g), "grown to 31 MiB: {g}");
+    assert!(s < 4096, "shrunk to 16 bytes: {s}");
+    assert!((1 << 20..2 << 20).contains(&m), "kept 1 MiB: {m}");
+    // The footprint adds up the sizes as measured (in memory or not: a
+    // capped test alongside may evict them).
+    let f = rt.footprint();
+    assert_eq!(
+        f.resident_bytes + f.evicted_bytes,
+        (g + s + m + data.size()) as u64
+    );
+}
+
+/// A join over `a` and `b` (the first read, the second written), noting
+/// while it runs the bytes the running joins hold together in `now`, and
+/// their highest in `peak`.
+fn noted_join(
+    batch: &mut outcore::Batch<'_, ()>,
+    a: &outcore::Handle<PodVec<u8>>,
+    b: &outcore::Handle<PodVec<u8>>,
+    now: &Arc<std::sync::atomic::AtomicUsize>,
+    peak: &Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (now, peak) = (now.clone(), peak.clone());
+    batch.read_write(a, b, move |x: &PodVec<u8>, y: &mut PodVec<u8>| {
+        let bytes = x.len() + y.len();
+        let held = now.fetch_add(bytes, SeqCst) + bytes;
+        peak.fetch_max(held, SeqCst);
+        // Long enough for the other worker to start a join meanwhile.
+        std::thread::sleep(Duration::from_millis(3));
+        y[0] = y[0].wrapping_add(x[0]);
+        now.fetch_sub(bytes, SeqCst);
+    });
+}
+
+#[test]
+fn joins_running_side_by_side_stay_under_the_cap_together() {
+    let test = "joins_running_side_by_side_stay_under_the_cap_together";
+    if !is_child(test) {
+        let out = child_ok(test, None, Duration::from_secs(120), &[]);
+        assert!(out.num("PEAK") <= out.num("CAP"), "{}", out.stdout);
+        return;
+    }
+    use std::sync::atomic::AtomicUsize;
+    const CAP: u64 = 5 << 20;
+    // Eight executors of 1.5 MiB; joins over pairs (3 MiB): one fits
+    // under the 5 MiB cap, two do not.
+    let rt = Runtime::builder()
+        .mem_cap(MemoryCap::Bytes(CAP))
+        .workers(2)
+        .build()
+        .unwrap();
+    let hs: Vec<_> = (0..8u8)
+        .map(|i| rt.insert(PodVec::from(vec![i; 3 << 19])).unwrap())
+        .collect();
+    let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut b = rt.batch();
+    for round in 0..10 {
+        for p in 0..4 {
+            let (x, y) = if round % 2 == 0 {
+                (2 * p, 2 * p + 1)
+            } else {
+                (2 * p + 1, 2 * p)
+            };
+            noted_join(&mut b, &hs[x], &hs[y], &now, &peak);
+        }
+    }
+    b.run().unwrap();
+    let peak = peak.load(std::sync::atomic::Ordering::SeqCst);
+    println!("PEAK={peak} CAP={CAP}");
+    // Every join added its first block into its second, ten times.
+    let total: u32 = hs
+        .iter()
+        .map(|h| u32::from(rt.read(h, |v: &PodVec<u8>| v[0]).unwrap()))
+        .sum();
+    assert!(total > 0);
+}
+
+#[test]
+fn a_read_queued_behind_the_last_handles_drop_does_not_start() {
+    let test = "a_read_queued_behind_the_last_handles_drop_does_not_start";
+    if !is_child(test) {
+        child_ok(test, None, Duration::from_secs(60), &[]);
+        return;
+    }
+    use std::sync::mpsc;
+    let rt = Runtime::builder().workers(2).build().unwrap();
+    let x = rt.insert(vec![1u32; 8]).unwrap();
+    let y = rt.insert(vec![2u32; 8]).unwrap();
+    let z = rt.insert(vec![3u32; 8]).unwrap();
+    // A join reads `x` and `y`, and holds them until told.
+    let (started_tx, started) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    let mut first = rt.batch();
+    first.read2(&x, &y, move |a: &Vec<u32>, b: &Vec<u32>| {
+        started_tx.send(()).unwrap();
+        let _ = go_rx.lock().unwrap().recv();
+        a[0] + b[0]
+    });
+    // Queued before the drop, run after it: a read of `x` beside the one
+    // in progress, and a task that wants `x` alone.
+    let mut shared = rt.batch();
+    shared.read2(&x, &z, |a: &Vec<u32>, c: &Vec<u32>| a[0] + c[0]);
+    let mut alone = rt.batch();
+    alone.read(&x, |a: &Vec<u32>| a[0]);
+    let executors = rt.footprint().executors;
+    let (r, r_alone) = std::thread::scope(|s| {
+        let holder = s.spawn(move || first.run());
+        started.recv().unwrap();
+        let dropper = s.spawn(move || drop(x));
+        // The drop has begun once `x` left the registry; it then waits
+        // for the read in progress.
+        while rt.footprint().executors == executors {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let r = shared.run();
+        go.send(()).unwrap();
+        let r_alone = alone.run();
+        dropper.join().unwrap();
+        assert_eq!(holder.join().unwrap().unwrap(), vec![3]);
+        (r, r_alone)
+    });
+    for r in [r.map(|v| v[0]), r_alone.map(|v| v[0])] {
+        match r {
+            Err(e @ Error::UnknownExecutor { removed: true, .. }) => {
+                assert!(e.to_string().contains("was removed"), "{e}");
+            }
+            other => panic!("a task on an executor being dropped ran: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_removed_executors_queued_task_says_it_was_removed() {
+    let rt = Runtime::builder().workers(1).build().unwrap();
+    let h = rt.insert_named(Some("A"), 1u32).unwrap();
+    let label = format!("executor #{} (A)", h.id());
+    let mut b = rt.batch();
+    b.read(&h, |v: &u32| *v);
+    drop(h);
+    match b.run() {
+        Err(e @ Error::UnknownExecutor { removed: true, .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains(&label) && msg.contains("was removed"), "{msg}");
+            assert!(!msg.contains("does not belong"), "{msg}");
+        }
+        other => panic!("expected UnknownExecutor (removed), got {other:?}"),
+    }
 }

@@ -38,6 +38,9 @@ pub(crate) const NONE: u64 = u64::MAX;
 pub(crate) type SaveFn = fn(&(dyn Any + Send), &Path, FileKey) -> io::Result<u64>;
 /// Decodes a type-erased value from a spill file.
 pub(crate) type LoadFn = fn(&Path, FileKey) -> io::Result<(Box<dyn Any + Send>, spill::Loaded)>;
+/// Measures a type-erased value: the bytes it encodes to (`None` when its
+/// `Serialize` fails or panics).
+pub(crate) type MeasureFn = fn(&(dyn Any + Send)) -> Option<usize>;
 /// Rebuilds a type-erased value from its lineage.
 pub(crate) type RebuildFn = Box<dyn Fn() -> io::Result<Box<dyn Any + Send>> + Send + Sync>;
 
@@ -57,6 +60,35 @@ fn save_impl<T: Serialize + 'static>(
             "internal: executor value has an unexpected type",
         )),
     }
+}
+
+fn measure_impl<T: Serialize + 'static>(v: &(dyn Any + Send)) -> Option<usize> {
+    let t = v.downcast_ref::<T>()?;
+    // The value's `Serialize` is user code: a panic is no measure.
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| encoded_len(t))) {
+        Ok((n, true)) => Some(n),
+        _ => None,
+    }
+}
+
+/// Counts the bytes `value` encodes to, without writing them anywhere,
+/// and whether its `Serialize` succeeded (the count so far when not): its
+/// size before it has been measured on a load, and after a task changed
+/// it (see `run_task`).
+pub(crate) fn encoded_len<T: Serialize>(value: &T) -> (usize, bool) {
+    struct Count(usize);
+    impl io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let ok = bincode::serde::encode_into_std_write(value, &mut c, spill::bincode_config()).is_ok();
+    (c.0, ok)
 }
 
 fn load_impl<T: DeserializeOwned + Send + 'static>(
@@ -98,6 +130,8 @@ pub(crate) struct Slot {
     pub fingerprint: u64,
     pub save: SaveFn,
     pub load: LoadFn,
+    /// The bytes the value encodes to (its size after a task changed it).
+    pub measure: MeasureFn,
     /// How to rebuild the value instead of reading a spill file, when the
     /// executor was inserted with a lineage.
     pub lineage: Option<RebuildFn>,
@@ -198,6 +232,7 @@ impl Slot {
             fingerprint: spill::fingerprint::<T>(),
             save: save_impl::<T>,
             load: load_impl::<T>,
+            measure: measure_impl::<T>,
             lineage,
             lineage_repeatable,
             inner: Mutex::new(Inner {

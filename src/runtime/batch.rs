@@ -16,9 +16,8 @@ use crate::error::{Error, Result};
 use crate::executor::Slot;
 use crate::stats::Counters;
 
-/// A task's executor, or the label of one from another runtime (for the
-/// error).
-type TaskSlot = std::result::Result<Arc<Slot>, String>;
+/// A task's executor, or the error for one from another runtime.
+type TaskSlot = Result<Arc<Slot>>;
 
 /// A task as submitted: its executors, each with how it holds it.
 type Named = Vec<(TaskSlot, Access)>;
@@ -57,8 +56,7 @@ type Named = Vec<(TaskSlot, Access)>;
 pub struct Batch<'rt, R> {
     shared: &'rt Arc<Shared>,
     /// Each task's executors (or, for a handle of another runtime, the
-    /// executor's label for the error), each with whether the task writes
-    /// it, and its function.
+    /// error), each with how the task holds it, and its function.
     tasks: Vec<(Named, TaskFn<R>)>,
     /// At most this many tasks start past the first result not yet handed
     /// back ([`Batch::ahead`]).
@@ -212,6 +210,9 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
     /// starts a task only when all its executors are free for it, and pins
     /// them in the order of their ids, so tasks that name the same
     /// executors in different orders never wait for each other in a cycle.
+    /// Under a cap, it starts the task only when what the running tasks pin
+    /// and the task's executors fit under the cap together, or when no
+    /// other task runs (so joins side by side stay under the cap).
     ///
     /// The task fails without running, with
     /// [`Error::TooLargeTogether`], when its executors together (their
@@ -253,7 +254,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
             .chain(writes.iter().map(|h| (self.slot_of(*h), Access::Write)))
             .collect();
         let task: TaskFn<R> =
-            Box::new(move |v: &[Value<'_>], _: &TaskContext| Some(f(&Join::new(v))));
+            Box::new(move |v: &[Value<'_>], cx: &TaskContext| Some(f(&Join::new(v, cx.runtime))));
         self.tasks.push((named, task));
         self
     }
@@ -496,7 +497,7 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
 fn checked(sh: &Shared, named: Named) -> Result<Vec<(Arc<Slot>, Access)>> {
     let mut slots: Vec<(Arc<Slot>, Access)> = Vec::with_capacity(named.len());
     for (slot, access) in named {
-        let slot = slot.map_err(|executor| Error::UnknownExecutor { executor })?;
+        let slot = slot?;
         if pinned_here(slot.id) {
             // A task's batch with a task on the task's own executor: it
             // would wait for the task that waits for it.
@@ -597,7 +598,11 @@ impl<R: Send + 'static> Job for BatchState<R> {
                 return Step::Exhausted;
             }
             let inner = &mut *g;
-            let Some(t) = inner.queue.take_free(&inner.busy, inner.limit) else {
+            // A join waits while the executors running tasks pin and its
+            // own would be more than the cap (see `pins.rs`).
+            let (cap, helping) = (sh.soft_cap(), in_task());
+            let admit = |slots: &[(Arc<Slot>, Access)]| sh.pins().admit(slots, cap, helping);
+            let Some(t) = inner.queue.take_free(&inner.busy, inner.limit, admit) else {
                 return Step::Blocked;
             };
             inner.busy.take(&t.slots);
@@ -613,6 +618,7 @@ impl<R: Send + 'static> Job for BatchState<R> {
                 panic_message(&*p)
             )))
         });
+        sh.pins().release(&ids, sh.soft_cap());
         let mut g = self.inner.lock();
         g.results[index] = Some(result);
         g.busy.give(&ids);
@@ -663,6 +669,37 @@ fn give_back(sh: &Shared, slot: &Arc<Slot>, h: Held, changed: bool, poisoned: bo
     sh.note_idle(slot);
 }
 
+/// Measures again each executor a task changed (`changed` of its access),
+/// by the bytes it encodes to, when the task left `delta` bytes allocated
+/// (or freed) on its thread or changed several executors.
+///
+/// The delta alone does not say whose the bytes are: the task's result
+/// holds some (a 40 MiB vector returned by a task that writes a 1 MiB
+/// model), and a task that writes two executors grows either. A task that
+/// left nothing allocated and changed one executor kept its size.
+fn measure_changed(
+    sh: &Shared,
+    slots: &[(Arc<Slot>, Access)],
+    held: &[Held],
+    delta: i64,
+    changed: impl Fn(Access) -> bool,
+) {
+    let n = slots.iter().filter(|(_, a)| changed(*a)).count();
+    if n == 0 || (delta == 0 && n == 1) {
+        return;
+    }
+    for ((slot, access), h) in slots.iter().zip(held) {
+        let Held::Alone(v) = h else { continue };
+        if !changed(*access) {
+            continue;
+        }
+        if let Some(bytes) = (slot.measure)(&**v) {
+            let size = slot.size.swap(bytes, Ordering::Relaxed);
+            sh.note_size(slot, size);
+        }
+    }
+}
+
 fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     if sh.interrupted() {
         for (slot, _) in &t.slots {
@@ -678,7 +715,10 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     }
     let mut held = acquired?;
     let before = crate::alloc::thread_own_net();
-    let cx = TaskContext::default();
+    let cx = TaskContext {
+        runtime: sh.ident(),
+        ..TaskContext::default()
+    };
     let here: Vec<PinnedHere> = t.slots.iter().map(|(s, _)| PinnedHere::new(s.id)).collect();
     let out = {
         let vals = values(&t, &mut held);
@@ -693,14 +733,9 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
     // A value read side by side is lent as `&T` only, and reads must not
     // change what they read (the contract of `Batch::read`): it stays clean.
     let changed = |a: Access| a.writes() || (a == Access::Alone && cx.dirty.get());
-    let mut changing = t.slots.iter().filter(|(_, a)| changed(*a));
-    if let (Some((slot, _)), None) = (changing.next(), changing.next()) {
-        // What the task left allocated is the one changed executor's.
+    if out.is_ok() {
         let delta = crate::alloc::thread_own_net() - before;
-        let size = slot.size.load(Ordering::Relaxed);
-        slot.size
-            .store((size as i64 + delta).max(0) as usize, Ordering::Relaxed);
-        sh.note_size(slot, size);
+        measure_changed(sh, &t.slots, &held, delta, changed);
     }
     Counters::add(&sh.counters().tasks, 1);
     let panicked = out.is_err();
@@ -712,6 +747,7 @@ fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(Error::UnknownExecutor {
             executor: labels(&t.slots),
+            removed: false,
         }),
         Err(p) => Err(Error::TaskPanicked {
             executor: labels(&t.slots),

@@ -11,9 +11,20 @@ use crate::executor::{Slot, State, NONE};
 
 /// A handle to an executor holding a `T`. Cheap to pass by reference;
 /// dropping it frees the executor's memory and its spill file.
+///
+/// Dropping it waits while a task holds the executor (the value is freed
+/// when the task gives it back); from the moment the drop begins, no other
+/// task starts on it, and those still queued fail with
+/// [`Error::UnknownExecutor`] (removed). A thread must therefore not drop a
+/// handle whose executor a task it waits for holds: drop it after the
+/// batch that uses it has returned, or move it into the last task on the
+/// executor and drop it there (a task that drops its own executor's last
+/// handle does not wait: the executor goes when the task returns).
 pub struct Handle<T> {
     pub(crate) slot: Option<Arc<Slot>>,
     pub(crate) shared: Weak<Shared>,
+    /// The runtime's identity ([`Shared::ident`]), which its keys carry.
+    pub(crate) runtime: u64,
     pub(crate) _t: PhantomData<fn() -> T>,
 }
 
@@ -67,12 +78,14 @@ impl<T: Send + 'static> Handle<T> {
     pub fn into_inner(mut self) -> Result<T> {
         let slot = self.slot.take().ok_or_else(|| Error::UnknownExecutor {
             executor: "executor".into(),
+            removed: true,
         })?;
         let shared = self
             .shared
             .upgrade()
             .ok_or_else(|| Error::UnknownExecutor {
                 executor: slot.label.clone(),
+                removed: false,
             })?;
         // In a fork child the executor is the parent's: left as it is
         // (see `Drop`).
@@ -91,6 +104,7 @@ impl<T: Send + 'static> Handle<T> {
             .map(|b| *b)
             .map_err(|_| Error::UnknownExecutor {
                 executor: slot.label.clone(),
+                removed: false,
             })
     }
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 
 use super::handle::Handle;
 use super::shared::Shared;
-use crate::error::ExecutorId;
+use crate::error::{Error, ExecutorId};
 use crate::executor::Slot;
 
 /// What a task started with [`Batch::read_with`](crate::Batch::read_with)
@@ -18,6 +18,8 @@ use crate::executor::Slot;
 #[derive(Debug, Default)]
 pub struct TaskContext {
     pub(crate) dirty: Cell<bool>,
+    /// The identity of the runtime running the task (see [`Key`]).
+    pub(crate) runtime: u64,
 }
 
 impl TaskContext {
@@ -33,6 +35,11 @@ impl TaskContext {
 /// executors to find it in its [`Join`]. `Copy`: a task's closure
 /// captures it by value (a [`Handle`] is the executor's owner and is
 /// not).
+///
+/// A key names an executor of one runtime: it carries that runtime's
+/// identity as well as the executor's id, so a key of another runtime
+/// (whose executor may have the same id) is never taken for one of this
+/// runtime's executors; [`Join::read`] and [`Join::write`] panic on it.
 ///
 /// ```
 /// # use outcore::Runtime;
@@ -50,6 +57,8 @@ impl TaskContext {
 /// ```
 pub struct Key<T> {
     id: ExecutorId,
+    /// The identity of the executor's runtime.
+    runtime: u64,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -70,7 +79,7 @@ impl<T> Copy for Key<T> {}
 
 impl<T> PartialEq for Key<T> {
     fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
+        self.id == other.id && self.runtime == other.runtime
     }
 }
 
@@ -79,12 +88,13 @@ impl<T> Eq for Key<T> {}
 impl<T> std::hash::Hash for Key<T> {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.id.hash(state);
+        self.runtime.hash(state);
     }
 }
 
 impl<T> std::fmt::Debug for Key<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Key(executor #{})", self.id)
+        write!(f, "Key(executor #{} of runtime {})", self.id, self.runtime)
     }
 }
 
@@ -93,6 +103,7 @@ impl<T> Handle<T> {
     pub fn key(&self) -> Key<T> {
         Key {
             id: self.id(),
+            runtime: self.runtime,
             _t: PhantomData,
         }
     }
@@ -125,14 +136,20 @@ impl std::fmt::Debug for Erased<'_> {
 }
 
 impl Erased<'_> {
-    /// The executor's slot when it belongs to the runtime `sh`, else its
-    /// label (for the error).
-    pub(crate) fn slot_in(&self, sh: &Arc<Shared>) -> std::result::Result<Arc<Slot>, String> {
+    /// The executor's slot when it belongs to the runtime `sh`, else the
+    /// error a task on it gets.
+    pub(crate) fn slot_in(&self, sh: &Arc<Shared>) -> crate::Result<Arc<Slot>> {
         let ours = self.shared.upgrade().is_some_and(|s| Arc::ptr_eq(&s, sh));
         match self.slot {
             Some(s) if ours => Ok(s.clone()),
-            Some(s) => Err(s.label.clone()),
-            None => Err("a removed executor".to_string()),
+            Some(s) => Err(Error::UnknownExecutor {
+                executor: s.label.clone(),
+                removed: false,
+            }),
+            None => Err(Error::UnknownExecutor {
+                executor: "executor".to_string(),
+                removed: true,
+            }),
         }
     }
 }
@@ -222,6 +239,8 @@ impl Value<'_> {
 /// for as long as the task runs.
 pub struct Join<'t> {
     values: &'t [Value<'t>],
+    /// The identity of the runtime running the task.
+    runtime: u64,
 }
 
 impl std::fmt::Debug for Join<'_> {
@@ -232,11 +251,18 @@ impl std::fmt::Debug for Join<'_> {
 }
 
 impl<'t> Join<'t> {
-    pub(crate) fn new(values: &'t [Value<'t>]) -> Self {
-        Join { values }
+    /// The values of a task run by the runtime `runtime` (its identity).
+    pub(crate) fn new(values: &'t [Value<'t>], runtime: u64) -> Self {
+        Join { values, runtime }
     }
 
     fn find<T: 'static>(&self, k: Key<T>) -> &Value<'t> {
+        if k.runtime != self.runtime {
+            panic!(
+                "executor #{} of the key belongs to another runtime, not to the one running the task",
+                k.id
+            );
+        }
         match self.values.iter().find(|v| v.id == k.id) {
             Some(v) => v,
             None => panic!("executor #{} is not one the task named", k.id),
@@ -248,9 +274,10 @@ impl<'t> Join<'t> {
     ///
     /// # Panics
     ///
-    /// When the task did not name the executor, when it holds another type
-    /// than `T`, or when [`Join::write`] has lent it out (the task then
-    /// fails with [`Error::TaskPanicked`](crate::Error::TaskPanicked)).
+    /// When the task did not name the executor (a key of another runtime
+    /// names none of them), when it holds another type than `T`, or when
+    /// [`Join::write`] has lent it out (the task then fails with
+    /// [`Error::TaskPanicked`](crate::Error::TaskPanicked)).
     pub fn read<T: 'static>(&self, k: Key<T>) -> &T {
         let v = self.find(k);
         if v.lent.get() == Lent::Mut {
@@ -280,8 +307,9 @@ impl<'t> Join<'t> {
     ///
     /// # Panics
     ///
-    /// When the task did not name the executor as written, when it holds
-    /// another type than `T`, or when it was lent out before.
+    /// When the task did not name the executor as written (a key of
+    /// another runtime names none of them), when it holds another type
+    /// than `T`, or when it was lent out before.
     #[allow(clippy::mut_from_ref)]
     pub fn write<T: 'static>(&self, k: Key<T>) -> &mut T {
         let v = self.find(k);

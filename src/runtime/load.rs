@@ -157,6 +157,11 @@ impl Shared {
         let mut waited = false;
         let mut g = slot.lock();
         loop {
+            if g.drop_on_release {
+                // Its last handle is gone: the executor goes once the
+                // task that holds it is done (see `remove`).
+                return Err(self.pin_error(slot, &g));
+            }
             match g.state.pin_step() {
                 PinStep::Pin => {
                     let Some(v) = g.value.take() else {
@@ -236,6 +241,7 @@ impl Shared {
             }
             _ => Error::UnknownExecutor {
                 executor: slot.label.clone(),
+                removed: true,
             },
         }
     }
@@ -250,6 +256,11 @@ impl Shared {
         let mut waited = false;
         let mut g = slot.lock();
         loop {
+            if g.drop_on_release {
+                // Removed while tasks read it: none joins them (see
+                // `remove`).
+                return Err(self.pin_error(slot, &g));
+            }
             let joinable = g.state == State::Pinned && g.readers > 0;
             if g.state == State::Resident || joinable {
                 let Some(v) = g.value.as_deref() else {
@@ -391,6 +402,13 @@ impl Shared {
                 let _ = std::fs::remove_file(self.store().path_for(slot.id));
             }
             return;
+        }
+        if drop_value {
+            // From now on no task takes it, nor joins the tasks reading it
+            // (a read side by side could otherwise start after the drop,
+            // where a task that holds it alone fails): the last one to
+            // give it back drops it.
+            g.drop_on_release = true;
         }
         while matches!(g.state, State::Pinned | State::Loading | State::Evicting) && drop_value {
             g = slot.wait(g);

@@ -23,6 +23,8 @@
 //! - `join.rs`: what a task sees ([`TaskContext`], and [`Join`] and
 //!   [`Key`] for tasks over several executors);
 //! - `pool.rs`: the worker pool, the prefetchers' signal;
+//! - `pins.rs`: what running tasks pin, so that joins side by side stay
+//!   under the cap;
 //! - `shared.rs`: the state the threads share;
 //! - `registry.rs`: executors and their declared cycles (several per
 //!   runtime);
@@ -39,6 +41,7 @@ mod evict;
 mod handle;
 mod join;
 mod load;
+mod pins;
 mod pool;
 mod prefetch;
 mod queue;
@@ -314,6 +317,7 @@ impl Runtime {
         Ok(Handle {
             slot: Some(slot),
             shared: Arc::downgrade(sh),
+            runtime: sh.ident(),
             _t: PhantomData,
         })
     }
@@ -577,19 +581,7 @@ impl Drop for Runtime {
 /// Counts the bytes `value` encodes to (its size estimate before it has
 /// been measured on a load).
 fn encoded_len<T: Serialize>(value: &T) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0 += b.len();
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut c = Count(0);
-    let _ = bincode::serde::encode_into_std_write(value, &mut c, crate::spill::bincode_config());
-    c.0
+    crate::executor::encoded_len(value).0
 }
 
 /// A lineage with its value type erased, as the slot stores it, and

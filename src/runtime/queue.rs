@@ -147,13 +147,20 @@ impl<R> Queue<R> {
 
     /// Takes the first task before index `limit` that is first on each of
     /// its executors, all of which `busy` lets it take (no task holds them,
-    /// or only tasks reading side by side, when it reads so too).
-    pub fn take_free(&mut self, busy: &Busy, limit: usize) -> Option<Task<R>> {
+    /// or only tasks reading side by side, when it reads so too), and that
+    /// `admit` lets start (asked last, once the rest holds; it is not asked
+    /// again for the task it lets start).
+    pub fn take_free(
+        &mut self,
+        busy: &Busy,
+        limit: usize,
+        mut admit: impl FnMut(&[(Arc<Slot>, Access)]) -> bool,
+    ) -> Option<Task<R>> {
         let tasks = &self.tasks;
         let &i = self.ready.range(..limit).find(|&&i| {
-            tasks[i]
-                .as_ref()
-                .is_some_and(|t| t.slots.iter().all(|(s, a)| busy.allows(s.id, *a)))
+            tasks[i].as_ref().is_some_and(|t| {
+                t.slots.iter().all(|(s, a)| busy.allows(s.id, *a)) && admit(&t.slots)
+            })
         })?;
         self.ready.remove(&i);
         let t = self.tasks[i].take()?;

@@ -19,8 +19,10 @@
 //! - the pending heads' (`heads`): [`Shared::sync_pending`],
 //!   [`Shared::pending_horizon`], [`Shared::pending_soon`] (here);
 //! - the last failed write's: `WriteHealth` (`writes.rs`);
-//! - the worker pool's queue, the prefetch signal and each batch's state
-//!   (parking_lot: `pool.rs`, `batch.rs`): never reached from the trap.
+//! - the worker pool's queue, the prefetch signal, each batch's state and
+//!   what running tasks pin (parking_lot: `pool.rs`, `batch.rs`,
+//!   `pins.rs`, a leaf taken under a batch's): never reached from the
+//!   trap.
 //!
 //! The order: a thread holding one of these may take only locks further
 //! down this list, never one above it:
@@ -46,6 +48,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::pins::Pins;
 use super::pool::{Pool, Signal};
 use super::ranked::Ranked;
 use super::registry::Registry;
@@ -57,6 +60,9 @@ use crate::spill::SpillStore;
 use crate::stats::Counters;
 
 pub(crate) struct Shared {
+    /// This runtime's identity, unique in the process: the keys of its
+    /// executors carry it (see [`Key`](crate::Key)).
+    ident: u64,
     cap: Option<u64>,
     policy: EvictionPolicy,
     store: SpillStore,
@@ -64,6 +70,8 @@ pub(crate) struct Shared {
     counters: Counters,
     /// Executors pinned by running tasks.
     pinned: AtomicUsize,
+    /// What running tasks pin, in bytes (for starting joins under the cap).
+    pins: Pins,
     /// Bytes of loads in progress.
     loading_bytes: AtomicUsize,
     /// Bumped whenever an executor may have become evictable.
@@ -111,6 +119,9 @@ pub(crate) struct Shared {
     interrupted: Arc<AtomicBool>,
 }
 
+/// The next runtime's identity (see [`Shared::ident`]).
+static NEXT_RUNTIME: AtomicU64 = AtomicU64::new(1);
+
 impl Shared {
     pub(crate) fn new(
         cap: Option<u64>,
@@ -120,12 +131,14 @@ impl Shared {
         prefetch_on: bool,
     ) -> Arc<Shared> {
         Arc::new(Shared {
+            ident: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
             cap,
             policy,
             store,
             registry: Registry::default(),
             counters: Counters::default(),
             pinned: AtomicUsize::new(0),
+            pins: Pins::default(),
             loading_bytes: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
             clock: AtomicU64::new(1),
@@ -146,6 +159,11 @@ impl Shared {
             evicted_mark: AtomicU64::new(0),
             interrupted: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// This runtime's identity, unique in the process (never reused).
+    pub(crate) fn ident(&self) -> u64 {
+        self.ident
     }
 
     /// Keeps the ranked lists able to hold `executors` (and the entries
@@ -296,6 +314,11 @@ impl Shared {
 
     pub(crate) fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// What running tasks pin (it owns its lock, a leaf).
+    pub(crate) fn pins(&self) -> &Pins {
+        &self.pins
     }
 
     /// The worker pool (it owns its lock).
