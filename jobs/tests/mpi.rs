@@ -34,13 +34,23 @@ fn have_mpirun() -> bool {
 
 /// `cmd` (a program and its arguments) to run in `dir` under a watchdog
 /// of `seconds`, allowed to run `mpirun` as root.
+///
+/// OpenMPI's session directory goes under `dir`: by default every
+/// `mpirun` of a user on a node makes and removes the same one
+/// (`$TMPDIR/ompi.<host>.<uid>`), and two starting at once race for it:
+/// one fails with "A call to mkdir was unable to create the desired
+/// directory ... File exists" and no line of ours (open-mpi/ompi#8510).
+/// The tests run in parallel, so their first `mpirun`s start together:
+/// that made the NaN case of
+/// `one_failing_rank_ends_every_rank_with_one_line` fail now and then.
 fn watchdog(dir: &Path, seconds: u32, cmd: &[&str]) -> Command {
     let mut c = Command::new("timeout");
     c.args(["-k", "5", &seconds.to_string()])
         .args(cmd)
         .current_dir(dir)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_orte_tmpdir_base", dir);
     c
 }
 
@@ -527,6 +537,47 @@ fn one_failing_rank_ends_every_rank_with_one_line() {
         line.contains("give a smaller --task-points (at most 5461)"),
         "{line}"
     );
+}
+
+/// Every `mpirun` of the tests has a session directory of its own (see
+/// [`watchdog`]): with the shared one unusable (here `TMPDIR` is a file,
+/// which makes its mkdir fail at once, as the race does now and then), a
+/// job still runs. It failed on the old helper, as the NaN case did.
+#[test]
+fn each_mpirun_has_its_own_session_directory() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let blocked = dir.path().join("not-a-directory");
+    std::fs::write(&blocked, b"").unwrap();
+    let spill = tmp_in(dir.path());
+    let cmd = [
+        "mpirun",
+        "-np",
+        "2",
+        "--oversubscribe",
+        BIN,
+        "kmeans",
+        "--synthetic",
+        "256KiB",
+        "--dims",
+        "4",
+        "--k",
+        "2",
+        "--epochs",
+        "1",
+        "--workers",
+        "1",
+        "--spill-dir",
+        spill.to_str().unwrap(),
+    ];
+    let out = watchdog(dir.path(), 120, &cmd)
+        .env("TMPDIR", &blocked)
+        .output()
+        .expect("timeout(1) runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
 }
 
 #[test]
