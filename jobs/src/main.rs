@@ -90,9 +90,12 @@ fn main() -> ExitCode {
     }
 }
 
-/// A line on stderr; lost, not a panic, when stderr is closed.
+/// A line on stderr, in one write: under `mpirun`, which forwards each
+/// rank's stderr as the pieces come, a line written in pieces can have
+/// another rank's output land inside it. Lost, not a panic, when stderr
+/// is closed.
 fn tell(line: &str) {
-    let _ = writeln!(std::io::stderr(), "{line}");
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
 
 /// The MPI ranks this process is one of (built with the `mpi` feature and

@@ -552,12 +552,14 @@ mod mpi_impl {
             // wait for ranks that wait for this one. End the job instead.
             if std::thread::panicking() {
                 use std::io::Write as _;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "outcore: error: rank {} of {}: panicked; ending every rank",
+                // One write: `mpirun` could put another rank's output
+                // inside a line written in pieces.
+                let line = format!(
+                    "outcore: error: rank {} of {}: panicked; ending every rank\n",
                     self.rank.get(),
                     self.size.get()
                 );
+                let _ = std::io::stderr().write_all(line.as_bytes());
                 self.comm().abort(101);
             }
         }
