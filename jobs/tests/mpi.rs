@@ -685,6 +685,71 @@ fn ranks_that_disagree_on_the_data_stop_with_one_line() {
     assert!(!dir.path().join("m.npy").exists());
 }
 
+/// A rank given a stale copy of an input file (the same rows and
+/// columns, other bytes: a copy on one node that was not updated) stops
+/// every rank with one line naming the file and the rank, and leaves no
+/// spill behind. The ranks used to check only the shape, and finished
+/// with other centroids (exit 0).
+#[test]
+fn a_stale_copy_on_one_rank_stops_every_rank_with_one_line() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // 8 MiB: sampled, not read whole.
+    let x = gen(dir.path(), "8MiB", 16);
+    let (v, rows, dims) = outcore_jobs::npy::read_matrix(&x).unwrap();
+    let stale = dir.path().join("stale");
+    std::fs::create_dir(&stale).unwrap();
+    // The same shape, the values scaled a little (as an older version of
+    // the preprocessing would give).
+    let older: Vec<f32> = v.iter().map(|x| x * 1.001).collect();
+    outcore_jobs::npy::write_array(&stale.join("x.npy"), &[rows as u64, dims as u64], &older)
+        .unwrap();
+    let labels: Vec<i32> = (0..rows as i32).map(|i| i % 3).collect();
+    let y = dir.path().join("y.npy");
+    outcore_jobs::npy::write_array(&y, &[rows as u64], &labels).unwrap();
+    let tmp = tmp_in(dir.path());
+    let tmpdir = format!("TMPDIR={}", tmp.display());
+    let runs = [
+        ("lloyd", "kmeans --k 4 --algorithm lloyd --output c.npy"),
+        ("minibatch", "kmeans --k 4 --output c.npy"),
+        ("train", "train --max-iter 2 --output c.npy --targets"),
+    ];
+    for (what, args) in runs {
+        let targets = if what == "train" {
+            y.to_str().unwrap()
+        } else {
+            ""
+        };
+        // Rank 1 runs where its relative x.npy is the stale copy.
+        let script = format!(
+            "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then cd stale; fi; exec {BIN} {args} {targets} --input x.npy --shards 3 --workers 1"
+        );
+        let cmd = [
+            "mpirun",
+            "-np",
+            "3",
+            "--oversubscribe",
+            "-x",
+            &tmpdir,
+            "sh",
+            "-c",
+            &script,
+        ];
+        let line = one_error_line(dir.path(), what, &cmd);
+        assert!(
+            line.contains("disagree on the contents of x.npy")
+                && line.contains("rank 1 has")
+                && !line.contains("ranks 1"),
+            "{what}: {line}"
+        );
+        assert!(!dir.path().join("c.npy").exists(), "{what}");
+        let left = spill_left(&tmp);
+        assert!(left.is_empty(), "{what}: spill left behind: {left:?}");
+    }
+}
+
 #[test]
 fn a_rank_out_of_memory_ends_every_rank_with_one_line_and_no_spill() {
     if !have_mpirun() {
