@@ -685,6 +685,56 @@ fn ranks_that_disagree_on_the_data_stop_with_one_line() {
     assert!(!dir.path().join("m.npy").exists());
 }
 
+/// A bad argument on one rank only (a wrapper script's, a path that
+/// exists on one node only) ends every rank with one line naming that
+/// rank; on every rank, with one line as on one process. A value that
+/// did not parse on a rank other than 0 used to end the job with no line
+/// of ours (that rank alone stayed quiet, so that rank 0 would speak for
+/// all).
+#[test]
+fn an_argument_bad_on_one_rank_ends_every_rank_with_one_line() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    gen(dir.path(), "2MiB", 16);
+    // The bad rank's value replaces one of the good ones.
+    let cases = [
+        (
+            "k",
+            "1",
+            "k=x",
+            "outcore: error: rank 1 of 3: invalid value 'x' for '--k",
+        ),
+        (
+            "all",
+            "*",
+            "k=x",
+            "outcore: error: invalid value 'x' for '--k",
+        ),
+        (
+            "input",
+            "2",
+            "input=nope.npy",
+            "outcore: error: rank 2 of 3: nope.npy: cannot open",
+        ),
+        (
+            "workers",
+            "1",
+            "workers=0",
+            "outcore: error: rank 1 of 3: --workers must be at least 1",
+        ),
+    ];
+    for (what, rank, bad, want) in cases {
+        let script = format!(
+            "k=4 input=x.npy workers=1; case \"$OMPI_COMM_WORLD_RANK\" in {rank}) {bad};; esac; exec {BIN} kmeans --input $input --k $k --workers $workers --shards 3"
+        );
+        let cmd = ["mpirun", "-np", "3", "--oversubscribe", "sh", "-c", &script];
+        let line = one_error_line(dir.path(), what, &cmd);
+        assert!(line.starts_with(want), "{what}: {line}");
+    }
+}
+
 /// A rank given a stale copy of an input file (the same rows and
 /// columns, other bytes: a copy on one node that was not updated) stops
 /// every rank with one line naming the file and the rank, and leaves no
