@@ -9,6 +9,7 @@
 #![deny(clippy::too_many_lines)]
 
 mod cli;
+mod launcher;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -30,7 +31,16 @@ fn main() -> ExitCode {
     // Before anything starts: a limit too small for the program itself
     // would end the run in an allocation failure.
     if let Some(line) = cli::address_space_too_small(&args.0) {
-        tell(&line);
+        // Before MPI starts, so without it: under mpirun, once.
+        match launched_rank() {
+            None | Some(0) => tell(&line),
+            Some(r) if !launcher::limit_inherited() => {
+                // A limit of this rank's own (a wrapper's), which rank 0
+                // may not have.
+                tell(&ranked(&line, r, launcher::size().unwrap_or(r + 1)));
+            }
+            Some(_) => {}
+        }
         return ExitCode::from(2);
     }
     let ranks = match ranks() {

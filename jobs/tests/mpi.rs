@@ -735,6 +735,36 @@ fn an_argument_bad_on_one_rank_ends_every_rank_with_one_line() {
     }
 }
 
+/// An address-space limit too small for outcore itself, refused before
+/// MPI starts: set before `mpirun` (every rank has it), one line, rank
+/// 0's; set for rank 1 alone by a wrapper, one line naming rank 1. Every
+/// rank used to print the line (3 lines on 3 ranks).
+#[test]
+fn an_address_space_too_small_is_refused_once() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = "--oversubscribe {BIN} kmeans --synthetic 1MiB --dims 4 --k 4 --workers 16";
+    let run = run.replace("{BIN}", BIN);
+    // 16 workers need 160 MiB; mpirun itself runs under 97.7 MiB.
+    let all = format!("ulimit -v 100000; exec mpirun -np 3 {run}");
+    let line = one_error_line(dir.path(), "every rank", &["sh", "-c", &all]);
+    assert!(
+        line.starts_with("outcore: error: the address-space limit (ulimit -v 100000)"),
+        "{line}"
+    );
+    let one = format!(
+        "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then ulimit -v 100000; fi; exec {BIN} kmeans --synthetic 1MiB --dims 4 --k 4 --workers 16"
+    );
+    let cmd = ["mpirun", "-np", "3", "--oversubscribe", "sh", "-c", &one];
+    let line = one_error_line(dir.path(), "rank 1", &cmd);
+    assert!(
+        line.starts_with("outcore: error: rank 1 of 3: the address-space limit"),
+        "{line}"
+    );
+}
+
 /// A rank given a stale copy of an input file (the same rows and
 /// columns, other bytes: a copy on one node that was not updated) stops
 /// every rank with one line naming the file and the rank, and leaves no
