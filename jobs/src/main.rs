@@ -9,6 +9,7 @@
 #![deny(clippy::too_many_lines)]
 
 mod cli;
+mod launcher;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -25,31 +26,21 @@ fn main() -> ExitCode {
         .and_then(|m| cli::Cli::from_arg_matches(&m).map(|c| (c, cli::Given::from_matches(&m))));
     let args = match parsed {
         Ok(a) => a,
-        Err(e) => {
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
-                let _ = e.print();
-                return ExitCode::SUCCESS;
-            }
-            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-                // No subcommand: show the help, but as an error.
-                let _ = write!(std::io::stderr(), "{}", e.render());
-                return ExitCode::from(2);
-            }
-            // Under mpirun every rank parses the same arguments: rank 0
-            // alone says what is wrong.
-            let rank = ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]
-                .iter()
-                .find_map(|v| std::env::var(v).ok());
-            if rank.is_none_or(|r| r == "0") {
-                tell(&condense(&e.to_string()));
-            }
-            return ExitCode::from(2);
-        }
+        Err(e) => return arguments_failed(&e),
     };
     // Before anything starts: a limit too small for the program itself
     // would end the run in an allocation failure.
     if let Some(line) = cli::address_space_too_small(&args.0) {
-        tell(&line);
+        // Before MPI starts, so without it: under mpirun, once.
+        match launched_rank() {
+            None | Some(0) => tell(&line),
+            Some(r) if !launcher::limit_inherited() => {
+                // A limit of this rank's own (a wrapper's), which rank 0
+                // may not have.
+                tell(&ranked(&line, r, launcher::size().unwrap_or(r + 1)));
+            }
+            Some(_) => {}
+        }
         return ExitCode::from(2);
     }
     let ranks = match ranks() {
@@ -59,6 +50,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(code) = arguments_parsed_everywhere(&ranks, None) {
+        return code;
+    }
     match cli::run(args.0, &args.1, &ranks) {
         Ok(()) => ExitCode::SUCCESS,
         Err(_) if cli::interrupted() => {
@@ -90,9 +84,91 @@ fn main() -> ExitCode {
     }
 }
 
-/// A line on stderr; lost, not a panic, when stderr is closed.
+/// The command line did not parse: help and version are printed, an
+/// error is one line. Under `mpirun` the ranks agree on it first
+/// ([`arguments_parsed_everywhere`]), so that the line is printed once
+/// even when only some ranks were given the bad value.
+fn arguments_failed(e: &clap::Error) -> ExitCode {
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        // No subcommand: show the help, but as an error.
+        let _ = write!(std::io::stderr(), "{}", e.render());
+        return ExitCode::from(2);
+    }
+    let line = condense(&e.to_string());
+    let mpi = launched_rank()
+        .and_then(|_| ranks().ok())
+        .filter(outcore_jobs::ranks::Ranks::is_mpi);
+    if let Some(ranks) = mpi {
+        let agreed = arguments_parsed_everywhere(&ranks, Some(&line));
+        return agreed.err().unwrap_or(ExitCode::from(2));
+    }
+    // Without MPI to agree through, every rank parses the same arguments:
+    // rank 0 alone says what is wrong.
+    if launched_rank().is_none_or(|r| r == 0) {
+        tell(&line);
+    }
+    ExitCode::from(2)
+}
+
+/// Under MPI, every rank says whether its command line parsed (`failed`:
+/// its error line), before anything else: when one did not, the lowest
+/// such rank prints its line (naming itself, unless it is rank 0) and
+/// every rank ends with exit code 2, none left waiting. A rank's
+/// arguments can differ from rank 0's (a wrapper script, a node's own
+/// paths); a rank that failed alone used to exit before MPI started,
+/// silently. Collective (not for a rank spawned by growth, whose
+/// parents are past this point).
+fn arguments_parsed_everywhere(
+    ranks: &outcore_jobs::ranks::Ranks,
+    failed: Option<&str>,
+) -> Result<(), ExitCode> {
+    if ranks.size() > 1 && !ranks.joined() {
+        let all = ranks.all_gather_u64(&[u64::from(failed.is_some())]);
+        let Some(first) = all.iter().position(|&f| f == 1) else {
+            return Ok(());
+        };
+        if let (true, Some(line)) = (first == ranks.rank(), failed) {
+            tell(&ranked(line, first, ranks.size()));
+        }
+        return Err(ExitCode::from(2));
+    }
+    match failed {
+        Some(line) => {
+            tell(line);
+            Err(ExitCode::from(2))
+        }
+        None => Ok(()),
+    }
+}
+
+/// `line` (`outcore: error: ...`) naming rank `rank` of `size` (rank 0
+/// speaks for all ranks, as one process does: its line is unchanged).
+fn ranked(line: &str, rank: usize, size: usize) -> String {
+    match line.strip_prefix("outcore: error: ") {
+        Some(rest) if rank > 0 => format!("outcore: error: rank {rank} of {size}: {rest}"),
+        _ => line.to_string(),
+    }
+}
+
+/// This process's rank in `MPI_COMM_WORLD` as its launcher says before
+/// `MPI_Init` (`None`: not started by an MPI launcher).
+fn launched_rank() -> Option<usize> {
+    ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok())
+        .and_then(|r| r.parse().ok())
+}
+
+/// A line on stderr, in one write: under `mpirun`, which forwards each
+/// rank's stderr as the pieces come, a line written in pieces can have
+/// another rank's output land inside it. Lost, not a panic, when stderr
+/// is closed.
 fn tell(line: &str) {
-    let _ = writeln!(std::io::stderr(), "{line}");
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
 
 /// The MPI ranks this process is one of (built with the `mpi` feature and

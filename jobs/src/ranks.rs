@@ -114,21 +114,33 @@ pub fn hash_of(value: &impl std::fmt::Debug) -> u64 {
 }
 
 /// `all` holds every rank's `n` values in rank order: the first value in
-/// which a rank differs from rank 0, as an error (see [`Ranks::agree`]).
+/// which a rank differs from rank 0, as an error naming the first such
+/// rank and, when there are more, every rank that differs on it (see
+/// [`Ranks::agree`]).
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 fn check_agreement(names: &[&str], n: usize, all: &[u64]) -> Result<()> {
     let first = all.get(..n).unwrap_or_default();
-    for (r, theirs) in all.chunks(n.max(1)).enumerate().skip(1) {
-        if let Some(i) = (0..n).find(|&i| theirs.get(i) != first.get(i)) {
-            let name = names.get(i).copied().unwrap_or("a value");
-            return Err(Error::Input(format!(
-                "the ranks disagree on {name}: rank 0 has {}, rank {r} has {} (every rank must be given the same data and flags)",
-                first.get(i).copied().unwrap_or_default(),
-                theirs.get(i).copied().unwrap_or_default()
-            )));
-        }
-    }
-    Ok(())
+    let value = |r: &[u64], i: usize| r.get(i).copied().unwrap_or_default();
+    let differs = |i: usize| {
+        all.chunks(n.max(1))
+            .enumerate()
+            .skip(1)
+            .filter(move |(_, theirs)| value(theirs, i) != value(first, i))
+    };
+    let Some((i, (r, theirs))) = (0..n).find_map(|i| differs(i).next().map(|d| (i, d))) else {
+        return Ok(());
+    };
+    let name = names.get(i).copied().unwrap_or("a value");
+    let ranks: Vec<String> = differs(i).map(|(r, _)| r.to_string()).collect();
+    let all_of = match ranks.len() {
+        1 => String::new(),
+        _ => format!("ranks {} differ from rank 0; ", ranks.join(", ")),
+    };
+    Err(Error::Input(format!(
+        "the ranks disagree on {name}: rank 0 has {}, rank {r} has {} ({all_of}every rank must be given the same data and flags)",
+        value(first, i),
+        value(theirs, i)
+    )))
 }
 
 /// The processes a job runs on: one, or the ranks of `MPI_COMM_WORLD`.
@@ -552,12 +564,14 @@ mod mpi_impl {
             // wait for ranks that wait for this one. End the job instead.
             if std::thread::panicking() {
                 use std::io::Write as _;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "outcore: error: rank {} of {}: panicked; ending every rank",
+                // One write: `mpirun` could put another rank's output
+                // inside a line written in pieces.
+                let line = format!(
+                    "outcore: error: rank {} of {}: panicked; ending every rank\n",
                     self.rank.get(),
                     self.size.get()
                 );
+                let _ = std::io::stderr().write_all(line.as_bytes());
                 self.comm().abort(101);
             }
         }
@@ -881,6 +895,15 @@ mod agreement_tests {
             .to_string();
         assert!(
             e.contains("on the dimensions: rank 0 has 3, rank 1 has 4"),
+            "{e}"
+        );
+        assert!(!e.contains("ranks 1"), "one rank differs: {e}");
+        // Every rank that differs on that value is named.
+        let e = check_agreement(&names, 2, &[10, 3, 10, 4, 10, 3, 10, 5])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rank 0 has 3, rank 1 has 4 (ranks 1, 3 differ from rank 0; "),
             "{e}"
         );
     }

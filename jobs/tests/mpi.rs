@@ -34,13 +34,23 @@ fn have_mpirun() -> bool {
 
 /// `cmd` (a program and its arguments) to run in `dir` under a watchdog
 /// of `seconds`, allowed to run `mpirun` as root.
+///
+/// OpenMPI's session directory goes under `dir`: by default every
+/// `mpirun` of a user on a node makes and removes the same one
+/// (`$TMPDIR/ompi.<host>.<uid>`), and two starting at once race for it:
+/// one fails with "A call to mkdir was unable to create the desired
+/// directory ... File exists" and no line of ours (open-mpi/ompi#8510).
+/// The tests run in parallel, so their first `mpirun`s start together:
+/// that made the NaN case of
+/// `one_failing_rank_ends_every_rank_with_one_line` fail now and then.
 fn watchdog(dir: &Path, seconds: u32, cmd: &[&str]) -> Command {
     let mut c = Command::new("timeout");
     c.args(["-k", "5", &seconds.to_string()])
         .args(cmd)
         .current_dir(dir)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_orte_tmpdir_base", dir);
     c
 }
 
@@ -529,6 +539,47 @@ fn one_failing_rank_ends_every_rank_with_one_line() {
     );
 }
 
+/// Every `mpirun` of the tests has a session directory of its own (see
+/// [`watchdog`]): with the shared one unusable (here `TMPDIR` is a file,
+/// which makes its mkdir fail at once, as the race does now and then), a
+/// job still runs. It failed on the old helper, as the NaN case did.
+#[test]
+fn each_mpirun_has_its_own_session_directory() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let blocked = dir.path().join("not-a-directory");
+    std::fs::write(&blocked, b"").unwrap();
+    let spill = tmp_in(dir.path());
+    let cmd = [
+        "mpirun",
+        "-np",
+        "2",
+        "--oversubscribe",
+        BIN,
+        "kmeans",
+        "--synthetic",
+        "256KiB",
+        "--dims",
+        "4",
+        "--k",
+        "2",
+        "--epochs",
+        "1",
+        "--workers",
+        "1",
+        "--spill-dir",
+        spill.to_str().unwrap(),
+    ];
+    let out = watchdog(dir.path(), 120, &cmd)
+        .env("TMPDIR", &blocked)
+        .output()
+        .expect("timeout(1) runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}
+
 #[test]
 fn ranks_on_two_simulated_nodes_over_tcp_give_the_same_bytes() {
     if !have_mpirun() {
@@ -632,6 +683,151 @@ fn ranks_that_disagree_on_the_data_stop_with_one_line() {
         "train: {line}"
     );
     assert!(!dir.path().join("m.npy").exists());
+}
+
+/// A bad argument on one rank only (a wrapper script's, a path that
+/// exists on one node only) ends every rank with one line naming that
+/// rank; on every rank, with one line as on one process. A value that
+/// did not parse on a rank other than 0 used to end the job with no line
+/// of ours (that rank alone stayed quiet, so that rank 0 would speak for
+/// all).
+#[test]
+fn an_argument_bad_on_one_rank_ends_every_rank_with_one_line() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    gen(dir.path(), "2MiB", 16);
+    // The bad rank's value replaces one of the good ones.
+    let cases = [
+        (
+            "k",
+            "1",
+            "k=x",
+            "outcore: error: rank 1 of 3: invalid value 'x' for '--k",
+        ),
+        (
+            "all",
+            "*",
+            "k=x",
+            "outcore: error: invalid value 'x' for '--k",
+        ),
+        (
+            "input",
+            "2",
+            "input=nope.npy",
+            "outcore: error: rank 2 of 3: nope.npy: cannot open",
+        ),
+        (
+            "workers",
+            "1",
+            "workers=0",
+            "outcore: error: rank 1 of 3: --workers must be at least 1",
+        ),
+    ];
+    for (what, rank, bad, want) in cases {
+        let script = format!(
+            "k=4 input=x.npy workers=1; case \"$OMPI_COMM_WORLD_RANK\" in {rank}) {bad};; esac; exec {BIN} kmeans --input $input --k $k --workers $workers --shards 3"
+        );
+        let cmd = ["mpirun", "-np", "3", "--oversubscribe", "sh", "-c", &script];
+        let line = one_error_line(dir.path(), what, &cmd);
+        assert!(line.starts_with(want), "{what}: {line}");
+    }
+}
+
+/// An address-space limit too small for outcore itself, refused before
+/// MPI starts: set before `mpirun` (every rank has it), one line, rank
+/// 0's; set for rank 1 alone by a wrapper, one line naming rank 1. Every
+/// rank used to print the line (3 lines on 3 ranks).
+#[test]
+fn an_address_space_too_small_is_refused_once() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = "--oversubscribe {BIN} kmeans --synthetic 1MiB --dims 4 --k 4 --workers 16";
+    let run = run.replace("{BIN}", BIN);
+    // 16 workers need 160 MiB; mpirun itself runs under 97.7 MiB.
+    let all = format!("ulimit -v 100000; exec mpirun -np 3 {run}");
+    let line = one_error_line(dir.path(), "every rank", &["sh", "-c", &all]);
+    assert!(
+        line.starts_with("outcore: error: the address-space limit (ulimit -v 100000)"),
+        "{line}"
+    );
+    let one = format!(
+        "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then ulimit -v 100000; fi; exec {BIN} kmeans --synthetic 1MiB --dims 4 --k 4 --workers 16"
+    );
+    let cmd = ["mpirun", "-np", "3", "--oversubscribe", "sh", "-c", &one];
+    let line = one_error_line(dir.path(), "rank 1", &cmd);
+    assert!(
+        line.starts_with("outcore: error: rank 1 of 3: the address-space limit"),
+        "{line}"
+    );
+}
+
+/// A rank given a stale copy of an input file (the same rows and
+/// columns, other bytes: a copy on one node that was not updated) stops
+/// every rank with one line naming the file and the rank, and leaves no
+/// spill behind. The ranks used to check only the shape, and finished
+/// with other centroids (exit 0).
+#[test]
+fn a_stale_copy_on_one_rank_stops_every_rank_with_one_line() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // 8 MiB: sampled, not read whole.
+    let x = gen(dir.path(), "8MiB", 16);
+    let (v, rows, dims) = outcore_jobs::npy::read_matrix(&x).unwrap();
+    let stale = dir.path().join("stale");
+    std::fs::create_dir(&stale).unwrap();
+    // The same shape, the values scaled a little (as an older version of
+    // the preprocessing would give).
+    let older: Vec<f32> = v.iter().map(|x| x * 1.001).collect();
+    outcore_jobs::npy::write_array(&stale.join("x.npy"), &[rows as u64, dims as u64], &older)
+        .unwrap();
+    let labels: Vec<i32> = (0..rows as i32).map(|i| i % 3).collect();
+    let y = dir.path().join("y.npy");
+    outcore_jobs::npy::write_array(&y, &[rows as u64], &labels).unwrap();
+    let tmp = tmp_in(dir.path());
+    let tmpdir = format!("TMPDIR={}", tmp.display());
+    let runs = [
+        ("lloyd", "kmeans --k 4 --algorithm lloyd --output c.npy"),
+        ("minibatch", "kmeans --k 4 --output c.npy"),
+        ("train", "train --max-iter 2 --output c.npy --targets"),
+    ];
+    for (what, args) in runs {
+        let targets = if what == "train" {
+            y.to_str().unwrap()
+        } else {
+            ""
+        };
+        // Rank 1 runs where its relative x.npy is the stale copy.
+        let script = format!(
+            "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then cd stale; fi; exec {BIN} {args} {targets} --input x.npy --shards 3 --workers 1"
+        );
+        let cmd = [
+            "mpirun",
+            "-np",
+            "3",
+            "--oversubscribe",
+            "-x",
+            &tmpdir,
+            "sh",
+            "-c",
+            &script,
+        ];
+        let line = one_error_line(dir.path(), what, &cmd);
+        assert!(
+            line.contains("disagree on the contents of x.npy")
+                && line.contains("rank 1 has")
+                && !line.contains("ranks 1"),
+            "{what}: {line}"
+        );
+        assert!(!dir.path().join("c.npy").exists(), "{what}");
+        let left = spill_left(&tmp);
+        assert!(left.is_empty(), "{what}: spill left behind: {left:?}");
+    }
 }
 
 #[test]

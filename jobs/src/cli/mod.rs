@@ -28,11 +28,15 @@ macro_rules! say {
 
 /// A line on stderr that never fails the run: with stderr closed (the
 /// reader of a pipe gone, `2>&-`) it is lost, and the run still finishes
-/// and writes its outputs (`eprintln!` would panic).
+/// and writes its outputs (`eprintln!` would panic). Written in one piece
+/// (`writeln!` writes each piece of the format on its own): under
+/// `mpirun`, another rank's line could land inside it.
 macro_rules! tell {
     ($($t:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($t)*);
+        let mut line = format!($($t)*);
+        line.push('\n');
+        let _ = std::io::stderr().write_all(line.as_bytes());
     }};
 }
 

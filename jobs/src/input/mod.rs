@@ -24,9 +24,12 @@
 //! - `direct.rs`: direct reads of a byte range, several requests in flight;
 //! - `region.rs`: any block of rows of an input file, read again (direct
 //!   I/O);
+//! - `digest.rs`: a digest of a fixed sample of a file, which ranks
+//!   compare to check that they read the same file;
 //! - `load.rs`: rows into executors, the sweep order declared, room made.
 
 mod blobs;
+mod digest;
 mod direct;
 mod load;
 mod region;
@@ -37,6 +40,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::files::format_of;
 use crate::npy::NpyWriter;
+use crate::ranks::Ranks;
 
 pub(crate) use blobs::{mix, Blobs};
 pub(crate) use load::{Block, Loader};
@@ -120,6 +124,14 @@ impl Source {
         Ok(())
     }
 
+    /// The input file, for data read from one (not synthetic data).
+    pub fn file(&self) -> Option<&Path> {
+        match self {
+            Source::Synthetic { .. } => None,
+            Source::Npy(p) | Source::Npz(p, _) | Source::Fvecs(p) | Source::Raw(p, _) => Some(p),
+        }
+    }
+
     /// Whether a file at `path` is read as raw float32, whose number of
     /// columns must be given (not `.npy`, `.npz` or `.fvecs`).
     pub fn needs_dims(path: &Path) -> bool {
@@ -188,6 +200,33 @@ impl Source {
         w.finish()?;
         Ok((n, dims))
     }
+}
+
+/// What ranks compare ([`Ranks::agree`]) to check that they read the
+/// same input `files` (the data, its labels or weights; `None`s are
+/// skipped), and not a stale copy of one on some node: for each file, its
+/// name in the error and the digest of a fixed sample of its bytes
+/// (`digest.rs`). Nothing on one process, which has no copy to compare
+/// with.
+///
+/// # Errors
+///
+/// [`Error::Io`] when a file cannot be read.
+pub(crate) fn digests(ranks: &Ranks, files: &[Option<&Path>]) -> Result<Vec<(String, u64)>> {
+    if ranks.size() < 2 {
+        return Ok(Vec::new());
+    }
+    files
+        .iter()
+        .flatten()
+        .map(|p| {
+            let name = format!(
+                "the contents of {} (a digest of its size and a fixed sample of its bytes)",
+                p.display()
+            );
+            Ok((name, digest::sample_digest(p)?))
+        })
+        .collect()
 }
 
 /// Reads any block of rows of an input file, as K-means' partitions do

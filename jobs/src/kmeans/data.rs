@@ -111,10 +111,12 @@ pub(super) fn load(
         Some(cfg) => {
             let ranks = session.ranks();
             let (rows, dims) = src.shape()?;
-            ranks.agree(
-                &["the rows", "the dimensions", "k", "the settings (a hash)"],
-                &[rows, dims as u64, cfg.k as u64, crate::ranks::hash_of(cfg)],
-            )?;
+            let files = crate::input::digests(ranks, &[src.file(), weights])?;
+            let mut names = vec!["the rows", "the dimensions", "k", "the settings (a hash)"];
+            let mut values = vec![rows, dims as u64, cfg.k as u64, crate::ranks::hash_of(cfg)];
+            names.extend(files.iter().map(|(n, _)| n.as_str()));
+            values.extend(files.iter().map(|&(_, d)| d));
+            ranks.agree(&names, &values)?;
             Some(super::shards::segments(rows, dims, cfg, ranks, part_bytes)?)
         }
         None => None,

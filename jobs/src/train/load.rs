@@ -111,20 +111,26 @@ pub fn load(
     let max_label = max_label(labels, src)?;
     let classes = classes_of(classes, max_label, labels)?;
     let (rows, dims) = src.shape()?;
-    ranks.agree(
-        &[
-            "the rows",
-            "the dimensions",
-            "the classes",
-            "the settings (a hash)",
-        ],
-        &[
-            rows,
-            dims as u64,
-            classes as u64,
-            crate::ranks::hash_of(cfg),
-        ],
-    )?;
+    let label_file = match labels {
+        Labels::File(p) => Some(p.as_path()),
+        Labels::Blobs => None,
+    };
+    let files = crate::input::digests(ranks, &[src.file(), label_file])?;
+    let mut names = vec![
+        "the rows",
+        "the dimensions",
+        "the classes",
+        "the settings (a hash)",
+    ];
+    let mut values = vec![
+        rows,
+        dims as u64,
+        classes as u64,
+        crate::ranks::hash_of(cfg),
+    ];
+    names.extend(files.iter().map(|(n, _)| n.as_str()));
+    values.extend(files.iter().map(|&(_, d)| d));
+    ranks.agree(&names, &values)?;
     check_model_fits(rt, classes, rows, dims, max_label)?;
     let share = share(rows, dims, shard_bytes, cfg, ranks)?;
     let loader = Loader {
