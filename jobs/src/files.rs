@@ -436,7 +436,7 @@ pub fn check_outputs(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> Res
 /// a FIFO is not opened.
 pub fn check_writable(path: &Path) -> Result<()> {
     match target(path)? {
-        Target::Stdout => Ok(()),
+        Target::Stdout => check_stdout_open(path),
         Target::InPlace => {
             let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
                 Error::Output {
@@ -460,6 +460,30 @@ pub fn check_writable(path: &Path) -> Result<()> {
             check_final_name(&real, path)
         }
     }
+}
+
+/// Standard output must be open for writing when an output goes to it.
+/// A closed one (`>&-`) is reopened on `/dev/null`, read-write, by the
+/// standard library before `main`, so `--stats -` lost the statistics
+/// and exited 0: that descriptor is told from a shell's `> /dev/null`
+/// (write-only) by its access mode.
+fn check_stdout_open(shown: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: F_GETFL only reads the descriptor's flags; no memory is
+    // passed.
+    let flags = unsafe { libc::fcntl(libc::STDOUT_FILENO, libc::F_GETFL) };
+    let null = || {
+        let rdev = |p: &str| std::fs::metadata(p).map(|m| m.rdev()).ok();
+        rdev("/proc/self/fd/1").is_some_and(|r| Some(r) == rdev("/dev/null"))
+    };
+    let mode = flags & libc::O_ACCMODE;
+    if flags == -1 || mode == libc::O_RDONLY || (mode == libc::O_RDWR && null()) {
+        return Err(Error::Output {
+            path: shown.to_path_buf(),
+            reason: "standard output is closed".into(),
+        });
+    }
+    Ok(())
 }
 
 /// Checks what the temporary file does not: that `real`'s own name can

@@ -212,7 +212,7 @@ pub(crate) fn read_header(path: &Path, r: &mut impl Read) -> Result<Header> {
         bad(
             path,
             format!(
-                "unsupported dtype '{what}' (outcore reads float16, float32, float64, int32 and int64, either byte order)"
+                "unsupported dtype '{what}' (outcore reads data as float16, float32 or float64, and labels as int32 or int64, either byte order)"
             ),
         )
     };
@@ -778,10 +778,13 @@ pub fn read_matrix(path: &Path) -> Result<(Vec<f32>, usize, usize)> {
 }
 
 /// Checks that every value of the row-major block `x` (`dims` columns,
-/// its first row being row `first_row` of the data) is finite; otherwise
-/// names the first bad row and column. One pass in 16 independent lanes
-/// (`v * 0` is 0 for a finite value, NaN otherwise), then a row-by-row
-/// search only when the block fails.
+/// its first row being row `first_row` of the data) is finite and that
+/// its square is too (magnitudes up to about 1.8e19): the distances and
+/// norms the jobs compute in float32 square the values, and values near
+/// 1e20 made every distance infinite and put every point in one cluster,
+/// silently. Otherwise names the first bad row and column. One pass in 16
+/// independent lanes (`v * v * 0` is 0 when `v * v` is finite, NaN
+/// otherwise), then a row-by-row search only when the block fails.
 pub(crate) fn check_finite(
     x: &[f32],
     dims: usize,
@@ -792,27 +795,33 @@ pub(crate) fn check_finite(
     let tail = chunks.remainder();
     for c in chunks {
         for (a, v) in acc.iter_mut().zip(c) {
-            // 0 for a finite value, NaN for NaN and the infinities.
-            *a += v * 0.0;
+            // 0 when the square is finite; NaN for NaN, the infinities
+            // and values whose square overflows.
+            *a += v * v * 0.0;
         }
     }
     let mut ok = acc.iter().all(|a| *a == 0.0);
     for v in tail {
-        ok &= v.is_finite();
+        ok &= (v * v).is_finite();
     }
     if ok {
         return Ok(());
     }
     let dims = dims.max(1);
-    match x.iter().position(|v| !v.is_finite()) {
-        Some(i) => Err(format!(
-            "row {}, column {} is {} (the data must be finite)",
-            first_row + (i / dims) as u64,
-            i % dims,
-            if x[i].is_nan() { "NaN" } else { "infinite" }
-        )),
-        None => Ok(()),
-    }
+    let Some(i) = x.iter().position(|v| !(v * v).is_finite()) else {
+        return Ok(());
+    };
+    let (row, col, v) = (first_row + (i / dims) as u64, i % dims, x[i]);
+    Err(if v.is_finite() {
+        format!(
+            "row {row}, column {col} is {v:e}, too large: its square overflows float32 (values must be below about 1.8e19 in magnitude; scale the data)"
+        )
+    } else {
+        format!(
+            "row {row}, column {col} is {} (the data must be finite)",
+            if v.is_nan() { "NaN" } else { "infinite" }
+        )
+    })
 }
 
 /// Elements that can be written to `.npy`.

@@ -51,6 +51,9 @@ fn nan_and_inf_in_npy_files_name_the_row_and_column() {
             f32::NEG_INFINITY,
             "infinite",
         ),
+        // Finite, but its square overflows float32: every distance was
+        // infinite, every point in one cluster, and nothing said so.
+        ("big.npy", 77, 3, -1e20, "-1e20, too large"),
     ] {
         let p = dir.path().join(name);
         outcore_jobs::npy::write_array(&p, &[ROWS as u64, DIMS as u64], &values(row, col, bad))
@@ -188,4 +191,69 @@ fn raw_fvecs_init_centroids_and_training_data_are_checked_too() {
         "{err}"
     );
     assert!(!out.exists());
+}
+
+/// Small messages of issue 52: an empty `TMPDIR` is unset (as `mktemp`
+/// reads it), a `-` output with standard output closed is an error, and
+/// an unreadable dtype's message does not list int32 as readable data.
+#[test]
+fn an_empty_tmpdir_a_closed_stdout_and_bool_data_are_handled() {
+    use std::process::{Command, Stdio};
+    let run = |tmpdir: Option<&str>, stdout: Stdio, extra: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
+        c.args(["kmeans", "--synthetic", "1MiB", "--dims", "8", "--k", "4"])
+            .args(["--epochs", "1", "--mem-cap", "none"])
+            .args(extra)
+            .stdout(stdout);
+        if let Some(t) = tmpdir {
+            c.env("TMPDIR", t);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(Some(""), Stdio::null(), &[]);
+    assert_eq!(code, Some(0), "TMPDIR=: {err}");
+    // A closed standard output: the child's fd 1 is closed before exec.
+    let closed = {
+        use std::os::unix::process::CommandExt;
+        let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
+        c.args(["kmeans", "--synthetic", "1MiB", "--dims", "8", "--k", "4"])
+            .args(["--epochs", "1", "--mem-cap", "none", "--stats", "-"]);
+        // SAFETY: close is async-signal-safe and touches only the child.
+        unsafe {
+            c.pre_exec(|| {
+                libc::close(1);
+                Ok(())
+            });
+        }
+        c.output().unwrap()
+    };
+    let err = String::from_utf8_lossy(&closed.stderr);
+    assert_eq!(closed.status.code(), Some(2), "{err}");
+    assert!(err.contains("standard output is closed"), "{err}");
+    assert!(!err.contains("epoch"), "the run worked first: {err}");
+    // Standard output on /dev/null, as a shell's `> /dev/null` opens it,
+    // is written as asked.
+    let (code, err) = run(None, Stdio::null(), &["--stats", "-"]);
+    assert_eq!(code, Some(0), "--stats - > /dev/null: {err}");
+    // A bool .npy.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("b.npy");
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    let header = "{'descr': '|b1', 'fortran_order': False, 'shape': (4, 2), }";
+    let pad = 64 - (10 + header.len() + 1) % 64;
+    let h = format!("{header}{}\n", " ".repeat(pad));
+    b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    b.extend_from_slice(h.as_bytes());
+    b.extend_from_slice(&[0u8; 8]);
+    std::fs::write(&p, b).unwrap();
+    let (code, err) = bin_common::outcore_cli(&["kmeans", "--input", s(&p), "--k", "2"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("reads data as float16, float32 or float64, and labels as int32"),
+        "{err}"
+    );
 }

@@ -689,6 +689,16 @@ pub(crate) struct SpillStore {
     _private: dir::PrivateDir,
 }
 
+/// The system temporary directory: `TMPDIR`, or `/tmp` when it is unset
+/// or set but empty (as `mktemp` reads it; `std::env::temp_dir` would
+/// give an empty path, and the spill directory a "No such file" error).
+pub(crate) fn system_temp_dir() -> PathBuf {
+    match std::env::var_os("TMPDIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => PathBuf::from("/tmp"),
+    }
+}
+
 impl SpillStore {
     /// Creates a private directory (mode 0700, locked while the store
     /// lives: see [`dir`]) inside `parent`, or inside the system temporary
@@ -696,9 +706,7 @@ impl SpillStore {
     /// It is removed on drop. Directories left by runtimes of this host
     /// that died (killed) are removed.
     pub(crate) fn new(parent: Option<&Path>) -> Result<SpillStore> {
-        let parent_dir = parent
-            .map(Path::to_path_buf)
-            .unwrap_or_else(std::env::temp_dir);
+        let parent_dir = parent.map_or_else(system_temp_dir, Path::to_path_buf);
         dir::check_parent(&parent_dir, parent.is_some())?;
         let private = dir::PrivateDir::create(&parent_dir)?;
         Ok(SpillStore {

@@ -17,7 +17,7 @@ use super::grow;
 use super::labels::LabelsOut;
 use super::progress::Feedback;
 use super::{
-    cap_over_limit, file_source, finish_session, named, plural, positive, runtime, summed,
+    file_source, finish_session, named, plural, positive, runtime, start_warnings, summed,
     synthetic_source, warn_dims, Given, MemoryArgs, Outputs,
 };
 
@@ -444,7 +444,9 @@ impl Job {
                 format_bytes(part_size)
             )
         });
-        intro.extend(cap_over_limit(rt).filter(|_| session.is_root()));
+        if session.is_root() {
+            intro.extend(start_warnings(rt));
+        }
         intro
     }
 }

@@ -391,11 +391,7 @@ fn runtime(
         (None, None) => 64 << 20,
     };
     let planned = workers(cap_bytes, part_bytes, m.workers.unwrap_or_else(cores));
-    if ranks.is_root() {
-        if let Some(w) = planned.warning() {
-            tell!("{w}");
-        }
-    }
+    *FEWER_WORKERS.lock().unwrap_or_else(|e| e.into_inner()) = planned.warning();
     let mut b = Runtime::builder()
         .mem_cap(cap)
         .policy(m.policy)
@@ -406,6 +402,22 @@ fn runtime(
     let rt = b.build()?;
     interrupt::remove_on_interrupt(rt.spill_dir().to_path_buf());
     Ok((rt, part_bytes))
+}
+
+/// The line saying that the run starts fewer workers than asked for, if
+/// it does: set by [`runtime`], shown with the run's first lines (after
+/// the input is read, so an input error stays the only line).
+static FEWER_WORKERS: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// The warnings shown with a run's first lines: the cap against the
+/// address-space limit ([`cap_over_limit`]) and fewer workers than asked
+/// for.
+fn start_warnings(rt: &Runtime) -> Vec<String> {
+    let fewer = FEWER_WORKERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    cap_over_limit(rt).into_iter().chain(fewer).collect()
 }
 
 /// One worker per core, at most [`outcore::MAX_WORKERS`].

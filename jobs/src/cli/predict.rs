@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::progress::Feedback;
 use super::{
-    cap_over_limit, file_source, finish_session, named, runtime, warn_dims, Given, MemoryArgs,
+    file_source, finish_session, named, runtime, start_warnings, warn_dims, Given, MemoryArgs,
     Outputs,
 };
 
@@ -133,7 +133,7 @@ pub(super) fn run(a: PredictArgs, given: &Given) -> Result<()> {
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers()
     ));
-    if let Some(w) = cap_over_limit(rt) {
+    for w in start_warnings(rt) {
         fb.line(&w);
     }
     fb.stage("labelling", job.rows);

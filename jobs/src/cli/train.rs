@@ -21,7 +21,7 @@ use serde::Serialize;
 use super::grow;
 use super::progress::Feedback;
 use super::{
-    cap_over_limit, file_source, named, plural, positive, runtime, synthetic_source, warn_dims,
+    file_source, named, plural, positive, runtime, start_warnings, synthetic_source, warn_dims,
     warn_failed_writes, Given, MemoryArgs, Outputs,
 };
 
@@ -393,7 +393,7 @@ fn load(session: &Session, plan: &Plan, shard_bytes: u64) -> Result<Job> {
         rt.cap().map_or("none".into(), format_bytes),
         rt.workers()
     );
-    if let Some(w) = cap_over_limit(rt) {
+    for w in start_warnings(rt) {
         say!("{w}");
     }
     Ok(job)
