@@ -119,3 +119,56 @@ fn with_room_for_every_worker_nothing_is_said() {
     assert_eq!(code, Some(0), "{err}");
     assert!(!err.contains("asked for"), "{err}");
 }
+
+/// Runs `outcore kmeans` (synthetic, spilled) with the open-file limit at
+/// `soft`/`hard` and `TMPDIR` in `tmp`: its exit code and stderr.
+fn with_nofile(soft: u64, hard: u64, tmp: &std::path::Path) -> (Option<i32>, String) {
+    use std::os::unix::process::CommandExt;
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_outcore"));
+    c.args(["kmeans", "--synthetic", "16MiB", "--dims", "32", "--k", "8"])
+        .args(["--epochs", "1", "--mem-cap", "4MiB", "--workers", "2"])
+        .env("TMPDIR", tmp);
+    // SAFETY: setrlimit is async-signal-safe and limits this child only.
+    unsafe {
+        c.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = c.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_low_open_file_limit_is_refused_at_the_start_in_one_line() {
+    // `ulimit -n 5-10`: runs ended at 9x the cap with exit 0, or failed
+    // after the whole run, some leaving their spill directory.
+    for n in [6, 8, 10, 12] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (code, err) = with_nofile(n, n, tmp.path());
+        assert_eq!(code, Some(2), "ulimit -n {n}: {err}");
+        assert_eq!(err.lines().count(), 1, "ulimit -n {n}: {err}");
+        assert!(
+            err.contains(&format!("open-file limit (ulimit -n) of {n} is too small")),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "spill left");
+    }
+}
+
+#[test]
+fn a_low_soft_open_file_limit_is_raised_toward_the_hard_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (code, err) = with_nofile(8, 4096, tmp.path());
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "spill left");
+}

@@ -85,6 +85,7 @@ impl Settings {
                 .min(outcore::MAX_WORKERS)
         });
         let planned = workers(cap, part_bytes, wanted);
+        planned.check_descriptors().map_err(crate::to_py)?;
         if let Some(w) = planned.warning() {
             let line = w.trim_start_matches("outcore: warning: ");
             PyErr::warn(py, &py.get_type::<PyUserWarning>(), &CString::new(line)?, 1)?;

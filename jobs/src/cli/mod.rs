@@ -392,6 +392,7 @@ fn runtime(
     };
     let planned = workers(cap_bytes, part_bytes, m.workers.unwrap_or_else(cores));
     *FEWER_WORKERS.lock().unwrap_or_else(|e| e.into_inner()) = planned.warning();
+    planned.check_descriptors()?;
     let mut b = Runtime::builder()
         .mem_cap(cap)
         .policy(m.policy)
