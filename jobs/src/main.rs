@@ -53,7 +53,15 @@ fn main() -> ExitCode {
     if let Err(code) = arguments_parsed_everywhere(&ranks, None) {
         return code;
     }
-    match cli::run(args.0, &args.1, &ranks) {
+    let outcome = cli::run(args.0, &args.1, &ranks);
+    // The runtime is gone: a spill directory still there is said (after
+    // a signal, its handler is removing them).
+    if !cli::interrupted() {
+        for line in cli::spill_left() {
+            tell(&line);
+        }
+    }
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(_) if cli::interrupted() => {
             // The signal handler is removing the spill files and exits the

@@ -161,7 +161,11 @@ fn a_low_open_file_limit_is_refused_at_the_start_in_one_line() {
             err.contains(&format!("open-file limit (ulimit -n) of {n} is too small")),
             "{err}"
         );
-        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "spill left");
+        assert_eq!(
+            std::fs::read_dir(tmp.path()).unwrap().count(),
+            0,
+            "spill left"
+        );
     }
 }
 
@@ -170,5 +174,9 @@ fn a_low_soft_open_file_limit_is_raised_toward_the_hard_one() {
     let tmp = tempfile::tempdir().unwrap();
     let (code, err) = with_nofile(8, 4096, tmp.path());
     assert_eq!(code, Some(0), "{err}");
-    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "spill left");
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).unwrap().count(),
+        0,
+        "spill left"
+    );
 }

@@ -56,6 +56,30 @@ pub(super) fn remove_on_interrupt(dir: PathBuf) {
     }
 }
 
+/// One line for each spill directory still there once its runtime has
+/// ended (removing it failed: its filesystem turned read-only mid-run,
+/// say), with what is left and why. Each is tried once more first. The
+/// next runtime made in the same place removes it (its process is dead).
+pub fn spill_left() -> Vec<String> {
+    let dirs = SPILL_DIRS.lock().map(|d| d.clone()).unwrap_or_default();
+    dirs.iter()
+        .filter(|d| d.exists())
+        .filter_map(|d| {
+            let why = std::fs::remove_dir_all(d).err()?;
+            let (mut files, mut bytes) = (0u64, 0u64);
+            for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+                files += 1;
+                bytes += e.metadata().map_or(0, |m| m.len());
+            }
+            Some(format!(
+                "outcore: warning: the spill directory {} could not be removed ({why}): {files} file(s), {} left; the next run with the same spill directory removes it",
+                d.display(),
+                outcore::format_bytes(bytes)
+            ))
+        })
+        .collect()
+}
+
 /// The signals handled: those whose default action ends the process.
 fn handled() -> Vec<libc::c_int> {
     let mut s = vec![

@@ -67,7 +67,7 @@ pub(crate) fn silent() -> bool {
     SILENT.load(Ordering::Relaxed)
 }
 
-pub use interrupt::interrupted;
+pub use interrupt::{interrupted, spill_left};
 
 /// outcore: memory-hungry iterative jobs under a memory cap.
 #[derive(Parser, Debug)]
