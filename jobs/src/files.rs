@@ -540,6 +540,7 @@ fn check_final_name(real: &Path, shown: &Path) -> Result<()> {
 /// output is refused at once instead of filling the disk. The space free
 /// to an unprivileged user counts.
 pub fn check_room(path: &Path, bytes: u64) -> Result<()> {
+    check_file_size(&path.display().to_string(), bytes)?;
     let Target::Replace(real) = target(path)? else {
         return Ok(());
     };
@@ -569,6 +570,34 @@ pub fn check_room(path: &Path, bytes: u64) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The file-size limit (`ulimit -f`, `RLIMIT_FSIZE`) in bytes, when
+/// finite.
+pub fn file_size_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit struct.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut lim) } == 0;
+    (ok && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+}
+
+/// Checks that a file of `bytes` (`what`: an output's path, or the spill
+/// files) can be written under the file-size limit (`ulimit -f`): past
+/// it a write fails part-way (a spill write keeps its executor in
+/// memory, over the cap; an output fails after the whole run).
+pub fn check_file_size(what: &str, bytes: u64) -> Result<()> {
+    match file_size_limit() {
+        Some(limit) if bytes > limit => Err(Error::Input(format!(
+            "{what} would reach {}, more than the file-size limit (ulimit -f {}) of {}",
+            large_size(bytes),
+            limit / 1024,
+            large_size(limit)
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// A size as `format_bytes` writes it, in TiB from 1 TiB on.

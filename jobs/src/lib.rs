@@ -107,7 +107,8 @@ mod workers;
 
 pub use error::{Error, Result};
 pub use files::{
-    check_outputs, check_room, check_writable, remove_partial_outputs, write_file, write_json,
+    check_file_size, check_outputs, check_room, check_writable, remove_partial_outputs, write_file,
+    write_json,
 };
 pub use input::{BlockReader, InputReads, Labels, Partitioned, Source};
 pub use session::{ProcessTotals, Report, Session, Totals};

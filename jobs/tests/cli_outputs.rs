@@ -532,38 +532,66 @@ fn an_immutable_output_stops_the_run_before_the_work() {
 
 #[test]
 fn streamed_labels_that_fail_mid_run_list_the_outputs_not_written() {
-    // Under a file-size limit the labels file (8 MiB) fails while the
-    // final pass streams it: the line must say which outputs exist.
+    // The labels file fails while the final pass streams it (here
+    // /dev/full: its size and room cannot be checked before): the line
+    // must say which outputs exist.
     let dir = tempfile::tempdir().unwrap();
-    let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
-    c.current_dir(dir.path())
+    let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
+        .current_dir(dir.path())
         .args(["kmeans", "--synthetic", "32MiB", "--dims", "16", "--k", "4"])
         .args(["--epochs", "1", "--mem-cap", "none"])
-        .args([
-            "--output", "c.npy", "--labels", "l.npy", "--stats", "s.json",
-        ]);
-    // SAFETY: setrlimit is async-signal-safe and limits this child only.
-    unsafe {
-        c.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 64 << 10,
-                rlim_max: 64 << 10,
-            };
-            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-            libc::setrlimit(libc::RLIMIT_FSIZE, &lim);
-            Ok(())
-        });
-    }
-    let out = c.output().unwrap();
+        .args(["--output", "c.npy", "--labels", "/dev/full", "--stats", "s.json"])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     let errors: Vec<&str> = err.lines().filter(|l| l.contains("error")).collect();
     assert_eq!(errors.len(), 1, "{err}");
     assert!(
         errors[0].contains(
-            "outputs written: none; not written: --output c.npy, --labels l.npy, --stats s.json"
+            "outputs written: none; not written: --output c.npy, --labels /dev/full, --stats s.json"
         ),
         "{err}"
     );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+/// Outputs and spill files larger than the file-size limit (`ulimit -f`)
+/// are refused before the work: spill writes failed part-way (their
+/// executors kept in memory, over the cap) and the labels after the run.
+#[test]
+fn a_file_size_limit_too_small_for_the_spill_or_the_labels_is_refused_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
+        c.current_dir(dir.path())
+            .args(["kmeans", "--synthetic", "16MiB", "--dims", "16", "--k", "4"])
+            .args(["--epochs", "1"])
+            .args(extra);
+        // SAFETY: setrlimit and signal are async-signal-safe and touch
+        // only this child.
+        unsafe {
+            c.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 256 << 10,
+                    rlim_max: 256 << 10,
+                };
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                libc::setrlimit(libc::RLIMIT_FSIZE, &lim);
+                Ok(())
+            });
+        }
+        let out = c.output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for (extra, want) in [
+        (&["--mem-cap", "4MiB"][..], "a spill file would reach"),
+        (&["--mem-cap", "none", "--labels", "l.npy"], "l.npy would reach 1.0 MiB"),
+    ] {
+        let (code, err) = run(extra);
+        assert_eq!(code, Some(2), "{extra:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{extra:?}: {err}");
+        assert!(err.contains(want) && err.contains("ulimit -f 256"), "{err}");
+    }
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }

@@ -9,7 +9,8 @@ use outcore_jobs::grow::Growth;
 use outcore_jobs::kmeans::{self, Algorithm, Config, Dataset, Event, Init, Outcome};
 use outcore_jobs::ranks::Ranks;
 use outcore_jobs::{
-    check_outputs, npy, write_json, Error, ProcessTotals, Report, Result, Session, Source, Totals,
+    check_outputs, check_room, npy, write_json, Error, ProcessTotals, Report, Result, Session,
+    Source, Totals,
 };
 use serde::Serialize;
 
@@ -314,6 +315,11 @@ impl Job {
         }
         let shards = check_numbers(a)?;
         let (src, rows, dims) = open_source(&a.data)?;
+        // The labels file's size is known: checked against the file-size
+        // limit and the free space before the work.
+        if let (Some(p), true) = (&a.labels, ranks.is_root()) {
+            check_room(p, rows * 4 + 128)?;
+        }
         let (init, k) = initial_centres(a, dims)?;
         positive("--k", k)?;
         if k as u64 > rows {

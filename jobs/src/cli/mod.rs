@@ -57,7 +57,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use clap::{Args, Parser, Subcommand};
 use outcore::{format_bytes, parse_size, EvictionPolicy, MemoryCap, Runtime, Stats};
 use outcore_jobs::ranks::Ranks;
-use outcore_jobs::{Error, Result, Source, Workers};
+use outcore_jobs::{check_file_size, Error, Result, Source, Workers};
 
 /// Set on MPI ranks other than 0: they print no progress or summaries.
 static SILENT: AtomicBool = AtomicBool::new(false);
@@ -393,6 +393,9 @@ fn runtime(
     let planned = workers(cap_bytes, part_bytes, m.workers.unwrap_or_else(cores));
     *FEWER_WORKERS.lock().unwrap_or_else(|e| e.into_inner()) = planned.warning();
     planned.check_descriptors()?;
+    // A spill file holds a partition, its row norms or labels and a
+    // header: at most twice the values and a MiB.
+    check_file_size("a spill file", part_bytes.saturating_mul(2) + (1 << 20))?;
     let mut b = Runtime::builder()
         .mem_cap(cap)
         .policy(m.policy)

@@ -9,7 +9,7 @@ use outcore_jobs::kmeans::{self, Centers, Dataset};
 use outcore_jobs::npy::{self, NpyWriter};
 use outcore_jobs::ranks::Ranks;
 use outcore_jobs::train::{self, Model};
-use outcore_jobs::{check_outputs, write_json, Error, Result, Session, Source, Totals};
+use outcore_jobs::{check_outputs, check_room, write_json, Error, Result, Session, Source, Totals};
 use serde::Serialize;
 
 use super::progress::Feedback;
@@ -199,6 +199,11 @@ impl Job {
         }
         let src = file_source(&a.input, a.dims, a.key.as_deref())?;
         let (rows, dims) = src.shape()?;
+        // The streamed outputs' sizes are known: checked against the
+        // file-size limit and the free space before the work.
+        for p in std::iter::once(&a.labels).chain(&a.distances) {
+            check_room(p, rows * 4 + 128)?;
+        }
         let predictor = match (&a.centroids, &a.model) {
             (Some(p), _) => {
                 let (v, k, c) = npy::read_matrix(p)?;
