@@ -20,6 +20,10 @@ output and time. Then each run picks a configuration and at random:
 - one run in five, an address-space limit (`RLIMIT_AS`, as `ulimit -v`,
   set in the child only) from 16 MiB to 1 GiB, log-uniform: limits too
   small for the run included;
+- `--workers`: 1 or 2 in most runs, else 1 to 512 (log-uniform);
+- one run in ten, an open-file limit (`ulimit -n`) from 5 to 64, and one
+  in ten a file-size limit (`ulimit -f`) from 64 KiB to 64 MiB: a run
+  under either may also end with exit 2 and one `outcore: error:` line;
 - one run in four, a signal at a random time up to 1.2 x the reference
   time: SIGKILL, SIGTERM or SIGINT, now and then SIGQUIT or SIGHUP;
 - one iteration in five is a pair: two such runs started at once.
@@ -122,7 +126,7 @@ def prepare(binary, work):
                        env=dict(os.environ, TMPDIR=work))
 
 
-def preexec(limit):
+def preexec(limit, nofile=None, fsize=None):
     def f():
         # Default dispositions whatever launched the soak (`nohup` ignores
         # SIGHUP, a shell's `&` SIGINT and SIGQUIT; an ignored signal
@@ -132,6 +136,12 @@ def preexec(limit):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if limit is not None:
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+        if fsize is not None:
+            # Past it a write fails with EFBIG, not the signal.
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     return f
 
 
@@ -157,14 +167,24 @@ def plan_run(rng, name, cfg, ref_time, slot, tag):
             cap = int(math.exp(rng.uniform(math.log(data / 8), math.log(data * 2))))
             cap = max(MIB, cap // MIB * MIB)
         run["cap"] = cap
+        # Worker counts from 1 to 512, log-uniform (issue 52: the worker
+        # count is in the plan); most runs keep 1 or 2.
+        workers = rng.choice([1, 2]) if rng.random() < 0.6 else int(math.exp(rng.uniform(0, math.log(512))))
+        run["workers"] = workers
         extra += ["--mem-cap", "none" if cap is None else f"{cap // MIB}MiB",
-                  "--workers", str(rng.choice([1, 2]))]
+                  "--workers", str(workers)]
         if name.startswith("kmeans"):
             extra += ["--policy", rng.choice(["priority", "lru"])]
         if rng.random() < 0.5:
             extra += ["--spill-dir", f"{slot}/tmp"]
     if rng.random() < 0.2:
         run["rlimit_as"] = int(math.exp(rng.uniform(math.log(16 * MIB), math.log(1024 * MIB))))
+    # One run in ten, an open-file limit from 5 to 64 (log-uniform); one in
+    # ten, a file-size limit from 64 KiB to 64 MiB: limits too small for the
+    # run included (it must refuse in one line).
+    run["rlimit_nofile"] = int(math.exp(rng.uniform(math.log(5), math.log(64)))) if rng.random() < 0.1 else None
+    run["rlimit_fsize"] = (int(math.exp(rng.uniform(math.log(64 << 10), math.log(64 * MIB))))
+                           if rng.random() < 0.1 else None)
     if rng.random() < 0.25:
         run["signal"] = int(pick_signal(rng))
         run["at"] = round(rng.uniform(0, 1.2 * ref_time), 3)
@@ -191,7 +211,8 @@ def start(binary, run, slot, tag):
     env = dict(os.environ, TMPDIR=f"{slot}/tmp")
     p = subprocess.Popen([binary] + run["argv"], stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=err, env=env,
-                         preexec_fn=preexec(run["rlimit_as"]))
+                         preexec_fn=preexec(run["rlimit_as"], run.get("rlimit_nofile"),
+                                            run.get("rlimit_fsize")))
     err.close()
     run["parent_rss_kib"] = parent_rss_kib()
     run["_pid"], run["_t0"], run["_err"] = p.pid, time.monotonic(), f"{slot}/err-{tag}.txt"
@@ -274,6 +295,9 @@ def judge(run, ref):
         return "ok"
     if run["rlimit_as"] is not None and ours and (st > 0 or st == -signal.SIGABRT):
         return "ok"
+    limited = run.get("rlimit_nofile") is not None or run.get("rlimit_fsize") is not None
+    if limited and st > 0 and len([ln for ln in err if ln.startswith("outcore: error:")]) == 1:
+        return "ok"
     return "unexpected"
 
 
@@ -298,6 +322,8 @@ def ending(run):
         return "caught signal"
     if run["rlimit_as"] is not None:
         return "refused or out of memory (RLIMIT_AS)"
+    if run.get("rlimit_nofile") is not None or run.get("rlimit_fsize") is not None:
+        return "refused (open-file or file-size limit)"
     return f"other ({st})"
 
 

@@ -70,20 +70,28 @@ impl Spawned {
 
     /// The value of the next `KEY=value` the child prints.
     fn value(&mut self, key: &str) -> String {
-        let prefix = format!("{key}=");
+        self.values(&[key]).remove(0)
+    }
+
+    /// The values the child prints for `keys`, in whatever order they
+    /// come (a forked child's line may come first), in `keys`' order.
+    fn values(&mut self, keys: &[&str]) -> Vec<String> {
+        let mut found: Vec<Option<String>> = vec![None; keys.len()];
         let mut line = String::new();
-        loop {
+        while found.iter().any(Option::is_none) {
             line.clear();
             let n = self.out.read_line(&mut line).expect("read child");
-            assert!(n > 0, "the child ended before printing {key}");
+            assert!(n > 0, "the child ended before printing {keys:?}");
             // libtest prints "test name ... " without a newline first.
-            if let Some(v) = line
-                .split_whitespace()
-                .find_map(|t| t.strip_prefix(&prefix))
-            {
-                return v.to_string();
+            for t in line.split_whitespace() {
+                for (k, f) in keys.iter().zip(found.iter_mut()) {
+                    if let Some(v) = t.strip_prefix(&format!("{k}=")) {
+                        *f = Some(v.to_string());
+                    }
+                }
             }
         }
+        found.into_iter().flatten().collect()
     }
 
     /// Ends the child with SIGKILL and reaps it.
@@ -197,11 +205,20 @@ fn a_killed_runtimes_children_do_not_keep_its_spill_directory() {
             .spawn()
             .expect("sleep");
         println!("SLEEPER={}", sleeper.id());
-        // SAFETY: the child only sleeps and leaves with `_exit`.
+        // SAFETY: the child only writes, sleeps and leaves with `_exit`.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            // SAFETY: plain syscalls, async-signal-safe.
+            // Past `fork`, so the fork handler has dropped this copy of
+            // the lock: say so. Until this process first runs (on a busy
+            // machine, a while) its copy holds the lock, and a sweep
+            // then rightly leaves the directory; the test was flaky
+            // (12 of 150 runs under load) for waiting on `fork`'s return
+            // in the parent instead.
+            let line = b"FORK_READY=1\n";
+            // SAFETY: plain syscalls, async-signal-safe; `line` outlives
+            // the write.
             unsafe {
+                libc::write(1, line.as_ptr().cast(), line.len());
                 libc::sleep(300);
                 libc::_exit(0);
             }
@@ -213,8 +230,9 @@ fn a_killed_runtimes_children_do_not_keep_its_spill_directory() {
     let parent = tempfile::tempdir().unwrap();
     let mut child = Spawned::new(T, parent.path());
     let dead = PathBuf::from(child.value("DIR"));
-    let _sleeper = Stray(child.value("SLEEPER").parse().unwrap());
-    let _forked = Stray(child.value("FORKED").parse().unwrap());
+    let v = child.values(&["SLEEPER", "FORKED", "FORK_READY"]);
+    let _sleeper = Stray(v[0].parse().unwrap());
+    let _forked = Stray(v[1].parse().unwrap());
     child.kill();
     let rt = Runtime::builder().spill_dir(parent.path()).build().unwrap();
     assert!(

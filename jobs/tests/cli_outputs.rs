@@ -540,7 +540,14 @@ fn streamed_labels_that_fail_mid_run_list_the_outputs_not_written() {
         .current_dir(dir.path())
         .args(["kmeans", "--synthetic", "32MiB", "--dims", "16", "--k", "4"])
         .args(["--epochs", "1", "--mem-cap", "none"])
-        .args(["--output", "c.npy", "--labels", "/dev/full", "--stats", "s.json"])
+        .args([
+            "--output",
+            "c.npy",
+            "--labels",
+            "/dev/full",
+            "--stats",
+            "s.json",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -582,11 +589,17 @@ fn a_file_size_limit_too_small_for_the_spill_or_the_labels_is_refused_first() {
             });
         }
         let out = c.output().unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     for (extra, want) in [
         (&["--mem-cap", "4MiB"][..], "a spill file would reach"),
-        (&["--mem-cap", "none", "--labels", "l.npy"], "l.npy would reach 1.0 MiB"),
+        (
+            &["--mem-cap", "none", "--labels", "l.npy"],
+            "l.npy would reach 1.0 MiB",
+        ),
     ] {
         let (code, err) = run(extra);
         assert_eq!(code, Some(2), "{extra:?}: {err}");

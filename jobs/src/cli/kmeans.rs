@@ -322,6 +322,9 @@ impl Job {
         }
         let (init, k) = initial_centres(a, dims)?;
         positive("--k", k)?;
+        if let (Some(p), true) = (&a.output, ranks.is_root()) {
+            check_room(p, (k * dims) as u64 * 4 + 128)?;
+        }
         if k as u64 > rows {
             return Err(Error::Input(format!(
                 "--k {k} is larger than the number of points ({rows})"
