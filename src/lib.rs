@@ -145,6 +145,7 @@ pub use runtime::{
     AnyHandle, Batch, Builder, CycleId, Handle, Interrupter, Join, Key, Monitor, ReadHandle,
     Runtime, TaskContext, MAX_WORKERS,
 };
+pub use spill::dir::ScratchDir;
 pub use stats::{Footprint, Stats};
 pub use units::format_bytes;
 

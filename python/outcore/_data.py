@@ -4,7 +4,10 @@ A path, or a ``np.memmap`` / ``np.load(..., mmap_mode="r")`` of a whole
 ``.npy`` file, is read from the file (by name and offset), the way the
 command line reads ``--input``: the file's pages do not pile up in the
 process. Anything else is written to a temporary ``.npy`` of float32,
-converted and checked block by block (never as a whole copy).
+converted and checked block by block (never as a whole copy), inside a
+private directory made and locked as a runtime's spill directory
+(``_core.ScratchDir``): a copy left by a process that was killed is
+removed by the next run that spills into the same directory.
 """
 import os
 import tempfile
@@ -18,21 +21,19 @@ _BLOCK_BYTES = 16 << 20
 
 
 class Data:
-    """A data file for the engine: its path, rows and columns, and whether
-    it is a temporary file of ours (removed by ``close``)."""
+    """A data file for the engine: its path, rows and columns, and, for a
+    temporary copy of ours, the scratch directory holding it (removed by
+    ``close``)."""
 
-    def __init__(self, path, rows, cols, temporary):
+    def __init__(self, path, rows, cols, scratch=None):
         self.path = os.fspath(path)
         self.rows = rows
         self.cols = cols
-        self.temporary = temporary
+        self.scratch = scratch
 
     def close(self):
-        if self.temporary:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+        if self.scratch is not None:
+            self.scratch.close()
 
     def __enter__(self):
         return self
@@ -129,13 +130,25 @@ def write_npy(X, directory=None, dtype=np.float32, what="X"):
     return path
 
 
+def _copy(X, spill_dir, rows, cols, **kw):
+    """A :class:`Data` for a temporary copy of ``X`` (``write_npy``'s
+    ``kw``), in a scratch directory of its own inside ``spill_dir``."""
+    scratch = _core.ScratchDir(None if spill_dir is None else os.fspath(spill_dir))
+    try:
+        path = write_npy(X, scratch.path, **kw)
+    except BaseException:
+        scratch.close()
+        raise
+    return Data(path, rows, cols, scratch)
+
+
 def vector(v, directory=None, dtype=np.float64, what="sample_weight"):
     """A :class:`Data` for the 1-D array ``v`` (weights, class indices):
     a temporary ``.npy`` of ``dtype``, removed by ``close``. None for
     None."""
     if v is None:
-        return Data(os.devnull, 0, 0, temporary=False)
-    return Data(write_npy(v, directory, dtype=dtype, what=what), len(v), 1, temporary=True)
+        return Data(os.devnull, 0, 0)
+    return _copy(v, directory, len(v), 1, dtype=dtype, what=what)
 
 
 def as_data(X, directory=None):
@@ -143,12 +156,11 @@ def as_data(X, directory=None):
     else a temporary copy (float32)."""
     if isinstance(X, (str, os.PathLike)):
         rows, cols = _core.shape(os.fspath(X))
-        return Data(X, rows, cols, temporary=False)
+        return Data(X, rows, cols)
     whole = _whole_npy(X)
     if whole is not None:
-        return Data(whole, X.shape[0], X.shape[1], temporary=False)
-    path = write_npy(X, directory)
-    return Data(path, X.shape[0], X.shape[1], temporary=True)
+        return Data(whole, X.shape[0], X.shape[1])
+    return _copy(X, directory, X.shape[0], X.shape[1])
 
 
 def blocks(X, rows=None):

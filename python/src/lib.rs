@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 mod kmeans;
 mod run;
+mod scratch;
 mod train;
 
 /// Everything the engine allocates counts against the cap.
@@ -53,5 +54,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kmeans::kmeans_predict, m)?)?;
     m.add_function(wrap_pyfunction!(train::logistic_fit, m)?)?;
     m.add_class::<run::Settings>()?;
+    m.add_class::<scratch::ScratchDir>()?;
     Ok(())
 }

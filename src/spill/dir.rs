@@ -27,6 +27,10 @@
 //! A child created by `fork()` (without `exec`) would share the lock and
 //! keep a dead parent's directory locked: a fork handler points the
 //! child's copies of the descriptors at `/dev/null` instead.
+//!
+//! [`ScratchDir`] makes the same directory for a process's other temporary
+//! files (the Python package's copy of an in-memory array), so that what a
+//! killed process leaves there is swept the same way.
 
 use std::fs::DirBuilder;
 use std::io;
@@ -169,6 +173,38 @@ impl Drop for PrivateDir {
             let _ = std::fs::remove_dir_all(&self.path);
         }
         // Then `_lock` is dropped, which releases the lock.
+    }
+}
+
+/// A private directory for a process's temporary files beside the spill
+/// (the Python package's copy of an in-memory array), made, locked and
+/// removed as a runtime's spill directory: removed on drop, and, left by
+/// a process that died, removed by the next runtime (or `ScratchDir`) of
+/// this user, host and boot created in the same parent.
+#[derive(Debug)]
+pub struct ScratchDir(PrivateDir);
+
+impl ScratchDir {
+    /// Creates one inside `parent`, or inside the system temporary
+    /// directory (as a runtime's spill directory, and with the same checks
+    /// on the parent), then removes the directories of dead processes
+    /// next to it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::SpillDirUnsafe`] when other users could tamper with
+    /// `parent`, [`Error::SpillDir`] when it cannot be created.
+    pub fn create(parent: Option<&Path>) -> Result<ScratchDir> {
+        let parent_dir = parent
+            .map(Path::to_path_buf)
+            .unwrap_or_else(std::env::temp_dir);
+        check_parent(&parent_dir, parent.is_some())?;
+        PrivateDir::create(&parent_dir).map(ScratchDir)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        self.0.path()
     }
 }
 
@@ -491,5 +527,26 @@ mod tests {
         let path = live.path().to_path_buf();
         drop(live);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_scratch_directory_sweeps_and_is_swept_as_a_spill_directory() {
+        let parent = tempfile::tempdir().unwrap();
+        let dead = parent
+            .path()
+            .join(format!("{PREFIX}{}-1-deadcopy", host_tag()));
+        std::fs::create_dir(&dead).unwrap();
+        std::fs::write(dead.join("outcore-x.npy"), b"x").unwrap();
+        let scratch = ScratchDir::create(Some(parent.path())).unwrap();
+        assert!(!dead.exists());
+        let path = scratch.path().to_path_buf();
+        std::fs::write(path.join("outcore-y.npy"), b"y").unwrap();
+        // Alive: a runtime's sweep leaves it.
+        let store = PrivateDir::create(parent.path()).unwrap();
+        assert!(path.join("outcore-y.npy").exists());
+        drop(store);
+        drop(scratch);
+        assert!(!path.exists());
+        assert_eq!(std::fs::read_dir(parent.path()).unwrap().count(), 0);
     }
 }
