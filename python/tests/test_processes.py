@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -100,3 +101,47 @@ def test_ctrl_c_raises_keyboard_interrupt_within_a_second_and_removes_the_spill(
     assert word == "interrupted", out + err
     assert float(at) - sent < 1.0, f"KeyboardInterrupt came {float(at) - sent:.2f} s after the signal"
     assert os.listdir(spill) == [], "the spill directory was left behind"
+
+
+KILLED_FIT = """
+import numpy as np, outcore
+X = np.random.default_rng(0).normal(size=(1 << 18, 64)).astype(np.float32)  # 64 MiB, in memory
+print("ready", flush=True)
+outcore.KMeans(64, max_iter=100000, tol=0, mem_cap="16MiB", spill_dir={spill!r}, n_jobs=2, verbose=1).fit(X)
+print("finished", flush=True)
+"""
+
+LATER_FIT = """
+import numpy as np, outcore
+X = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+outcore.KMeans(2, max_iter=2, mem_cap="16MiB", spill_dir={spill!r}).fit(X)
+"""
+
+
+def test_a_killed_fit_leaves_nothing_after_the_next_fit(tmp_path):
+    """A fit on an in-memory array writes a temporary copy beside the spill;
+    SIGKILLed mid-fit, it leaves the copy and the spill directory, and the
+    next fit in another process removes both."""
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    p = child(KILLED_FIT.format(spill=str(spill)))
+    watchdog = threading.Timer(120, p.kill)
+    watchdog.start()
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        # Its first pass over the data is done (a line on standard error).
+        line = p.stderr.readline()
+        while line and "pass 1:" not in line:
+            line = p.stderr.readline()
+        assert "pass 1:" in line, "the fit never got to its first pass"
+        p.kill()
+        p.wait(timeout=60)
+    finally:
+        watchdog.cancel()
+        p.kill()
+    assert len(os.listdir(spill)) >= 2, os.listdir(spill)  # the copy and the spill
+    q = child(LATER_FIT.format(spill=str(spill)))
+    out, err = q.communicate(timeout=120)
+    assert q.returncode == 0, err
+    assert os.listdir(spill) == [], "left behind: " + ", ".join(os.listdir(spill))
+
