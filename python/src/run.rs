@@ -4,9 +4,18 @@
 //! and polls for signals: Ctrl-C interrupts the runtime and raises
 //! `KeyboardInterrupt` once the job has stopped and its spill directory
 //! is gone.
+//!
+//! One engine runs at a time in a process: the allocator counts the bytes
+//! of the whole process against each runtime's cap, and the smallest cap
+//! of the runtimes alive is the one its trap enforces, so a small fit
+//! beside a large one would evict (its own executors and the large one's)
+//! for the large one's memory. A call waits, without the GIL and
+//! answering Ctrl-C, until the engine before it is dropped.
 
 use std::ffi::CString;
+use std::ops::Deref;
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
 use outcore::{MemoryCap, Runtime};
@@ -17,6 +26,46 @@ use pyo3::prelude::*;
 /// Executors per cap: the command line's partition size, cap / 256
 /// between 1 MiB and 256 MiB (64 MiB with no cap).
 const PARTS_PER_CAP: u64 = 256;
+
+/// Held by the call whose engine (runtime) is alive in this process.
+static ENGINE: Mutex<()> = Mutex::new(());
+
+/// A session and this process's turn to run an engine: the session (its
+/// runtime, registered with the allocator) is dropped before the turn
+/// passes on.
+pub(crate) struct Engine {
+    session: Session,
+    _turn: MutexGuard<'static, ()>,
+}
+
+impl Deref for Engine {
+    type Target = Session;
+
+    fn deref(&self) -> &Session {
+        &self.session
+    }
+}
+
+/// Waits, without the GIL and checking for signals every 10 ms, until no
+/// other engine is alive in this process.
+fn take_turn(py: Python<'_>, settings: &Settings) -> PyResult<MutexGuard<'static, ()>> {
+    let mut said = false;
+    loop {
+        match ENGINE.try_lock() {
+            Ok(g) => return Ok(g),
+            // A panic on a job's thread is caught (`run_job`); the lock
+            // guards no data.
+            Err(TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
+            Err(TryLockError::WouldBlock) => {}
+        }
+        if !said {
+            settings.say(|| "waiting for another fit in this process to finish".into());
+            said = true;
+        }
+        py.detach(|| std::thread::sleep(Duration::from_millis(10)));
+        py.check_signals()?;
+    }
+}
 
 /// The estimators' engine settings (`mem_cap`, `spill_dir`, `n_jobs`,
 /// `verbose`, `timeline`), checked.
@@ -65,7 +114,8 @@ impl Settings {
 }
 
 impl Settings {
-    /// A session under these settings, and the size of its executors.
+    /// A session under these settings, once no other is alive in this
+    /// process (see the module's doc), and the size of its executors.
     /// `workers` plans the worker threads from the cap, the executor size
     /// and the workers asked for (`n_jobs`, or one per core): when the cap
     /// holds fewer, fewer start, with a `UserWarning` that says so.
@@ -73,7 +123,7 @@ impl Settings {
         &self,
         py: Python<'_>,
         workers: impl FnOnce(Option<u64>, u64, usize) -> Workers,
-    ) -> PyResult<(Session, u64)> {
+    ) -> PyResult<(Engine, u64)> {
         let cap = self.cap.resolve();
         let part_bytes = match cap {
             Some(cap) => (cap / PARTS_PER_CAP).clamp(1 << 20, 256 << 20),
@@ -90,6 +140,7 @@ impl Settings {
             let line = w.trim_start_matches("outcore: warning: ");
             PyErr::warn(py, &py.get_type::<PyUserWarning>(), &CString::new(line)?, 1)?;
         }
+        let turn = take_turn(py, self)?;
         let mut b = Runtime::builder().mem_cap(self.cap).workers(planned.run);
         if let Some(d) = &self.spill_dir {
             b = b.spill_dir(d);
@@ -99,7 +150,13 @@ impl Settings {
         if let Some(p) = &self.timeline {
             session.record_timeline(p, "load").map_err(crate::to_py)?;
         }
-        Ok((session, part_bytes))
+        Ok((
+            Engine {
+                session,
+                _turn: turn,
+            },
+            part_bytes,
+        ))
     }
 
     /// A progress line on standard error, when `verbose`.

@@ -145,3 +145,41 @@ def test_a_killed_fit_leaves_nothing_after_the_next_fit(tmp_path):
     assert q.returncode == 0, err
     assert os.listdir(spill) == [], "left behind: " + ", ".join(os.listdir(spill))
 
+
+TWO_FITS = """
+import threading, time, numpy as np, outcore
+def kib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS"):
+            return int(line.split()[1])
+base = kib()
+big = {{}}
+def fit_big():
+    X = np.load({big!r}, mmap_mode="r")
+    big["est"] = outcore.KMeans(8, n_init=1, max_iter=2, tol=0, random_state=0, mem_cap="1GiB", n_jobs=1).fit(X)
+t = threading.Thread(target=fit_big)
+t.start()
+# Until the big fit holds most of its data (or has finished).
+while t.is_alive() and kib() - base < 160 * 1024:
+    time.sleep(0.01)
+X = np.load({small!r}, mmap_mode="r")
+small = outcore.KMeans(8, n_init=1, max_iter=5, tol=0, random_state=0, mem_cap="64MiB", n_jobs=1).fit(X)
+t.join()
+print(small.stats_["evictions"], small.stats_["bytes_read"], big["est"].stats_["evictions"], flush=True)
+"""
+
+
+def test_a_small_fit_beside_a_big_one_does_not_pay_for_it(tmp_path):
+    """A 64 MiB fit on 16 MiB of data, started while a 1 GiB fit holds
+    256 MiB in another thread of the process, evicts nothing and reads its
+    data once; neither does the big fit evict (the allocator's count is
+    the process's, so the engines run one at a time)."""
+    big, small = tmp_path / "big.npy", tmp_path / "small.npy"
+    write_npy(big, 1 << 20, 64)  # 256 MiB
+    write_npy(small, 1 << 16, 64)  # 16 MiB
+    p = child(TWO_FITS.format(big=str(big), small=str(small)))
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    evictions, read, big_evictions = (int(v) for v in out.split())
+    assert (evictions, big_evictions) == (0, 0), f"small fit: {evictions} evictions, {read} bytes read; big fit: {big_evictions} evictions"
+    assert read <= 16 * MiB, f"the small fit read {read} bytes of its 16 MiB"
