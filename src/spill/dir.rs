@@ -195,9 +195,7 @@ impl ScratchDir {
     /// [`Error::SpillDirUnsafe`] when other users could tamper with
     /// `parent`, [`Error::SpillDir`] when it cannot be created.
     pub fn create(parent: Option<&Path>) -> Result<ScratchDir> {
-        let parent_dir = parent
-            .map(Path::to_path_buf)
-            .unwrap_or_else(std::env::temp_dir);
+        let parent_dir = parent.map_or_else(super::system_temp_dir, Path::to_path_buf);
         check_parent(&parent_dir, parent.is_some())?;
         PrivateDir::create(&parent_dir).map(ScratchDir)
     }
