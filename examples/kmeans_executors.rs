@@ -7,6 +7,8 @@
 //! ```
 //! (data size, memory cap; defaults 256MiB and 64MiB)
 
+use std::process::ExitCode;
+
 use outcore::{format_bytes, parse_size, MemoryCap, PodVec, Runtime};
 use serde::{Deserialize, Serialize};
 
@@ -23,10 +25,43 @@ struct Block {
 /// Per-cluster sums (x, y), counts and the squared-distance total.
 type Partial = (Vec<[f64; 2]>, Vec<u64>, f64);
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().collect();
-    let data = parse_size(args.get(1).map_or("256MiB", String::as_str))?;
-    let cap = MemoryCap::parse(args.get(2).map_or("64MiB", String::as_str))?;
+fn main() -> ExitCode {
+    // Ctrl-C or SIGTERM removes the spill files before the process ends.
+    outcore::remove_spill_on_signal();
+    let (data, cap) = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("kmeans_executors: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(data, cap) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kmeans_executors: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The data size and the memory cap: two optional arguments.
+fn parse_args() -> Result<(u64, MemoryCap), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("usage: kmeans_executors [DATA_SIZE [MEMORY_CAP]] (defaults 256MiB 64MiB)");
+        std::process::exit(0);
+    }
+    if let Some(extra) = args.get(2) {
+        return Err(format!("unexpected argument '{extra}' (try --help)"));
+    }
+    let data = parse_size(args.first().map_or("256MiB", String::as_str))
+        .map_err(|e| format!("data size: {e}"))?;
+    let cap = MemoryCap::parse(args.get(1).map_or("64MiB", String::as_str))
+        .map_err(|e| format!("memory cap: {e}"))?;
+    Ok((data, cap))
+}
+
+fn run(data: u64, cap: MemoryCap) -> Result<(), outcore::Error> {
     let rt = Runtime::builder().mem_cap(cap).build()?;
 
     // Points on four rings of clusters; 4 MiB per executor.

@@ -11,7 +11,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use outcore::{parse_size, EvictionPolicy, MemoryCap, PodVec, Runtime};
+use outcore::{parse_size, EvictionPolicy, MemoryCap, PodVec, Runtime, MAX_WORKERS};
 
 /// outcore's allocator, installed by the program (one line).
 #[global_allocator]
@@ -41,12 +41,26 @@ fn parse_args() -> Result<Args, String> {
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
-            "--mem-cap" => a.cap = MemoryCap::parse(&val()?).map_err(|e| e.to_string())?,
-            "--data" => a.data = parse_size(&val()?).map_err(|e| e.to_string())?,
-            "--part" => a.part = parse_size(&val()?).map_err(|e| e.to_string())?,
-            "--policy" => a.policy = val()?.parse().map_err(|e: outcore::Error| e.to_string())?,
+            "--mem-cap" => {
+                a.cap = MemoryCap::parse(&val()?).map_err(|e| format!("--mem-cap: {e}"))?
+            }
+            "--data" => a.data = parse_size(&val()?).map_err(|e| format!("--data: {e}"))?,
+            "--part" => a.part = parse_size(&val()?).map_err(|e| format!("--part: {e}"))?,
+            "--policy" => {
+                a.policy = val()?
+                    .parse()
+                    .map_err(|e: outcore::Error| format!("--policy: {e}"))?
+            }
             "--workers" => {
-                a.workers = Some(val()?.parse().map_err(|_| "--workers needs a number")?)
+                let v = val()?;
+                match v.parse::<usize>() {
+                    Ok(n) if (1..=MAX_WORKERS).contains(&n) => a.workers = Some(n),
+                    _ => {
+                        return Err(format!(
+                            "--workers takes a whole number from 1 to {MAX_WORKERS}, not '{v}'"
+                        ))
+                    }
+                }
             }
             "--spill-dir" => a.spill_dir = Some(val()?),
             "--sweeps" => {
@@ -176,11 +190,20 @@ fn run(a: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    match parse_args().and_then(run) {
+    // Ctrl-C or SIGTERM removes the spill files before the process ends.
+    outcore::remove_spill_on_signal();
+    let a = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("quickstart: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("quickstart: {e}");
-            ExitCode::from(2)
+            eprintln!("quickstart: error: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -77,6 +77,8 @@
 //!   speed.
 //! - [`Lineage`]: how to rebuild an executor instead of spilling it, and
 //!   [`Checksum`], fast enough to check that its source has not changed.
+//! - [`remove_spill_on_signal`], [`remove_spill_dirs`]: no spill files
+//!   left when SIGINT or SIGTERM ends the process.
 //! - [`Stats`], [`State`], [`Error`], [`Result`], [`ExecutorId`].
 //!
 //! ## Executor states
@@ -105,6 +107,7 @@
 //! - `readahead.rs`: the one read-ahead engine (native AIO), for spill
 //!   loads and the jobs' input reads (hidden from the docs: not a stable
 //!   API);
+//! - `signal.rs`: [`remove_spill_on_signal`];
 //! - `size.rs`: the size parser, shared with the shim (`#[path]`);
 //! - `stats.rs`: counters and the JSON snapshot;
 //! - `units.rs`: [`format_bytes`].
@@ -125,6 +128,7 @@ mod policy;
 #[doc(hidden)]
 pub mod readahead;
 mod runtime;
+mod signal;
 mod size;
 mod spill;
 mod stats;
@@ -145,6 +149,7 @@ pub use runtime::{
     AnyHandle, Batch, Builder, CycleId, Handle, Interrupter, Join, Key, Monitor, ReadHandle,
     Runtime, TaskContext, MAX_WORKERS,
 };
+pub use signal::{remove_spill_dirs, remove_spill_on_signal};
 pub use spill::dir::ScratchDir;
 pub use stats::{Footprint, Stats};
 pub use units::format_bytes;

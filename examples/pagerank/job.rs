@@ -162,7 +162,13 @@ pub fn build(rt: &Runtime, g: &Graph) -> outcore::Result<Blocks> {
     let mut grid: Vec<Vec<Option<Handle<PodVec<Edge>>>>> =
         (0..b).map(|_| (0..b).map(|_| None).collect()).collect();
     let mut outdeg: Vec<Vec<u32>> = (0..b).map(|i| vec![0u32; g.block_len(i)]).collect();
+    // A run stopped while the blocks are made (its cap cannot be kept)
+    // stops here.
+    let stop = rt.interrupter();
     for (i, j) in g.sweep() {
+        if stop.is_interrupted() {
+            return Err(outcore::Error::Interrupted);
+        }
         let e = g.block_edges(i, j);
         for edge in &e {
             outdeg[i][edge.src as usize] += 1;

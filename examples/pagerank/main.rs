@@ -12,12 +12,13 @@
 //! final ranks' bits (the same capped and uncapped, with any number of
 //! workers) and the runtime's stats.
 
+mod guard;
 mod job;
 
 use std::process::ExitCode;
 use std::time::Instant;
 
-use outcore::{parse_size, MemoryCap, Runtime};
+use outcore::{parse_size, MemoryCap, Runtime, MAX_WORKERS};
 
 /// outcore's allocator, installed by the program (one line).
 #[global_allocator]
@@ -27,7 +28,7 @@ struct Args {
     edges: u64,
     nodes: u64,
     blocks: Option<usize>,
-    cap: MemoryCap,
+    cap: Option<MemoryCap>,
     iters: usize,
     workers: Option<usize>,
     spill_dir: Option<String>,
@@ -40,16 +41,27 @@ const USAGE: &str = "usage: pagerank [--edges SIZE] [--nodes N] [--blocks B] \
 
   --edges SIZE   bytes of edges, 8 bytes each (default 256MiB; 1GiB = 134M edges)
   --nodes N      nodes (default 1M; K, M and G are powers of 1024)
-  --blocks B     node blocks; the edges are in B x B blocks (default: node
-                 blocks of at most 128Ki nodes)
-  --mem-cap      the runtime's memory cap (default none)
+  --blocks B     node blocks, 1 to 1024; the edges are in B x B blocks
+                 (default: node blocks of at most 128Ki nodes)
+  --mem-cap      the runtime's memory cap (default: auto, the machine's or
+                 the container's limit less some headroom, or the memory
+                 available at the start if that is less)
   --iters N      iterations (default 10)
   --workers N    worker threads (default: one per core)
+  --spill-dir    where the spill files go (default: the temporary directory)
   --verify       also compute the ranks on plain vectors and compare the bits";
 
-fn number(flag: &str, v: &str) -> Result<u64, String> {
-    v.parse()
-        .map_err(|_| format!("{flag} takes a whole number, not '{v}'"))
+/// At most this many node blocks (a million edge blocks).
+const MAX_BLOCKS: u64 = 1024;
+
+/// `v` as a whole number from `min` to `max`.
+fn number(flag: &str, v: &str, min: u64, max: u64) -> Result<u64, String> {
+    match v.parse::<u64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{flag} takes a whole number from {min} to {max}, not '{v}'"
+        )),
+    }
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -57,7 +69,7 @@ fn parse_args() -> Result<Args, String> {
         edges: 256 << 20,
         nodes: 1 << 20,
         blocks: None,
-        cap: MemoryCap::None,
+        cap: None,
         iters: 10,
         workers: None,
         spill_dir: None,
@@ -66,40 +78,57 @@ fn parse_args() -> Result<Args, String> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--verify" {
-            a.verify = true;
-            continue;
-        }
-        if flag == "-h" || flag == "--help" {
-            println!("{USAGE}");
-            std::process::exit(0);
-        }
-        let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let size = |v: &str| parse_size(v).map_err(|e| format!("{flag}: {e}"));
         match flag.as_str() {
-            "--edges" => a.edges = size(&v)?,
-            "--nodes" => a.nodes = size(&v)?,
-            "--blocks" => a.blocks = Some(number(&flag, &v)? as usize),
-            "--mem-cap" => a.cap = MemoryCap::parse(&v).map_err(|e| format!("{flag}: {e}"))?,
-            "--iters" => a.iters = number(&flag, &v)? as usize,
-            "--workers" => a.workers = Some(number(&flag, &v)? as usize),
-            "--spill-dir" => a.spill_dir = Some(v),
-            "--seed" => a.seed = number(&flag, &v)?,
+            "--verify" => a.verify = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            "--edges" | "--nodes" | "--blocks" | "--mem-cap" | "--iters" | "--workers"
+            | "--spill-dir" | "--seed" => {
+                let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+                set(&mut a, &flag, v)?;
+            }
             other => return Err(format!("unknown argument '{other}' (try --help)")),
         }
     }
     let blocks = a.blocks.unwrap_or_else(|| auto_blocks(a.nodes));
-    if blocks == 0 || a.nodes < blocks as u64 || a.nodes > u64::from(u32::MAX) {
+    if a.nodes < blocks as u64 {
         return Err(format!(
-            "--nodes must be between the number of blocks ({blocks}) and {}",
-            u32::MAX
+            "--nodes ({}) must be at least the number of node blocks ({blocks})",
+            a.nodes
         ));
     }
     a.blocks = Some(blocks);
-    if a.edges < 8 {
-        return Err("--edges must be at least 8 bytes (one edge)".into());
-    }
     Ok(a)
+}
+
+/// Sets the value of `flag` (one that takes a value).
+fn set(a: &mut Args, flag: &str, v: String) -> Result<(), String> {
+    let size = |v: &str| parse_size(v).map_err(|e| format!("{flag}: {e}"));
+    match flag {
+        "--edges" => {
+            a.edges = size(&v)?;
+            if a.edges < 8 {
+                return Err(format!(
+                    "--edges must be at least 8 bytes (one edge), not '{v}'"
+                ));
+            }
+        }
+        "--nodes" => {
+            a.nodes = size(&v)?;
+            if a.nodes == 0 || a.nodes > u64::from(u32::MAX) {
+                return Err(format!("--nodes must be from 1 to {}, not '{v}'", u32::MAX));
+            }
+        }
+        "--blocks" => a.blocks = Some(number(flag, &v, 1, MAX_BLOCKS)? as usize),
+        "--mem-cap" => a.cap = Some(MemoryCap::parse(&v).map_err(|e| format!("{flag}: {e}"))?),
+        "--iters" => a.iters = number(flag, &v, 1, 1 << 20)? as usize,
+        "--workers" => a.workers = Some(number(flag, &v, 1, MAX_WORKERS as u64)? as usize),
+        "--spill-dir" => a.spill_dir = Some(v),
+        _ => a.seed = number(flag, &v, 0, u64::MAX)?,
+    }
+    Ok(())
 }
 
 /// Node blocks of at most 128Ki nodes (1 MiB of shares and 1 MiB of
@@ -118,24 +147,27 @@ fn auto_blocks(nodes: u64) -> usize {
 }
 
 fn main() -> ExitCode {
+    // Ctrl-C or SIGTERM removes the spill files before the process ends.
+    outcore::remove_spill_on_signal();
     let a = match parse_args() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("pagerank: {e}");
+            eprintln!("pagerank: error: {e}");
             return ExitCode::from(2);
         }
     };
     match run(&a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("pagerank: {e}");
+            eprintln!("pagerank: error: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
 fn run(a: &Args) -> Result<(), String> {
-    let mut b = Runtime::builder().mem_cap(a.cap);
+    let cap = a.cap.unwrap_or_else(guard::default_cap);
+    let mut b = Runtime::builder().mem_cap(cap);
     if let Some(w) = a.workers {
         b = b.workers(w);
     }
@@ -149,6 +181,8 @@ fn run(a: &Args) -> Result<(), String> {
         blocks: a.blocks.unwrap_or(16),
         seed: a.seed,
     };
+    guard::check(&rt, &g, a.verify)?;
+    let watchdog = guard::Watchdog::start(&rt);
     eprintln!(
         "pagerank: {} edges ({}) over {} nodes, {} x {} edge blocks, cap {}, {} workers",
         g.edges,
@@ -167,7 +201,7 @@ fn run(a: &Args) -> Result<(), String> {
             a.iters
         );
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| watchdog.reason().unwrap_or_else(|| e.to_string()))?;
     let total = start.elapsed().as_secs_f64();
     let digest = job::digest(&report.ranks);
     let rank_sum: f64 = report.ranks.iter().sum();
@@ -189,6 +223,7 @@ fn run(a: &Args) -> Result<(), String> {
     } else {
         ""
     };
+    warn_failed_writes(&rt);
     let secs: Vec<String> = report
         .iteration_seconds
         .iter()
@@ -205,4 +240,22 @@ fn run(a: &Args) -> Result<(), String> {
         rt.stats().to_json()
     );
     Ok(())
+}
+
+/// One line when spill writes failed (those executors stayed in memory),
+/// as the command line `outcore` says it.
+fn warn_failed_writes(rt: &Runtime) {
+    let s = rt.stats();
+    if s.failed_writes > 0 {
+        let over = s.peak_bytes.saturating_sub(rt.cap().unwrap_or(u64::MAX));
+        eprintln!(
+            "pagerank: warning: {} spill write(s) to {} failed ({}); those executors stayed \
+             in memory, {} over the cap at the peak; free space in the spill directory or \
+             choose another with --spill-dir",
+            s.failed_writes,
+            rt.spill_dir().display(),
+            rt.last_spill_error().unwrap_or_default(),
+            outcore::format_bytes(over)
+        );
+    }
 }

@@ -476,6 +476,142 @@ extern "C" fn unlock_in_child() {
     }
 }
 
+/// Removes the spill directory of every live runtime of this process (those
+/// registered in [`LOCK_FDS`]), for a signal handler that ends the process:
+/// only async-signal-safe calls (`openat`, `getdents64`, `unlinkat`,
+/// `readlink`, `rmdir`, `close`), no allocation, no lock. Files a worker
+/// creates meanwhile are removed on the next of a few passes. In a child
+/// created by `fork()` the table is empty: the parent's directories stay.
+pub(crate) fn remove_live_dirs() {
+    for s in &LOCK_FDS {
+        let fd = s.load(Ordering::Acquire);
+        if fd >= 0 {
+            remove_dir_at(fd);
+        }
+    }
+}
+
+/// Passes over a directory's entries before giving up on removing it.
+const REMOVE_PASSES: usize = 16;
+
+/// Empties and removes the spill directory open as `fd` (async-signal-safe).
+/// The path comes from `/proc/self/fd`; nothing is touched unless its last
+/// component is a spill directory's name (the number may have been closed
+/// and reused since it was read from the table).
+fn remove_dir_at(fd: i32) {
+    let mut path = [0u8; 4096];
+    let Some(len) = fd_path(fd, &mut path) else {
+        return;
+    };
+    let name_at = path[..len]
+        .iter()
+        .rposition(|&b| b == b'/')
+        .map_or(0, |i| i + 1);
+    if !path[name_at..len].starts_with(PREFIX.as_bytes()) {
+        return;
+    }
+    // SAFETY: a plain syscall; "." is a NUL-terminated literal. A new open
+    // file description, so the lock descriptor's offset is left alone.
+    let dir = unsafe {
+        libc::openat(
+            fd,
+            c".".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if dir < 0 {
+        return;
+    }
+    for _ in 0..REMOVE_PASSES {
+        unlink_entries(dir);
+        // SAFETY: `path` is NUL-terminated at `len` (`fd_path` leaves a
+        // zero after the link's text).
+        if unsafe { libc::rmdir(path.as_ptr().cast()) } == 0 {
+            break;
+        }
+    }
+    // SAFETY: the descriptor opened above, closed once.
+    unsafe { libc::close(dir) };
+}
+
+/// The path of the file open as `fd`, read from `/proc/self/fd/<fd>` into
+/// `buf` and NUL-terminated; its length. `None` if unknown, too long, or
+/// already removed (" (deleted)").
+fn fd_path(fd: i32, buf: &mut [u8; 4096]) -> Option<usize> {
+    let mut link = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0\0";
+    let mut at = 14;
+    let mut digits = [0u8; 10];
+    let mut n = u32::try_from(fd).ok()?;
+    let mut k = 0;
+    loop {
+        digits[k] = b'0' + (n % 10) as u8;
+        k += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    while k > 0 {
+        k -= 1;
+        link[at] = digits[k];
+        at += 1;
+    }
+    // SAFETY: `link` is NUL-terminated (at most 10 digits after 14 bytes
+    // of a 26-byte zeroed tail); `readlink` writes at most `buf.len() - 1`
+    // bytes into `buf`.
+    let got =
+        unsafe { libc::readlink(link.as_ptr().cast(), buf.as_mut_ptr().cast(), buf.len() - 1) };
+    let len = usize::try_from(got).ok().filter(|&l| l > 0)?;
+    buf[len] = 0;
+    (!buf[..len].ends_with(b" (deleted)")).then_some(len)
+}
+
+/// Unlinks every entry of the directory open as `dir` (one pass of
+/// `getdents64` from its start; async-signal-safe).
+fn unlink_entries(dir: i32) {
+    // 8-byte aligned, as `linux_dirent64` records are.
+    let mut buf = [0u64; 512];
+    // SAFETY: a plain syscall on our descriptor.
+    unsafe { libc::lseek(dir, 0, libc::SEEK_SET) };
+    loop {
+        // SAFETY: `getdents64` writes at most the buffer's size into it.
+        let got = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                dir,
+                buf.as_mut_ptr(),
+                std::mem::size_of_val(&buf),
+            )
+        };
+        let Ok(got) = usize::try_from(got) else {
+            return;
+        };
+        if got == 0 {
+            return;
+        }
+        let base = buf.as_ptr().cast::<u8>();
+        let mut off = 0;
+        while off + 19 < got {
+            // SAFETY: the kernel wrote `got` bytes of whole records: each
+            // has its 2-byte length at offset 16 and its NUL-terminated
+            // name from offset 19, within the record.
+            unsafe {
+                let reclen = usize::from(base.add(off + 16).cast::<u16>().read_unaligned());
+                let name = base.add(off + 19);
+                let dot = *name == b'.'
+                    && (*name.add(1) == 0 || (*name.add(1) == b'.' && *name.add(2) == 0));
+                if !dot && libc::unlinkat(dir, name.cast(), 0) != 0 {
+                    libc::unlinkat(dir, name.cast(), libc::AT_REMOVEDIR);
+                }
+                if reclen == 0 {
+                    return;
+                }
+                off += reclen;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
