@@ -14,6 +14,10 @@ pub enum Error {
     Runtime(outcore::Error),
     /// Bad input: malformed data, or parameters that do not fit it.
     Input(String),
+    /// Bad input found by a collective check, so that every MPI rank has
+    /// this same error at once (the ranks disagree on the data or the
+    /// flags): rank 0 alone says it.
+    Collective(String),
     /// A file could not be opened, read or written.
     Io {
         /// The file.
@@ -48,7 +52,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Runtime(e) => e.fmt(f),
-            Error::Input(msg) => f.write_str(msg),
+            Error::Input(msg) | Error::Collective(msg) => f.write_str(msg),
             Error::Io {
                 path,
                 action,

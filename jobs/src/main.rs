@@ -76,7 +76,20 @@ fn main() -> ExitCode {
             // moment first, so that an error every rank meets (a missing
             // file) is printed once, by rank 0.
             if !ranks.is_root() {
-                std::thread::sleep(std::time::Duration::from_millis(300));
+                // An error every rank has at once (a collective check):
+                // rank 0 says it and ends the job; this rank waits for
+                // that, silent, however slow rank 0 is (under load, 300
+                // ms were not always enough: two lines). A bound, should
+                // rank 0 be gone.
+                let wait = if matches!(e, outcore_jobs::Error::Collective(_)) {
+                    60_000
+                } else {
+                    300
+                };
+                std::thread::sleep(std::time::Duration::from_millis(wait));
+                if wait > 300 {
+                    ranks.abort(2);
+                }
             }
             tell(&format!(
                 "outcore: error: rank {} of {}: {e}",

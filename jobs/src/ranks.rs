@@ -136,7 +136,7 @@ fn check_agreement(names: &[&str], n: usize, all: &[u64]) -> Result<()> {
         1 => String::new(),
         _ => format!("ranks {} differ from rank 0; ", ranks.join(", ")),
     };
-    Err(Error::Input(format!(
+    Err(Error::Collective(format!(
         "the ranks disagree on {name}: rank 0 has {}, rank {r} has {} ({all_of}every rank must be given the same data and flags)",
         value(first, i),
         value(theirs, i)
@@ -311,8 +311,8 @@ impl Ranks {
     ///
     /// # Errors
     ///
-    /// [`Error::Input`] on every rank when any rank's values differ from
-    /// rank 0's, naming the first such rank and value.
+    /// [`Error::Collective`] on every rank when any rank's values differ
+    /// from rank 0's, naming the first such rank and value.
     pub fn agree(&self, names: &[&str], values: &[u64]) -> Result<()> {
         match &self.inner {
             Inner::Single => {

@@ -24,7 +24,7 @@ pub(crate) fn to_py(e: outcore_jobs::Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::Input(_) if msg.contains("memory cap") => PyMemoryError::new_err(msg),
-        Error::Input(_) => PyValueError::new_err(msg),
+        Error::Input(_) | Error::Collective(_) => PyValueError::new_err(msg),
         Error::Io { .. } | Error::Output { .. } => PyOSError::new_err(msg),
         Error::Runtime(outcore::Error::TooLargeTogether { .. }) => PyMemoryError::new_err(msg),
         Error::Runtime(outcore::Error::BadSize { .. }) => PyValueError::new_err(msg),
