@@ -70,34 +70,7 @@ fn main() -> ExitCode {
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
         }
-        Err(e) if ranks.size() > 1 => {
-            // One line naming the rank, then every rank ends (MPI_Abort):
-            // none is left waiting in a collective. The other ranks wait a
-            // moment first, so that an error every rank meets (a missing
-            // file) is printed once, by rank 0.
-            if !ranks.is_root() {
-                // An error every rank has at once (a collective check):
-                // rank 0 says it and ends the job; this rank waits for
-                // that, silent, however slow rank 0 is (under load, 300
-                // ms were not always enough: two lines). A bound, should
-                // rank 0 be gone.
-                let wait = if matches!(e, outcore_jobs::Error::Collective(_)) {
-                    60_000
-                } else {
-                    300
-                };
-                std::thread::sleep(std::time::Duration::from_millis(wait));
-                if wait > 300 {
-                    ranks.abort(2);
-                }
-            }
-            tell(&format!(
-                "outcore: error: rank {} of {}: {e}",
-                ranks.rank(),
-                ranks.size()
-            ));
-            ranks.abort(2)
-        }
+        Err(e) if ranks.size() > 1 => rank_failed(&ranks, &e),
         Err(e) => {
             tell(&format!("outcore: error: {e}"));
             ExitCode::from(2)
@@ -256,4 +229,33 @@ fn condense(text: &str) -> String {
         }
     }
     out
+}
+
+/// A run that failed on one of several MPI ranks: one line naming the
+/// rank, then every rank ends (MPI_Abort), none left waiting in a
+/// collective. The other ranks wait a moment first, so that an error
+/// every rank meets (a missing file) is printed once, by rank 0.
+fn rank_failed(ranks: &outcore_jobs::ranks::Ranks, e: &outcore_jobs::Error) -> ExitCode {
+    if !ranks.is_root() {
+        // An error every rank has at once (a collective check):
+        // rank 0 says it and ends the job; this rank waits for
+        // that, silent, however slow rank 0 is (under load, 300
+        // ms were not always enough: two lines). A bound, should
+        // rank 0 be gone.
+        let wait = if matches!(e, outcore_jobs::Error::Collective(_)) {
+            60_000
+        } else {
+            300
+        };
+        std::thread::sleep(std::time::Duration::from_millis(wait));
+        if wait > 300 {
+            ranks.abort(2);
+        }
+    }
+    tell(&format!(
+        "outcore: error: rank {} of {}: {e}",
+        ranks.rank(),
+        ranks.size()
+    ));
+    ranks.abort(2)
 }
