@@ -257,3 +257,65 @@ fn joins_never_crash_near_the_limit() {
     let results = sweep(T, &[8, 12, 16, 20, 24, 28, 32], runs);
     report(&results);
 }
+
+/// Maps address space nobody uses (`PROT_NONE`, straight from the kernel)
+/// until only `bytes` of it are left, to within a page. The mappings live
+/// until exit.
+fn leave_free(bytes: usize) {
+    let map = |len: usize| {
+        // SAFETY: an anonymous mapping with no address hint, never touched.
+        unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        }
+    };
+    let keep = map(bytes);
+    assert_ne!(keep, libc::MAP_FAILED);
+    let mut size: usize = 1 << 34;
+    while size >= 4096 {
+        if map(size) == libc::MAP_FAILED {
+            size /= 2;
+        }
+    }
+    // SAFETY: `keep` is the mapping made above, never used.
+    unsafe { libc::munmap(keep, bytes) };
+}
+
+/// Threads whose first allocation comes when the address space is all but
+/// gone: jemalloc used to make each one an arena then, and died of a
+/// SIGSEGV when the arena's metadata could not be mapped.
+#[test]
+fn a_threads_first_allocation_at_the_limit() {
+    const T: &str = "a_threads_first_allocation_at_the_limit";
+    if is_child(T) {
+        let _rt = Runtime::builder().workers(2).build().expect("runtime");
+        let go = std::sync::Barrier::new(7);
+        let made: usize = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..6)
+                .map(|i| {
+                    let go = &go;
+                    s.spawn(move || {
+                        go.wait();
+                        let v = std::hint::black_box(vec![i as u64; 16]);
+                        let b = std::hint::black_box(Box::new(v.len()));
+                        *b
+                    })
+                })
+                .collect();
+            leave_free(4096);
+            go.wait();
+            threads.into_iter().map(|t| t.join().expect("thread")).sum()
+        });
+        println!("MADE={made}");
+        return;
+    }
+    let out = run_child(T, Some(512 << 20), Duration::from_secs(60));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.num("MADE"), 96);
+}
