@@ -179,6 +179,11 @@ impl Shared {
     /// Puts a candidate the prefetcher may not load now back in its list:
     /// it stays the most urgent one.
     fn keep_wanted(&self, rank: u64, slot: Arc<Slot>) {
+        // The list may grow under its lock: no trap there (the eviction it
+        // would run takes that lock; under `RLIMIT_AS` a prefetch that
+        // cannot claim room comes here on every step, and a trap here
+        // deadlocked with a worker's).
+        let _bypass = alloc::BypassGuard::new();
         self.wanted().lock().push(rank, slot);
     }
 
