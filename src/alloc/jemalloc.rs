@@ -103,7 +103,27 @@ static mut MALLOC_CONF: *const libc::c_char = std::ptr::null();
 /// Runs from `.init_array`, before `main` and before any Rust allocation:
 /// when the address space is limited, turn `retain` off so that memory
 /// freed after an eviction is unmapped and counts against the limit no more,
-/// and keep the C library's malloc to one arena.
+/// keep jemalloc to one automatic arena with no thread caches, and the C
+/// library's malloc to one arena.
+///
+/// One automatic arena (`narenas:1`) and no thread caches (`tcache:false`),
+/// because jemalloc 5.3 does not survive a failure to make either. On a
+/// thread's first allocation it makes the thread's cache (its stacks of
+/// cached blocks, tens of KiB from jemalloc's metadata) and, up to four
+/// per CPU, a new arena (a 2 MiB metadata block mapped, then slabs of its
+/// own). Under an address-space limit either can fail, and jemalloc goes
+/// on with a half-made cache (a null `stack_head`, a null arena) and dies
+/// of a SIGSEGV in `cache_bin_alloc` on that very allocation: seen in a
+/// thread submitting joins (`tests/hard_limit.rs`, 4 runs of 4 at one
+/// margin), and every time in a thread whose first allocation finds the
+/// address space full (`a_threads_first_allocation_at_the_limit`; with one
+/// arena but caches on, still 3 of 3). With one arena and no caches a
+/// thread's first allocation makes nothing, and a failure is an ordinary
+/// null the trap sees. The arenas also cost address space the trap cannot
+/// give back: 45 MiB mapped at start instead of 53 with 6 threads. Small
+/// allocations take the arena's bin locks instead of the thread cache: the
+/// join workload of `tests/hard_limit.rs` ran 14 children in 13.9 s instead
+/// of 11.1 s; only processes under `RLIMIT_AS` pay it.
 extern "C" fn choose_malloc_conf() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -116,7 +136,7 @@ extern "C" fn choose_malloc_conf() {
     // oversize arena, which returns them to the system on every free.
     let limited = ok && lim.rlim_cur != libc::RLIM_INFINITY;
     let conf = if limited {
-        c"oversize_threshold:0,retain:false"
+        c"oversize_threshold:0,retain:false,narenas:1,tcache:false"
     } else {
         c"oversize_threshold:0"
     };

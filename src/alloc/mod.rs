@@ -22,6 +22,8 @@
 //!   limit;
 //! - `headroom.rs`: the address space held back, under `RLIMIT_AS`, for
 //!   allocations made under a runtime lock;
+//! - `claim.rs`: the address space a load claims, under `RLIMIT_AS`,
+//!   before it allocates;
 //! - `slots.rs`: the lock-free slots the evictor registry lives in (std
 //!   only, so that `tests/miri` runs it alone under Miri);
 //! - `jemalloc.rs`: `retain:false` chosen before `main`, the arena blocks of
@@ -39,6 +41,7 @@
 //! - `README.md`: the protocol.
 
 mod account;
+mod claim;
 mod ffi;
 mod headroom;
 mod jemalloc;
@@ -58,10 +61,11 @@ pub use account::{
     thread_net_allocated,
 };
 pub(crate) use account::{thread_own_net, BypassGuard, EvictScope, COUNTERS};
+pub(crate) use claim::{LoadClaim, CLAIM_PAD};
 pub(crate) use jemalloc::{kept_pages, purge};
 pub use linebuf::set_process_name;
 pub(crate) use register::{register, Registration};
-pub(crate) use trap::{Evictor, Freed};
+pub(crate) use trap::{evict_external, Evictor, Freed};
 
 /// The outcore global allocator: jemalloc with accounting and an allocation
 /// trap.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use super::account::{self, BypassGuard, COUNTERS, NO_CAP};
 use super::linebuf::LineBuf;
 use super::slots::Slots;
-use super::{headroom, jemalloc, reserve};
+use super::{claim, headroom, jemalloc, reserve};
 
 /// Something that can free memory by evicting executors: implemented by the
 /// runtime.
@@ -289,6 +289,13 @@ pub(super) fn soft(used: usize, cap: usize, size: usize) {
 /// retries with `retry` until it succeeds or nothing is left to evict.
 #[cold]
 pub(super) fn hard(size: usize, retry: &impl Fn() -> *mut u8, layout: Layout) -> *mut u8 {
+    // A load that claimed its room first: the room is here (`claim.rs`).
+    if claim::release_own() {
+        let p = retry();
+        if !p.is_null() {
+            return p;
+        }
+    }
     if account::bypassing() {
         // No trap in a bypass scope. Inside an eviction, the memory set
         // aside at start-up serves it: those blocks are all freed when the

@@ -6,10 +6,11 @@
 //! underneath it.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use super::shared::{drop_user_value, panic_message, pinned_here, Shared};
 use crate::alloc;
@@ -45,9 +46,16 @@ impl Shared {
                 size
             }
         };
+        // A prefetch holds its claim already (taken on this thread).
+        let claim = if prefetch {
+            None
+        } else {
+            self.claim_load(size, true)
+        };
         let before = alloc::thread_own_net();
         let rebuild = slot.lineage.is_some() && file_gen == FROM_LINEAGE;
         let result = self.read_value(slot, file_gen);
+        drop(claim);
         let delta = alloc::thread_own_net() - before;
         self.loading_ends(size);
         let mut g = slot.lock();
@@ -87,6 +95,52 @@ impl Shared {
                 Err(self.load_error(slot, file_gen, source))
             }
         }
+    }
+
+    /// Under an address-space limit, the room for a load of `size` bytes,
+    /// claimed before the load allocates anything (see
+    /// `alloc/claim.rs`): a load that starts then never waits for memory,
+    /// so a load in progress is contention that passes. A prefetch
+    /// (`demand` false) only claims what is free. A demand load evicts
+    /// for its claim (through the trap's token), and waits while other
+    /// threads' loads, evictions or tasks hold the room, for a short while
+    /// ([`CLAIM_PATIENCE`]);
+    /// then it goes ahead without (the trap does what it can).
+    pub(crate) fn claim_load(&self, size: usize, demand: bool) -> Option<alloc::LoadClaim> {
+        crate::cap::rlimit_as()?;
+        let bytes = size.saturating_add(alloc::CLAIM_PAD);
+        // A prefetch never takes room a demand load is waiting for: it
+        // would load what the waiting load then evicts, over and over.
+        if !demand && CLAIM_WAITERS.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        if let Some(c) = alloc::LoadClaim::new(bytes) {
+            return Some(c);
+        }
+        if !demand {
+            return None;
+        }
+        CLAIM_WAITERS.fetch_add(1, Ordering::AcqRel);
+        let _waiting = Waiting;
+        let start = Instant::now();
+        while start.elapsed() < CLAIM_PATIENCE {
+            alloc::purge();
+            if let Some(c) = alloc::LoadClaim::new(bytes) {
+                return Some(c);
+            }
+            let freed = alloc::evict_external(bytes);
+            // Pins this thread holds (the executors of its task pinned so
+            // far) will not pass while it waits here.
+            let mine = HELD.with(Cell::get);
+            let others = self.pinned_now() > mine || self.loading_bytes() > size;
+            if freed == 0 && !others {
+                break;
+            }
+            if freed <= 1 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        None
     }
 
     /// Reads `slot`'s value from the copy `file_gen` names: its spill
@@ -176,6 +230,7 @@ impl Shared {
                     slot.set_state(&mut g, State::Pinned);
                     drop(g);
                     self.pin();
+                    held(1);
                     self.count_pinned(slot, waited, start);
                     return Ok(v);
                 }
@@ -277,6 +332,7 @@ impl Shared {
                 drop(g);
                 if !joinable {
                     self.pin();
+                    held(1);
                 }
                 self.count_pinned(slot, waited, start);
                 return Ok(ptr);
@@ -309,6 +365,7 @@ impl Shared {
         if g.readers > 0 {
             return;
         }
+        held(-1);
         if g.drop_on_release {
             let v = g.value.take();
             slot.set_state(&mut g, State::Removed);
@@ -332,6 +389,7 @@ impl Shared {
         changed: bool,
         poisoned: bool,
     ) {
+        held(-1);
         let mut g = slot.lock();
         if g.drop_on_release {
             // The task dropped the executor's last handle: it goes now.
@@ -422,6 +480,36 @@ impl Shared {
             let _ = std::fs::remove_file(self.store().path_for(slot.id));
         }
     }
+}
+
+/// How long a demand load waits for other threads' pins and loads to make
+/// room for its claim before it goes ahead without one. Short: two tasks
+/// that each hold an executor pinned while they load the next (a join's
+/// executors are pinned one at a time) wait for each other here.
+const CLAIM_PATIENCE: Duration = Duration::from_millis(200);
+
+/// Demand loads waiting in `claim_load` (process-wide).
+static CLAIM_WAITERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a demand load out of [`CLAIM_WAITERS`] when dropped.
+struct Waiting;
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        CLAIM_WAITERS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+thread_local! {
+    /// Executors this thread pinned and has not given back (approximate:
+    /// a shared pin counts on the thread that made it). `claim_load` does
+    /// not wait for these.
+    static HELD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Counts a pin this thread made (+1) or gave back (-1).
+fn held(d: isize) {
+    HELD.with(|h| h.set(h.get().saturating_add_signed(d)));
 }
 
 /// Whether a spill file may exist for the slot: a write was started once

@@ -145,24 +145,45 @@ impl Shared {
         }))
         .unwrap_or(false);
         if !fits {
-            // Given back: a task waiting for it loads it itself.
-            self.loading_ends(size);
-            let mut g = slot.lock();
-            slot.set_state(&mut g, State::Evicted);
-            self.note_evicted();
-            drop(g);
-            self.keep_wanted(rank, slot);
+            self.give_back_prefetch(&slot, size, rank);
+            return false;
+        }
+        // Under an address-space limit the load's room is claimed first,
+        // from what is free (see `Shared::claim_load`): a prefetch that
+        // started and then waited for memory could hold up a worker's load
+        // that waits for it in turn.
+        let claim = self.claim_load(size, false);
+        if crate::cap::rlimit_as().is_some() && claim.is_none() {
+            self.give_back_prefetch(&slot, size, rank);
             return false;
         }
         // A damaged file is reported to the task that needs the executor.
         let _ = self.load_slot(&slot, file_gen, Some(size));
+        drop(claim);
         alloc::flush_thread();
         true
+    }
+
+    /// Undoes a prefetcher's claim on `slot` (of `size` bytes, rank
+    /// `rank`) that it will not load now: a task waiting for it loads it
+    /// itself.
+    fn give_back_prefetch(&self, slot: &Arc<Slot>, size: usize, rank: u64) {
+        self.loading_ends(size);
+        let mut g = slot.lock();
+        slot.set_state(&mut g, State::Evicted);
+        self.note_evicted();
+        drop(g);
+        self.keep_wanted(rank, slot.clone());
     }
 
     /// Puts a candidate the prefetcher may not load now back in its list:
     /// it stays the most urgent one.
     fn keep_wanted(&self, rank: u64, slot: Arc<Slot>) {
+        // The list may grow under its lock: no trap there (the eviction it
+        // would run takes that lock; under `RLIMIT_AS` a prefetch that
+        // cannot claim room comes here on every step, and a trap here
+        // deadlocked with a worker's).
+        let _bypass = alloc::BypassGuard::new();
         self.wanted().lock().push(rank, slot);
     }
 
