@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::access::Access;
 use super::handle::Handle;
 use super::join::{AnyHandle, Join, ReadHandle, TaskContext, Value};
 use super::pool::{Job, Step};
-use super::queue::{values, Access, Busy, Held, Queue, Task, TaskFn};
+use super::queue::{values, Busy, Held, Queue, Task, TaskFn};
 use super::shared::{in_task, panic_message, pinned_here, PinnedHere, Shared};
 use crate::error::{Error, Result};
 use crate::executor::Slot;

@@ -14,6 +14,8 @@
 //! One job a file:
 //!
 //! - `mod.rs`: [`Runtime`], the public API;
+//! - `access.rs`: how a task holds an executor (read side by side, read
+//!   alone, written);
 //! - `builder.rs`: [`Builder`], starting (and, on failure, stopping) the
 //!   threads;
 //! - `handle.rs`: [`Handle`];
@@ -35,6 +37,7 @@
 //! - `load.rs`: loading and pinning;
 //! - `prefetch.rs`: the prefetchers.
 
+mod access;
 mod batch;
 mod builder;
 mod evict;

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::queue::Access;
+use super::access::Access;
 use crate::executor::Slot;
 
 /// The executors running tasks pin: for each, how many tasks and the bytes

@@ -6,6 +6,7 @@ use std::any::Any;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
+use super::access::Access;
 use super::join::{TaskContext, Value};
 use crate::executor::Slot;
 
@@ -13,25 +14,6 @@ use crate::executor::Slot;
 /// [`Task::slots`]) and its context in, its result out (`None` when a value
 /// has another type than the task's).
 pub(crate) type TaskFn<R> = Box<dyn FnOnce(&[Value<'_>], &TaskContext) -> Option<R> + Send>;
-
-/// How a task holds one of its executors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Access {
-    /// Reads it side by side with other tasks that do (a read of a task
-    /// over several executors: the executor's type is `Sync`).
-    Shared,
-    /// Reads it alone (a task on one executor: its type need not be
-    /// `Sync`).
-    Alone,
-    /// Writes it (alone).
-    Write,
-}
-
-impl Access {
-    pub fn writes(self) -> bool {
-        self == Access::Write
-    }
-}
 
 pub(crate) struct Task<R> {
     pub index: usize,
