@@ -538,38 +538,48 @@ fn check_final_name(real: &Path, shown: &Path) -> Result<()> {
 /// (a regular file, new or replaced; `-`, devices and FIFOs are not
 /// checked), before any of them is written: a run that cannot finish its
 /// output is refused at once instead of filling the disk. The space free
-/// to an unprivileged user counts.
+/// to an unprivileged user counts, and so does the file-size limit
+/// (`ulimit -f`), past which a write fails part-way.
 pub fn check_room(path: &Path, bytes: u64) -> Result<()> {
-    check_file_size(&path.display().to_string(), bytes)?;
     let Target::Replace(real) = target(path)? else {
         return Ok(());
     };
+    let too_large = |what: String| Error::Output {
+        path: path.to_path_buf(),
+        reason: format!("{} to write, but {what}", large_size(bytes)),
+    };
+    if let Some(free) = free_space(&real).filter(|&f| bytes > f) {
+        return Err(too_large(format!(
+            "its filesystem has {} free",
+            large_size(free)
+        )));
+    }
+    match file_size_limit() {
+        Some(limit) if bytes > limit => Err(too_large(format!(
+            "the file-size limit (ulimit -f {}) is {}",
+            limit / 1024,
+            large_size(limit)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The space free to an unprivileged user on the filesystem that is to
+/// hold `real`, when it can be read.
+fn free_space(real: &Path) -> Option<u64> {
     let dir = match real.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
-        return Ok(());
-    };
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
     // SAFETY: statvfs is plain data, valid when zeroed.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is a NUL-terminated path and `st` a writable struct,
     // both live for the call.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Ok(());
+        return None;
     }
-    let free = (st.f_bavail as u64).saturating_mul(st.f_frsize as u64);
-    if bytes > free {
-        return Err(Error::Output {
-            path: path.to_path_buf(),
-            reason: format!(
-                "{} to write, but its filesystem has {} free",
-                large_size(bytes),
-                large_size(free)
-            ),
-        });
-    }
-    Ok(())
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
 /// The file-size limit (`ulimit -f`, `RLIMIT_FSIZE`) in bytes, when

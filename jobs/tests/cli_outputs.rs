@@ -598,7 +598,7 @@ fn a_file_size_limit_too_small_for_the_spill_or_the_labels_is_refused_first() {
         (&["--mem-cap", "4MiB"][..], "a spill file would reach"),
         (
             &["--mem-cap", "none", "--labels", "l.npy"],
-            "l.npy would reach 1.0 MiB",
+            "l.npy: 1.0 MiB to write, but the file-size limit",
         ),
     ] {
         let (code, err) = run(extra);
