@@ -200,7 +200,9 @@ fn spawn_gen(tmp: &Path, size: &str, out: &Path, sighup_ignored: bool) -> Child 
 }
 
 /// `outcore <args>` with a private TMPDIR (where the spill goes), its
-/// outputs limited to 1 GiB (`ulimit -f`) in case a signal is missed, and
+/// files limited (`ulimit -f`) to the largest output the tests ask for
+/// (4 GiB; outcore refuses at the start an output the limit cannot hold)
+/// in case a signal is missed, and
 /// `sighup_ignored` as `nohup` leaves it.
 fn spawn_in(tmp: &Path, args: &[&str], sighup_ignored: bool) -> Child {
     use std::os::unix::process::CommandExt;
@@ -214,8 +216,8 @@ fn spawn_in(tmp: &Path, args: &[&str], sighup_ignored: bool) -> Child {
     unsafe {
         c.pre_exec(|| {
             let lim = libc::rlimit {
-                rlim_cur: 1 << 30,
-                rlim_max: 1 << 30,
+                rlim_cur: (4 << 30) + (1 << 20),
+                rlim_max: (4 << 30) + (1 << 20),
             };
             libc::setrlimit(libc::RLIMIT_FSIZE, &lim);
             Ok(())
