@@ -41,21 +41,7 @@ impl LoadClaim {
         if bytes == 0 || CLAIM.try_with(|c| c.get().1 != 0).unwrap_or(true) {
             return None;
         }
-        // SAFETY: an anonymous private mapping with no address hint and no
-        // access has no preconditions; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return None;
-        }
+        let p = super::headroom::map_inaccessible(bytes)?;
         let _ = CLAIM.try_with(|c| c.set((p as usize, bytes)));
         Some(LoadClaim(()))
     }

@@ -63,21 +63,9 @@ pub(crate) fn restore() -> bool {
     if bytes == 0 {
         return true;
     }
-    // SAFETY: an anonymous private mapping with no address hint and no
-    // access has no preconditions; the result is checked for MAP_FAILED.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
+    let Some(p) = map_inaccessible(bytes) else {
         return false;
-    }
+    };
     if BASE
         .compare_exchange(0, p as usize, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
@@ -102,4 +90,24 @@ pub(crate) fn release() -> bool {
     // changes once set.
     unsafe { libc::munmap(base as *mut libc::c_void, BYTES.load(Ordering::Acquire)) };
     true
+}
+
+/// Maps `bytes` of address space that holds no memory (no access, no
+/// swap reserved): what counts against `RLIMIT_AS` and nothing else, for
+/// the headroom and for a load's claim (`claim.rs`). Never allocates: one
+/// `mmap`. `None` when the limit leaves no room.
+pub(super) fn map_inaccessible(bytes: usize) -> Option<*mut libc::c_void> {
+    // SAFETY: an anonymous private mapping with no address hint and no
+    // access has no preconditions; the result is checked for MAP_FAILED.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED).then_some(p)
 }
