@@ -26,6 +26,7 @@ pub(crate) struct Counters {
     pub bytes_read: AtomicU64,
     pub direct_bytes_read: AtomicU64,
     pub tasks: AtomicU64,
+    pub join_retries: AtomicU64,
     pub load_wait_nanos: AtomicU64,
     pub oversized: AtomicU64,
     /// The warning about the first executor larger than the cap.
@@ -152,6 +153,10 @@ pub struct Stats {
     pub direct_bytes_read: u64,
     /// Tasks run.
     pub tasks: u64,
+    /// Times a task over several executors (a join) gave back the ones it
+    /// held and tried again: under an address-space limit, the room for
+    /// its next executor was held by other threads' tasks or loads.
+    pub join_retries: u64,
     /// Time tasks spent waiting for their executor to be loaded, in seconds.
     pub load_wait_seconds: f64,
     /// Highest accounted usage of the process, in bytes. Raised whenever a
@@ -224,6 +229,7 @@ impl Stats {
             bytes_read: g(&c.bytes_read),
             direct_bytes_read: g(&c.direct_bytes_read),
             tasks: g(&c.tasks),
+            join_retries: g(&c.join_retries),
             load_wait_seconds: g(&c.load_wait_nanos) as f64 * 1e-9,
             peak_bytes: crate::alloc::peak_usage() as u64,
             current_bytes: crate::alloc::current_usage() as u64,

@@ -391,3 +391,74 @@ fn a_threads_first_allocation_at_the_limit() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(out.num("MADE"), 96);
 }
+
+/// Six executors of 8 MiB joined in disjoint pairs (`2i` read, `2i + 1`
+/// written) by two workers, prefetch off. Prints `OK=1` when every join
+/// saw the right data.
+fn disjoint_pairs_child() {
+    const N: usize = 6;
+    const ELEMS: usize = (8 << 20) / 4;
+    let rt = match Runtime::builder().workers(2).prefetch(false).build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("outcore: {e}");
+            std::process::exit(2);
+        }
+    };
+    if std::env::var("OUTCORE_TEST_PROBE").is_ok() {
+        println!("VMSIZE={}", vm_size());
+        return;
+    }
+    let hs: Vec<_> = (0..N)
+        .map(|i| {
+            rt.insert(Block {
+                data: PodVec::from(fill(i as u64, ELEMS)),
+                count: 0,
+            })
+            .expect("insert")
+        })
+        .collect();
+    let sums: Vec<u64> = (0..N).map(|i| sum(&fill(i as u64, ELEMS))).collect();
+    for round in 0..6 {
+        let mut b = rt.batch();
+        let mut want = Vec::new();
+        for p in 0..N / 2 {
+            // Each round starts the pairs in another order, so that the
+            // two workers' first executors are not always the ones left
+            // resident.
+            let p = (p + round) % (N / 2);
+            let (ka, kw) = (hs[2 * p].key(), hs[2 * p + 1].key());
+            b.task(&[&hs[2 * p]], &[&hs[2 * p + 1]], move |j| {
+                j.write(kw).count += 1;
+                sum(&j.read(ka).data)
+            });
+            want.push(sums[2 * p]);
+        }
+        assert_eq!(b.run().expect("batch"), want, "a join saw the wrong data");
+    }
+    let s = rt.stats();
+    println!("JOIN_RETRIES={}", s.join_retries);
+    println!("HARD_TRAPS={}", s.hard_traps);
+    println!("OK=1");
+}
+
+/// Two workers, each holding one executor of its join pinned while it
+/// loads the other, under `RLIMIT_AS` with room for about three of the
+/// six: each used to wait in the trap for the room the other held, and
+/// the process aborted after the trap's patience. Each run must complete.
+#[test]
+fn two_joins_never_wait_on_each_other() {
+    const T: &str = "two_joins_never_wait_on_each_other";
+    if is_child(T) {
+        return disjoint_pairs_child();
+    }
+    let runs = env_or("HARD_LIMIT_RUNS", 2);
+    let results = sweep(T, &[32, 36, 40], runs);
+    report(&results);
+    for (m, counts, _) in &results {
+        assert_eq!(
+            counts[0], runs,
+            "+{m} MiB: {counts:?}: not every run completed"
+        );
+    }
+}

@@ -53,6 +53,11 @@ impl Drop for LoadClaim {
     }
 }
 
+/// Whether this thread holds a claim: a load it starts uses that one.
+pub(crate) fn claim_held() -> bool {
+    CLAIM.try_with(|c| c.get().1 != 0).unwrap_or(false)
+}
+
 /// Unmaps this thread's claim, if it holds one, so that the allocation
 /// that just failed can use it. Returns whether there was one. One
 /// `munmap`, nothing else.

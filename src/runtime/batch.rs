@@ -641,23 +641,62 @@ fn labels(slots: &[(Arc<Slot>, Access)]) -> String {
 /// Pins a task's executors, in the order of their ids (loading those
 /// evicted); on an error, gives back those pinned so far.
 fn acquire_all<R>(sh: &Shared, t: &Task<R>) -> Result<Vec<Held>> {
+    // Under an address-space limit, a join that holds some of its
+    // executors and finds no room for the next gives back what it holds
+    // and tries again (see `Shared::join_room`); after the first time, it
+    // tries under the runtime's join turn, so that two joins that gave
+    // way do not take their first executors back together, over and over.
+    let mut turn = None;
+    loop {
+        if let Some(held) = try_acquire_all(sh, t)? {
+            return Ok(held);
+        }
+        Counters::add(&sh.counters().join_retries, 1);
+        if turn.is_none() {
+            turn = Some(sh.join_turn());
+        } else {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+/// One try at pinning a task's executors, in their order: `None` when a
+/// join gave back what it held for lack of room (see [`acquire_all`]).
+fn try_acquire_all<R>(sh: &Shared, t: &Task<R>) -> Result<Option<Vec<Held>>> {
     let mut held = Vec::with_capacity(t.slots.len());
+    let give_all_back = |held: Vec<Held>| {
+        for ((slot, _), h) in t.slots.iter().zip(held) {
+            give_back(sh, slot, h, false, false);
+        }
+    };
     for (slot, access) in &t.slots {
+        // The room for this executor's load, claimed while the ones before
+        // it are held (none for the first).
+        let room = if held.is_empty() {
+            None
+        } else {
+            match sh.join_room(slot) {
+                Ok(room) => room,
+                Err(super::load::NoRoom) => {
+                    give_all_back(held);
+                    return Ok(None);
+                }
+            }
+        };
         let got = match access {
             Access::Shared => sh.acquire_shared(slot).map(Held::Shared),
             a => sh.acquire(slot, a.writes()).map(Held::Alone),
         };
+        drop(room);
         match got {
             Ok(h) => held.push(h),
             Err(e) => {
-                for ((slot, _), h) in t.slots.iter().zip(held) {
-                    give_back(sh, slot, h, false, false);
-                }
+                give_all_back(held);
                 return Err(e);
             }
         }
     }
-    Ok(held)
+    Ok(Some(held))
 }
 
 /// Gives a value a task held back to its slot: `changed` marks it dirty,

@@ -103,11 +103,19 @@ impl Shared {
     /// so a load in progress is contention that passes. A prefetch
     /// (`demand` false) only claims what is free. A demand load evicts
     /// for its claim (through the trap's token), and waits while other
-    /// threads' loads, evictions or tasks hold the room, for a short while
-    /// ([`CLAIM_PATIENCE`]);
-    /// then it goes ahead without (the trap does what it can).
+    /// threads' loads, evictions or tasks hold the room: they pass (a
+    /// join that holds executors gives them back rather than wait, see
+    /// [`join_room`](Self::join_room)). It waits [`CLAIM_PATIENCE`] after
+    /// the last change in what the others hold, or, when this thread holds
+    /// executors itself (a task that runs a batch of its own), a short
+    /// while ([`CLAIM_PATIENCE_HOLDING`]); then it goes ahead without (the
+    /// trap does what it can).
     pub(crate) fn claim_load(&self, size: usize, demand: bool) -> Option<alloc::LoadClaim> {
         crate::cap::rlimit_as()?;
+        // A join's load claimed its room already (`join_room`).
+        if alloc::claim_held() {
+            return None;
+        }
         let bytes = size.saturating_add(alloc::CLAIM_PAD);
         // A prefetch never takes room a demand load is waiting for: it
         // would load what the waiting load then evicts, over and over.
@@ -122,25 +130,76 @@ impl Shared {
         }
         CLAIM_WAITERS.fetch_add(1, Ordering::AcqRel);
         let _waiting = Waiting;
-        let start = Instant::now();
-        while start.elapsed() < CLAIM_PATIENCE {
+        // Pins this thread holds will not pass while it waits here.
+        let mine = HELD.with(Cell::get);
+        let patience = if mine == 0 {
+            CLAIM_PATIENCE
+        } else {
+            CLAIM_PATIENCE_HOLDING
+        };
+        let mut since = Instant::now();
+        let mut seen = (self.pinned_now(), self.loading_bytes());
+        while since.elapsed() < patience {
             alloc::purge();
             if let Some(c) = alloc::LoadClaim::new(bytes) {
                 return Some(c);
             }
             let freed = alloc::evict_external(bytes);
-            // Pins this thread holds (the executors of its task pinned so
-            // far) will not pass while it waits here.
-            let mine = HELD.with(Cell::get);
-            let others = self.pinned_now() > mine || self.loading_bytes() > size;
+            let now = (self.pinned_now(), self.loading_bytes());
+            let others = now.0 > mine || now.1 > size;
             if freed == 0 && !others {
                 break;
+            }
+            // Progress: what the others hold changed, or bytes were freed
+            // (1 says only that the trap's token was busy).
+            if now != seen || freed > 1 {
+                seen = now;
+                since = Instant::now();
             }
             if freed <= 1 {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
         None
+    }
+
+    /// Under an address-space limit, the room to load `slot` for a join
+    /// whose executors before it this thread holds: a claim, or `None`
+    /// when no load is needed or none can help (no other thread pins or
+    /// loads anything: the join is then as alone as it will ever be, and
+    /// its load goes ahead as any other). [`NoRoom`] when the room is
+    /// held by other threads' pins or loads: the join must give back what
+    /// it holds and try again. Waiting instead, holding its first
+    /// executors, it could wait for a thread that waits for it (two joins
+    /// each holding one executor and each loading another).
+    pub(crate) fn join_room(
+        &self,
+        slot: &Slot,
+    ) -> std::result::Result<Option<alloc::LoadClaim>, NoRoom> {
+        if crate::cap::rlimit_as().is_none() || slot.lock().state.pin_step() != PinStep::Load {
+            return Ok(None);
+        }
+        let bytes = slot
+            .size
+            .load(Ordering::Relaxed)
+            .saturating_add(alloc::CLAIM_PAD);
+        // A few rounds: each evicts what is idle (the trap's token may be
+        // taken by another thread).
+        for _ in 0..8 {
+            alloc::purge();
+            if let Some(c) = alloc::LoadClaim::new(bytes) {
+                return Ok(Some(c));
+            }
+            if alloc::evict_external(bytes) == 0 {
+                break;
+            }
+        }
+        let mine = HELD.with(Cell::get);
+        if self.pinned_now() > mine || self.loading_bytes() > 0 {
+            Err(NoRoom)
+        } else {
+            Ok(None)
+        }
     }
 
     /// Reads `slot`'s value from the copy `file_gen` names: its spill
@@ -482,11 +541,19 @@ impl Shared {
     }
 }
 
-/// How long a demand load waits for other threads' pins and loads to make
-/// room for its claim before it goes ahead without one. Short: two tasks
-/// that each hold an executor pinned while they load the next (a join's
-/// executors are pinned one at a time) wait for each other here.
-const CLAIM_PATIENCE: Duration = Duration::from_millis(200);
+/// How long a demand load waits for room after the last change in what
+/// other threads' tasks and loads hold, before it goes ahead without a
+/// claim: they pass, and a task may run for a long while.
+const CLAIM_PATIENCE: Duration = Duration::from_secs(60);
+
+/// The same for a thread that holds executors itself: a task running a
+/// batch of its own, whose executors will not pass while it waits.
+const CLAIM_PATIENCE_HOLDING: Duration = Duration::from_millis(200);
+
+/// A join's next executor has no room while other threads hold it (see
+/// [`Shared::join_room`]).
+#[derive(Debug)]
+pub(crate) struct NoRoom;
 
 /// Demand loads waiting in `claim_load` (process-wide).
 static CLAIM_WAITERS: AtomicUsize = AtomicUsize::new(0);

@@ -74,6 +74,9 @@ pub(crate) struct Shared {
     pins: Pins,
     /// Bytes of loads in progress.
     loading_bytes: AtomicUsize,
+    /// Taken by a join that gave back its executors for lack of room
+    /// while it tries again (see `batch::acquire_all`).
+    join_turn: parking_lot::Mutex<()>,
     /// Bumped whenever an executor may have become evictable.
     generation: AtomicU64,
     /// Logical clock for last-use times.
@@ -140,6 +143,7 @@ impl Shared {
             pinned: AtomicUsize::new(0),
             pins: Pins::default(),
             loading_bytes: AtomicUsize::new(0),
+            join_turn: parking_lot::Mutex::new(()),
             generation: AtomicU64::new(0),
             clock: AtomicU64::new(1),
             seq: AtomicU64::new(0),
@@ -380,6 +384,12 @@ impl Shared {
     /// One executor fewer pinned.
     pub(crate) fn unpin(&self) {
         self.pinned.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The join turn (see `batch::acquire_all`): held while a join that
+    /// gave way tries again.
+    pub(crate) fn join_turn(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.join_turn.lock()
     }
 
     /// Bytes of loads in progress.
