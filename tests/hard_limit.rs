@@ -462,3 +462,40 @@ fn two_joins_never_wait_on_each_other() {
         );
     }
 }
+
+/// Builds a runtime (two workers, prefetch on) and prints `OK=1`; a probe
+/// prints the address space mapped before the build.
+fn build_child() {
+    if std::env::var("OUTCORE_TEST_PROBE").is_ok() {
+        println!("VMSIZE={}", vm_size());
+        return;
+    }
+    match Runtime::builder().workers(2).build() {
+        Ok(_rt) => println!("OK=1"),
+        Err(e) => {
+            eprintln!("outcore: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// A runtime built under `RLIMIT_AS` too small for its threads is refused
+/// with one line, never a crash; from +8 MiB over the start (three stacks
+/// of 2 MiB) it is built. Its reserve (16 MiB) used to be mapped before
+/// the threads started, so builds at +16 to +22 MiB were refused where
+/// +8 passed; and a thread that started but could not map its signal
+/// stack aborted the process.
+#[test]
+fn a_runtime_built_under_too_small_a_limit_is_refused() {
+    const T: &str = "a_runtime_built_under_too_small_a_limit_is_refused";
+    if is_child(T) {
+        return build_child();
+    }
+    let runs = env_or("HARD_LIMIT_RUNS", 2);
+    let margins = [0, 2, 4, 6, 8, 12, 16, 18, 20, 22, 24, 32];
+    let results = sweep(T, &margins, runs);
+    report(&results);
+    for (m, counts, _) in results.iter().filter(|(m, _, _)| *m >= 8) {
+        assert_eq!(counts[0], runs, "+{m} MiB: {counts:?}: not built");
+    }
+}

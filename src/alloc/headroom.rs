@@ -111,3 +111,17 @@ pub(super) fn map_inaccessible(bytes: usize) -> Option<*mut libc::c_void> {
     };
     (p != libc::MAP_FAILED).then_some(p)
 }
+
+/// Whether `bytes` of address space are free now under the address-space
+/// limit: mapped once and given back at once.
+pub(crate) fn address_space_free(bytes: usize) -> bool {
+    match map_inaccessible(bytes) {
+        Some(p) => {
+            // SAFETY: `p` is the mapping of `bytes` made just above, never
+            // touched and not shared.
+            unsafe { libc::munmap(p, bytes) };
+            true
+        }
+        None => false,
+    }
+}

@@ -62,6 +62,7 @@ pub use account::{
 };
 pub(crate) use account::{thread_own_net, BypassGuard, EvictScope, COUNTERS};
 pub(crate) use claim::{claim_held, LoadClaim, CLAIM_PAD};
+pub(crate) use headroom::address_space_free;
 pub(crate) use jemalloc::{kept_pages, purge};
 pub use linebuf::set_process_name;
 pub(crate) use register::{register, Registration};

@@ -169,38 +169,50 @@ impl Builder {
                 .unwrap_or(2)
         });
         let shared = Shared::new(cap, self.policy, store, workers, self.prefetch);
-        let registration = alloc::register(
-            shared.clone() as Arc<dyn Evictor>,
-            crate::cap::hard_limits(),
-        )
-        .ok_or_else(|| {
-            Error::Runtime("too many runtimes alive in this process (64 at most)".into())
-        })?;
         let mut guard = StartGuard {
             shared: shared.clone(),
-            registration: Some(registration),
+            registration: None,
             threads: Vec::with_capacity(workers),
             prefetchers: Vec::new(),
             done: false,
         };
+        // The threads first: under an address-space limit, their stacks
+        // must fit before the trap sets address space aside (the reserve
+        // and the headroom, taken only where they fit).
+        let prefetchers = if self.prefetch { prefetchers() } else { 0 };
         for i in 0..workers {
+            let what = || format!("worker thread {i} of {workers}");
             let sh = shared.clone();
-            let t = std::thread::Builder::new()
-                .name(format!("outcore-worker-{i}"))
-                .spawn(move || super::pool::worker_loop(sh.pool()))
-                .map_err(|e| {
-                    Error::Runtime(format!("cannot start worker thread {i} of {workers}: {e}"))
-                })?;
+            let t = thread_room()
+                .and_then(|()| {
+                    std::thread::Builder::new()
+                        .name(format!("outcore-worker-{i}"))
+                        .spawn(move || super::pool::worker_loop(sh.pool()))
+                })
+                .map_err(|e| thread_error(&what(), &e))?;
             guard.threads.push(t);
         }
-        for i in 0..if self.prefetch { prefetchers() } else { 0 } {
+        for i in 0..prefetchers {
+            let what = || format!("prefetch thread {i}");
             let sh = shared.clone();
-            let t = std::thread::Builder::new()
-                .name(format!("outcore-prefetch-{i}"))
-                .spawn(move || prefetch_loop(sh))
-                .map_err(|e| Error::Runtime(format!("cannot start prefetch thread {i}: {e}")))?;
+            let t = thread_room()
+                .and_then(|()| {
+                    std::thread::Builder::new()
+                        .name(format!("outcore-prefetch-{i}"))
+                        .spawn(move || prefetch_loop(sh))
+                })
+                .map_err(|e| thread_error(&what(), &e))?;
             guard.prefetchers.push(t);
         }
+        guard.registration = Some(
+            alloc::register(
+                shared.clone() as Arc<dyn Evictor>,
+                crate::cap::hard_limits(),
+            )
+            .ok_or_else(|| {
+                Error::Runtime("too many runtimes alive in this process (64 at most)".into())
+            })?,
+        );
         guard.done = true;
         Ok(Runtime {
             shared,
@@ -210,4 +222,38 @@ impl Builder {
             workers,
         })
     }
+}
+
+/// Why a runtime's thread could not start, with the address-space limit
+/// when one is set (a thread's stack is address space).
+fn thread_error(what: &str, e: &std::io::Error) -> Error {
+    match crate::cap::rlimit_as() {
+        Some(limit) => Error::Runtime(format!(
+            "cannot start {what} under an address-space limit (RLIMIT_AS) of {}: {e}",
+            crate::units::format_bytes(limit),
+        )),
+        None => Error::Runtime(format!("cannot start {what}: {e}")),
+    }
+}
+
+/// Under an address-space limit, whether a thread's stack fits: a thread
+/// that starts and then cannot map its signal stack panics where nothing
+/// can catch it, and the process aborts. A thread counts its stack
+/// (`RUST_MIN_STACK`, or the standard library's 2 MiB) and 256 KiB for
+/// its guard page, signal stack and first allocations.
+fn thread_room() -> std::io::Result<()> {
+    if crate::cap::rlimit_as().is_none() {
+        return Ok(());
+    }
+    let stack = std::env::var("RUST_MIN_STACK")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(2 << 20);
+    if alloc::address_space_free(stack.saturating_add(256 << 10)) {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::OutOfMemory,
+        "no address space left for its stack",
+    ))
 }
