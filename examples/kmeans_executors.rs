@@ -22,6 +22,9 @@ struct Block {
     points: PodVec<f32>, // x0, y0, x1, y1, ...
 }
 
+/// Bytes of points in one executor.
+const BLOCK_BYTES: u64 = 4 << 20;
+
 /// Per-cluster sums (x, y), counts and the squared-distance total.
 type Partial = (Vec<[f64; 2]>, Vec<u64>, f64);
 
@@ -56,6 +59,13 @@ fn parse_args() -> Result<(u64, MemoryCap), String> {
     }
     let data = parse_size(args.first().map_or("256MiB", String::as_str))
         .map_err(|e| format!("data size: {e}"))?;
+    if data < BLOCK_BYTES {
+        return Err(format!(
+            "data size: {} is less than one executor ({})",
+            format_bytes(data),
+            format_bytes(BLOCK_BYTES)
+        ));
+    }
     let cap = MemoryCap::parse(args.get(1).map_or("64MiB", String::as_str))
         .map_err(|e| format!("memory cap: {e}"))?;
     Ok((data, cap))
@@ -64,9 +74,10 @@ fn parse_args() -> Result<(u64, MemoryCap), String> {
 fn run(data: u64, cap: MemoryCap) -> Result<(), outcore::Error> {
     let rt = Runtime::builder().mem_cap(cap).build()?;
 
-    // Points on four rings of clusters; 4 MiB per executor.
-    let per_block = (4 << 20) / 8;
-    let blocks = (data / (4 << 20)).max(1) as usize;
+    // Points on four rings of clusters; 4 MiB per executor (the data size
+    // rounded down to whole executors).
+    let per_block = BLOCK_BYTES as usize / 8;
+    let blocks = (data / BLOCK_BYTES) as usize;
     let truth = [[0.0f32, 0.0], [10.0, 0.0], [0.0, 10.0], [10.0, 10.0]];
     let mut handles = Vec::new();
     for b in 0..blocks {
@@ -140,9 +151,14 @@ fn run(data: u64, cap: MemoryCap) -> Result<(), outcore::Error> {
         );
     }
     let s = rt.stats();
+    // What the runtime found wrong in the way it was used (an executor
+    // larger than the cap, say), once each.
+    for w in &s.warnings {
+        eprintln!("kmeans_executors: warning: {w}");
+    }
     println!(
         "{} of points in {blocks} executors under cap {cap}: read {}, written {} (clean evictions {})",
-        format_bytes(data),
+        format_bytes(blocks as u64 * BLOCK_BYTES),
         format_bytes(s.bytes_read),
         format_bytes(s.bytes_written),
         s.clean_evictions

@@ -185,6 +185,10 @@ fn run(a: Args) -> Result<(), String> {
         t0.elapsed().as_secs_f64(),
         outcore::format_bytes(s.peak_bytes)
     );
+    // What the runtime found wrong in the way it was used, once each.
+    for w in &s.warnings {
+        eprintln!("quickstart: warning: {w}");
+    }
     println!("{}", s.to_json());
     Ok(())
 }

@@ -184,8 +184,40 @@ fn quickstart_and_kmeans_bad_flags_give_one_correct_line() {
     bad_flag(q, &["--mem-cap", "lots"], "--mem-cap", "");
     let k = "kmeans_executors";
     bad_flag(k, &["lots"], "data size", "");
-    bad_flag(k, &["1MiB", "lots"], "memory cap", "");
-    bad_flag(k, &["1MiB", "1MiB", "extra"], "extra", "");
+    // Less than one executor used to run on one (4 MiB) and report "0 B".
+    bad_flag(k, &["0"], "less than one executor", "");
+    bad_flag(k, &["1MiB"], "less than one executor", "");
+    bad_flag(k, &["4MiB", "lots"], "memory cap", "");
+    bad_flag(k, &["4MiB", "1MiB", "extra"], "extra", "");
+}
+
+/// An executor larger than the cap is served, and the example says so in
+/// one warning (it used to say nothing).
+#[test]
+fn kmeans_executors_warns_of_executors_larger_than_the_cap() {
+    let out = run("kmeans_executors", &["8MiB", "1MiB"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let warnings: Vec<_> = err.lines().filter(|l| l.contains("warning:")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(warnings[0].contains("more than the cap"), "{err}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("8.0 MiB of points in 2 executors"),
+        "{stdout}"
+    );
+}
+
+/// The same in the quickstart.
+#[test]
+fn quickstart_warns_of_executors_larger_than_the_cap() {
+    let args = ["--data", "16MiB", "--part", "8MiB", "--mem-cap", "1MiB"];
+    let out = run("quickstart", &args, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let warnings: Vec<_> = err.lines().filter(|l| l.contains("warning:")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(warnings[0].starts_with("quickstart: warning:"), "{err}");
 }
 
 /// The last line of standard error, and that it is the only error line.
