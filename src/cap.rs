@@ -119,7 +119,8 @@ pub fn parse_size(input: &str) -> Result<u64> {
 pub(crate) struct Limits {
     /// cgroup v2 `memory.max` or v1 `memory.limit_in_bytes`, if limited.
     pub(crate) cgroup: Option<u64>,
-    /// `RLIMIT_AS`, if finite.
+    /// `RLIMIT_AS` or `RLIMIT_DATA`, the smaller if both are finite
+    /// ([`process_limit`]).
     pub(crate) rlimit_as: Option<u64>,
     /// Physical memory (`MemTotal`).
     pub(crate) physical: Option<u64>,
@@ -129,7 +130,7 @@ pub(crate) struct Limits {
 pub(crate) fn detect_limits() -> Limits {
     Limits {
         cgroup: cgroup_limit(),
-        rlimit_as: rlimit_as(),
+        rlimit_as: process_limit(),
         physical: physical_memory(),
     }
 }
@@ -190,17 +191,37 @@ pub(crate) fn hard_limits() -> (usize, usize) {
         (Some(m), s) => to_usize(m.saturating_add(s.unwrap_or(0))),
         (None, _) => usize::MAX,
     };
-    let limit = rlimit_as().map_or(machine, |v| to_usize(v).min(machine));
+    let limit = process_limit().map_or(machine, |v| to_usize(v).min(machine));
     (limit, machine)
 }
 
+/// The limit on what the process maps: `RLIMIT_AS` (`ulimit -v`, all
+/// its address space) or `RLIMIT_DATA` (`ulimit -d`, its private writable
+/// mappings: the heap, jemalloc's, thread stacks), the smaller when both
+/// are finite. Either makes an allocation fail at the limit, which the
+/// trap handles alike.
+pub(crate) fn process_limit() -> Option<u64> {
+    let data = rlimit(libc::RLIMIT_DATA);
+    match (rlimit_as(), data) {
+        (Some(a), Some(d)) => Some(a.min(d)),
+        (a, d) => a.or(d),
+    }
+}
+
+/// `RLIMIT_AS`, if finite: what the load claims and the headroom, which
+/// are address space and no data, count against.
 pub(crate) fn rlimit_as() -> Option<u64> {
+    rlimit(libc::RLIMIT_AS)
+}
+
+/// A resource limit's soft value, if finite.
+fn rlimit(resource: libc::__rlimit_resource_t) -> Option<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: `lim` is a valid, writable rlimit struct.
-    let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } == 0;
+    let ok = unsafe { libc::getrlimit(resource, &mut lim) } == 0;
     (ok && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
 }
 

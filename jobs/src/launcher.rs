@@ -13,16 +13,17 @@ pub(crate) fn size() -> Option<usize> {
         .and_then(|n| n.parse().ok())
 }
 
-/// Whether this process's address-space limit (its soft `RLIMIT_AS`) is
-/// its launcher's, and so every rank's, rank 0's included: `ulimit -v`
+/// Whether this process's limit in the `/proc/<pid>/limits` row `row`
+/// (its soft value: `Max address space` for `ulimit -v`) is its
+/// launcher's, and so every rank's, rank 0's included: `ulimit -v`
 /// set before `mpirun`, or by the batch system for the job. The launcher
 /// is the nearest ancestor that is not part of this rank (whose
 /// environment has no MPI rank: `mpirun`, `orted`, a step daemon); a
 /// wrapper script between them (`sh -c 'ulimit -v ...; exec outcore'`)
 /// is part of the rank, and a limit it set is this rank's own. `false`
 /// when it cannot be told (`/proc` unreadable): then the rank speaks.
-pub(crate) fn limit_inherited() -> bool {
-    let Some(mine) = soft_limit(Path::new("/proc/self")) else {
+pub(crate) fn limit_inherited(row: &str) -> bool {
+    let Some(mine) = soft_limit(Path::new("/proc/self"), row) else {
         return false;
     };
     let mut pid = parent(Path::new("/proc/self"));
@@ -31,20 +32,18 @@ pub(crate) fn limit_inherited() -> bool {
         let Some(p) = pid else { return false };
         let dir = Path::new("/proc").join(p.to_string());
         if !has_rank(&dir) {
-            return soft_limit(&dir) == Some(mine);
+            return soft_limit(&dir, row) == Some(mine);
         }
         pid = parent(&dir);
     }
     false
 }
 
-/// The soft address-space limit of the process at `dir` (`/proc/<pid>`),
-/// as written in its `limits` (`unlimited` or bytes).
-fn soft_limit(dir: &Path) -> Option<String> {
+/// The soft limit in the row `row` of the process at `dir`
+/// (`/proc/<pid>`), as written in its `limits` (`unlimited` or bytes).
+fn soft_limit(dir: &Path, row: &str) -> Option<String> {
     let text = std::fs::read_to_string(dir.join("limits")).ok()?;
-    let line = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Max address space"))?;
+    let line = text.lines().find_map(|l| l.strip_prefix(row))?;
     line.split_whitespace().next().map(str::to_string)
 }
 
@@ -73,7 +72,8 @@ mod tests {
     #[test]
     fn this_process_reads_its_own_limit_and_parent() {
         let me = std::path::Path::new("/proc/self");
-        assert!(super::soft_limit(me).is_some());
+        assert!(super::soft_limit(me, "Max address space").is_some());
+        assert!(super::soft_limit(me, "Max data size").is_some());
         assert!(super::parent(me).is_some());
     }
 }

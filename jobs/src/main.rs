@@ -30,11 +30,11 @@ fn main() -> ExitCode {
     };
     // Before anything starts: a limit too small for the program itself
     // would end the run in an allocation failure.
-    if let Some(line) = cli::address_space_too_small(&args.0) {
+    if let Some((which, line)) = cli::limit_too_small(&args.0) {
         // Before MPI starts, so without it: under mpirun, once.
         match launched_rank() {
             None | Some(0) => tell(&line),
-            Some(r) if !launcher::limit_inherited() => {
+            Some(r) if !launcher::limit_inherited(which.proc_row()) => {
                 // A limit of this rank's own (a wrapper's), which rank 0
                 // may not have.
                 tell(&ranked(&line, r, launcher::size().unwrap_or(r + 1)));

@@ -1205,3 +1205,46 @@ fn a_cap_over_the_address_space_limit_is_warned_about() {
         assert!(!err.contains(WARNING), "{limit:?} {cap}: {err}");
     }
 }
+
+/// `ulimit -d` (`RLIMIT_DATA`), which counts the heap, the allocator's
+/// mappings and thread stacks: below what outcore needs for itself, one
+/// line at start (it used to die of the standard library's "memory
+/// allocation of 1 bytes failed" at 28 MiB, and of an out-of-memory abort
+/// at 58-78 MiB); above, the run evicts at the limit, says that its cap
+/// does not fit under it, and gives the same bytes as without a limit.
+#[test]
+fn a_data_size_limit_is_checked_at_start_and_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |limit_kib: &str, out: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", &format!("ulimit -d {limit_kib}; exec \"$@\""), "sh"])
+            .arg(env!("CARGO_BIN_EXE_outcore"))
+            .args(["kmeans", "--synthetic", "96MiB", "--dims", "32", "--k", "8"])
+            .args(["--epochs", "1", "--seed", "3", "--output"])
+            .arg(dir.path().join(out))
+            .output()
+            .unwrap()
+    };
+    for limit in ["29000", "60000"] {
+        let o = run(limit, "small.npy");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{limit}: {err}");
+        assert_eq!(err.lines().count(), 1, "{limit}: {err}");
+        assert!(
+            err.starts_with(&format!(
+                "outcore: error: the data size limit (ulimit -d {limit})"
+            )),
+            "{err}"
+        );
+        assert!(!dir.path().join("small.npy").exists());
+    }
+    let o = run("unlimited", "free.npy");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run("90000", "limited.npy");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("under a data size limit of"), "{err}");
+    let free = std::fs::read(dir.path().join("free.npy")).unwrap();
+    let limited = std::fs::read(dir.path().join("limited.npy")).unwrap();
+    assert!(free == limited, "the centroids differ under ulimit -d");
+}

@@ -60,7 +60,7 @@ fn a_large_block_freed_on_one_thread_is_reused_on_another() {
 fn purge_and_conf_queries_work() {
     purge();
     // retain is turned off exactly when the process started under a finite
-    // RLIMIT_AS.
+    // RLIMIT_AS or RLIMIT_DATA.
     let limited = crate::cap::detect_limits().rlimit_as.is_some();
     assert_eq!(jemalloc::retains(), Some(!limited));
 }

@@ -476,19 +476,69 @@ impl Cli {
     }
 }
 
-/// One error line when the address-space limit (`ulimit -v`) is below
-/// what the program needs for itself ([`least_address_space`]): checked
-/// before anything starts, instead of an allocation failure later.
-pub fn address_space_too_small(cli: &Cli) -> Option<String> {
-    let limit = address_space_limit()?;
+/// The data size (`ulimit -d`, `RLIMIT_DATA`: the process's private
+/// writable memory, heap and anonymous mappings, thread stacks included)
+/// outcore needs for itself, before any data, with `workers` worker
+/// threads: 1.25 x (48 MiB + 7.5 MiB per worker), plus 32 MiB for `gen`
+/// (`extra`), as [`least_address_space`]. The least `ulimit -d` under
+/// which `outcore kmeans --synthetic 8MiB --dims 8 --k 4 --epochs 1`
+/// finished (x86-64 Linux, debug build) was 59 MiB with one worker, 68
+/// with two, 88 with four and 107 with eight; a 128 MiB `gen` on two
+/// cores, 79 MiB. (It is more than under `ulimit -v`: the allocator, set
+/// up for an address-space limit, keeps less mapped under that one.)
+pub fn least_data_size(workers: usize, extra: bool) -> u64 {
+    let half_mib = 96 + 15 * workers as u64 + if extra { 64 } else { 0 };
+    let mib = half_mib.div_ceil(2);
+    (mib + mib / 4) << 20
+}
+
+/// A limit on the process, checked at start (see [`limit_too_small`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartLimit {
+    /// `RLIMIT_AS`, `ulimit -v`.
+    AddressSpace,
+    /// `RLIMIT_DATA`, `ulimit -d`.
+    Data,
+}
+
+impl StartLimit {
+    /// Its row in `/proc/<pid>/limits`.
+    pub fn proc_row(self) -> &'static str {
+        match self {
+            StartLimit::AddressSpace => "Max address space",
+            StartLimit::Data => "Max data size",
+        }
+    }
+}
+
+/// One error line when the address-space limit (`ulimit -v`) or the data
+/// size limit (`ulimit -d`) is below what the program needs for itself
+/// ([`least_address_space`], [`least_data_size`]): checked before
+/// anything starts, instead of an allocation failure later.
+pub fn limit_too_small(cli: &Cli) -> Option<(StartLimit, String)> {
     let workers = cli.workers();
     let gen = matches!(cli.cmd, Cmd::Gen(_));
-    let least = least_address_space(workers, gen);
-    if limit >= least {
-        return None;
-    }
-    Some(format!(
-        "outcore: error: the address-space limit (ulimit -v {}) of {} is too small for outcore itself with {}: it needs at least {} (ulimit -v {}) before any data{}",
+    let checks = [
+        (
+            StartLimit::AddressSpace,
+            rlimit(libc::RLIMIT_AS),
+            least_address_space(workers, gen),
+            "address-space limit (ulimit -v",
+        ),
+        (
+            StartLimit::Data,
+            rlimit(libc::RLIMIT_DATA),
+            least_data_size(workers, gen),
+            "data size limit (ulimit -d",
+        ),
+    ];
+    let (which, limit, least, what) = checks
+        .into_iter()
+        .find(|(_, limit, least, _)| limit.is_some_and(|l| l < *least))?;
+    let limit = limit.unwrap_or(0);
+    let flag = what.rsplit(' ').next().unwrap_or("-v");
+    let line = format!(
+        "outcore: error: the {what} {}) of {} is too small for outcore itself with {}: it needs at least {} (ulimit {flag} {}) before any data{}",
         limit >> 10,
         format_bytes(limit),
         plural(workers, "worker thread"),
@@ -499,17 +549,28 @@ pub fn address_space_too_small(cli: &Cli) -> Option<String> {
         } else {
             ""
         }
-    ))
+    );
+    Some((which, line))
 }
 
-/// The `RLIMIT_AS` in force (`ulimit -v`), when finite.
+/// The `RLIMIT_AS` (`ulimit -v`) or `RLIMIT_DATA` (`ulimit -d`) in
+/// force, the smaller when both are finite: either makes allocations fail
+/// at the limit.
 fn address_space_limit() -> Option<u64> {
+    match (rlimit(libc::RLIMIT_AS), rlimit(libc::RLIMIT_DATA)) {
+        (Some(a), Some(d)) => Some(a.min(d)),
+        (a, d) => a.or(d),
+    }
+}
+
+/// A resource limit's soft value, when finite.
+fn rlimit(resource: libc::__rlimit_resource_t) -> Option<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: `lim` is a valid, writable rlimit struct.
-    let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } == 0;
+    let ok = unsafe { libc::getrlimit(resource, &mut lim) } == 0;
     (ok && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
 }
 
@@ -529,8 +590,14 @@ fn cap_over_limit(rt: &Runtime) -> Option<String> {
         Some(_) => return None,
         None => "no cap".to_string(),
     };
+    let which = if rlimit(libc::RLIMIT_AS) == Some(limit) {
+        "an address-space limit"
+    } else {
+        "a data size limit"
+    };
+    let flag = if which.starts_with("an") { "-v" } else { "-d" };
     Some(format!(
-        "outcore: warning: {what} under an address-space limit of {} (ulimit -v): only the allocation trap evicts, at the limit, and the data may be read many times over (a cap of {} or less fits under it, as does --mem-cap auto)",
+        "outcore: warning: {what} under {which} of {} (ulimit {flag}): only the allocation trap evicts, at the limit, and the data may be read many times over (a cap of {} or less fits under it, as does --mem-cap auto)",
         format_bytes(limit),
         format_bytes(fits)
     ))
