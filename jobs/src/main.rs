@@ -21,6 +21,35 @@ use clap::{CommandFactory, FromArgMatches};
 static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
 
 fn main() -> ExitCode {
+    // Under a small stack limit (`ulimit -s` below 1 MiB: at 64 KiB the
+    // argument parser alone overflowed the main thread's stack), the
+    // program runs on a thread of its own with a stack of 8 MiB. Not
+    // otherwise: that stack would be address space mapped at once, which
+    // `ulimit -v` counts.
+    if main_stack_is_small() {
+        let big = std::thread::Builder::new()
+            .name("outcore-main".into())
+            .stack_size(8 << 20)
+            .spawn(run_main);
+        if let Ok(code) = big.map(std::thread::JoinHandle::join) {
+            return code.unwrap_or(ExitCode::from(2));
+        }
+    }
+    run_main()
+}
+
+/// Whether the main thread's stack limit (`RLIMIT_STACK`) is below 1 MiB.
+fn main_stack_is_small() -> bool {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit struct.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut lim) } == 0;
+    ok && lim.rlim_cur != libc::RLIM_INFINITY && lim.rlim_cur < 1 << 20
+}
+
+fn run_main() -> ExitCode {
     let parsed = cli::Cli::command()
         .try_get_matches()
         .and_then(|m| cli::Cli::from_arg_matches(&m).map(|c| (c, cli::Given::from_matches(&m))));

@@ -1248,3 +1248,38 @@ fn a_data_size_limit_is_checked_at_start_and_held() {
     let limited = std::fs::read(dir.path().join("limited.npy")).unwrap();
     assert!(free == limited, "the centroids differ under ulimit -d");
 }
+
+/// Under `ulimit -s 64` (KiB) the argument parser alone overflowed the
+/// main thread's stack (SIGABRT, "has overflowed its stack"); the program
+/// now runs on a thread with a stack of its own, and the run gives the
+/// same bytes as under the default limit.
+#[test]
+fn a_small_stack_limit_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |limit: &str, out: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", &format!("ulimit -s {limit}; exec \"$@\""), "sh"])
+            .arg(env!("CARGO_BIN_EXE_outcore"))
+            .args(["kmeans", "--synthetic", "16MiB", "--dims", "16", "--k", "4"])
+            .args([
+                "--epochs",
+                "1",
+                "--seed",
+                "5",
+                "--mem-cap",
+                "8MiB",
+                "--output",
+            ])
+            .arg(dir.path().join(out))
+            .output()
+            .unwrap()
+    };
+    let small = run("64", "small.npy");
+    let err = String::from_utf8_lossy(&small.stderr);
+    assert!(small.status.success(), "{err}");
+    let default = run("8192", "default.npy");
+    assert!(default.status.success());
+    let a = std::fs::read(dir.path().join("small.npy")).unwrap();
+    let b = std::fs::read(dir.path().join("default.npy")).unwrap();
+    assert!(a == b, "the centroids differ under ulimit -s 64");
+}
