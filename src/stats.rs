@@ -21,6 +21,7 @@ pub(crate) struct Counters {
     pub rebuilds: AtomicU64,
     pub prefetches: AtomicU64,
     pub prefetch_hits: AtomicU64,
+    pub prefetches_unused: AtomicU64,
     pub demand_loads: AtomicU64,
     pub bytes_written: AtomicU64,
     pub bytes_read: AtomicU64,
@@ -141,6 +142,11 @@ pub struct Stats {
     pub prefetches: u64,
     /// Tasks that found their executor already loaded by the prefetcher.
     pub prefetch_hits: u64,
+    /// Executors the prefetcher loaded that were evicted again before any
+    /// task used them: loads made for nothing (the executor is loaded once
+    /// more when its task comes). A sweep that follows its plan makes
+    /// none.
+    pub prefetches_unused: u64,
     /// Loads a task had to wait for (the executor was not prefetched).
     pub demand_loads: u64,
     /// Bytes written to spill files.
@@ -224,6 +230,7 @@ impl Stats {
             rebuilds: g(&c.rebuilds),
             prefetches: g(&c.prefetches),
             prefetch_hits: g(&c.prefetch_hits),
+            prefetches_unused: g(&c.prefetches_unused),
             demand_loads: g(&c.demand_loads),
             bytes_written: g(&c.bytes_written),
             bytes_read: g(&c.bytes_read),

@@ -118,11 +118,12 @@ impl Shared {
             EvictStep::Skip => Evicted::Skipped,
             EvictStep::DropClean => {
                 let v = g.value.take();
+                let unused = slot.prefetched.swap(false, Ordering::Relaxed);
                 slot.set_state(&mut g, State::Evicted);
                 self.note_evicted();
                 drop(g);
                 drop_user_value(v);
-                self.count_eviction(trap, true, size);
+                self.count_eviction(trap, true, unused, size);
                 Evicted::Freed(size)
             }
             EvictStep::Write => {
@@ -150,12 +151,13 @@ impl Shared {
                         self.writes().succeeded();
                         g.file_gen = gen;
                         g.dirty = false;
+                        let unused = slot.prefetched.swap(false, Ordering::Relaxed);
                         slot.set_state(&mut g, State::Evicted);
                         self.note_evicted();
                         drop(g);
                         drop_user_value(v);
                         Counters::add(&self.counters().bytes_written, written);
-                        self.count_eviction(trap, false, size);
+                        self.count_eviction(trap, false, unused, size);
                         Evicted::Freed(size.max(written as usize))
                     }
                     Err(e) => {
@@ -193,8 +195,9 @@ impl Shared {
         })
     }
 
-    /// Counts the eviction of an executor of `size` bytes in memory.
-    fn count_eviction(&self, trap: bool, clean: bool, size: usize) {
+    /// Counts the eviction of an executor of `size` bytes in memory
+    /// (`unused`: the prefetcher loaded it and no task used it since).
+    fn count_eviction(&self, trap: bool, clean: bool, unused: bool, size: usize) {
         let c = self.counters();
         Counters::add(&c.evictions, 1);
         Counters::add(&c.evicted_bytes, size as u64);
@@ -203,6 +206,9 @@ impl Shared {
         }
         if clean {
             Counters::add(&c.clean_evictions, 1);
+        }
+        if unused {
+            Counters::add(&c.prefetches_unused, 1);
         }
     }
 

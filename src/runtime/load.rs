@@ -493,7 +493,7 @@ impl Shared {
         }
         if slot.cycle_id.load(Ordering::Relaxed) != crate::executor::NONE {
             let mut left = super::registry::Left::default();
-            self.registry().set_cursor(slot, &mut left);
+            self.registry().set_cursor(slot, seq, &mut left);
             for s in left.drain().filter(|s| s.state_hint() == State::Resident) {
                 self.note_idle(&s);
             }

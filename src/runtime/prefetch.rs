@@ -113,22 +113,13 @@ impl Shared {
         let Some((rank, cycle, slot)) = target else {
             return false;
         };
-        let Some(room) = self.prefetch_room(&slot, rank, cycle) else {
+        if self.prefetch_room(&slot, rank, cycle).is_none() {
             self.keep_wanted(rank, slot);
             return false;
-        };
-        // Claimed before room is made, and counted in `loading_bytes`: a
-        // second prefetcher that picked the same executor finds it taken
-        // instead of evicting for it too, and every `make_room` meanwhile
-        // counts this load. (Claimed after, both prefetchers made room for
-        // one executor, and each counted none of the other's load.)
-        let mut g = slot.lock();
-        if g.state != State::Evicted {
-            return true;
         }
-        let file_gen = g.file_gen;
-        slot.set_state(&mut g, State::Loading);
-        drop(g);
+        let Some((file_gen, rank, room)) = self.claim_prefetch(&slot) else {
+            return true;
+        };
         let size = slot.size.load(Ordering::Relaxed);
         self.loading_starts(size);
         // Whatever happens while room is made (user code runs there, each
@@ -162,6 +153,44 @@ impl Shared {
         drop(claim);
         alloc::flush_thread();
         true
+    }
+
+    /// Claims `slot`, picked for a prefetch, if it is still evicted and
+    /// still to be loaded ahead: its copy to load (`file_gen`), its rank
+    /// now and how room is made for it; `None` when it is not to be loaded
+    /// now (the claim, if made, undone).
+    ///
+    /// Claimed before room is made, and counted in `loading_bytes` by the
+    /// caller: a second prefetcher that picked the same executor finds it
+    /// taken instead of evicting for it too, and every `make_room`
+    /// meanwhile counts this load. (Claimed after, both prefetchers made
+    /// room for one executor, and each counted none of the other's load.)
+    ///
+    /// Ranked again once claimed, when no task can take it before it is
+    /// loaded: the rank it was picked at may be stale. A thread
+    /// held up between the pick and the claim (every core busy) found
+    /// evicted an executor whose pending task had meanwhile been
+    /// dispatched, loaded on demand and run: it loaded it again at the
+    /// rank of that task, and it was evicted unused.
+    fn claim_prefetch(&self, slot: &Arc<Slot>) -> Option<(u64, u64, Room)> {
+        let mut g = slot.lock();
+        if g.state != State::Evicted {
+            return None;
+        }
+        let file_gen = g.file_gen;
+        slot.set_state(&mut g, State::Loading);
+        drop(g);
+        let now = self
+            .registry()
+            .ranked(slot, self.lookahead(), |s, cycle| self.rank(s, cycle))
+            .and_then(|(rank, cycle)| Some((rank, self.prefetch_room(slot, rank, cycle)?)));
+        let Some((rank, room)) = now else {
+            let mut g = slot.lock();
+            slot.set_state(&mut g, State::Evicted);
+            self.note_evicted();
+            return None;
+        };
+        Some((file_gen, rank, room))
     }
 
     /// Undoes a prefetcher's claim on `slot` (of `size` bytes, rank
