@@ -214,7 +214,8 @@ pub(crate) fn rlimit_as() -> Option<u64> {
     rlimit(libc::RLIMIT_AS)
 }
 
-/// A resource limit's soft value, if finite.
+/// A resource limit's soft value, if finite (one `getrlimit`: no
+/// allocation, safe before `main`).
 fn rlimit(resource: libc::__rlimit_resource_t) -> Option<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,

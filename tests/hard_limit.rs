@@ -238,6 +238,48 @@ fn report(results: &[(u64, [usize; 3], Option<String>)]) {
     }
 }
 
+/// Every run at every margin completed.
+fn all_completed(results: &[(u64, [usize; 3], Option<String>)], runs: usize) {
+    for (m, counts, _) in results {
+        assert_eq!(
+            counts[0], runs,
+            "+{m} MiB: {counts:?}: not every run completed"
+        );
+    }
+}
+
+/// A child's runtime from `b`, or its refusal as one line and exit 2;
+/// `None` for a probe, which prints the address space mapped so far.
+fn start(b: outcore::Builder) -> Option<Runtime> {
+    let rt = match b.build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("outcore: {e}");
+            std::process::exit(2);
+        }
+    };
+    if std::env::var("OUTCORE_TEST_PROBE").is_ok() {
+        println!("VMSIZE={}", vm_size());
+        return None;
+    }
+    Some(rt)
+}
+
+/// `n` executors of `elems` values each, and their checksums.
+fn blocks(rt: &Runtime, n: usize, elems: usize) -> (Vec<Handle<Block>>, Vec<u64>) {
+    let hs = (0..n)
+        .map(|i| {
+            rt.insert(Block {
+                data: PodVec::from(fill(i as u64, elems)),
+                count: 0,
+            })
+            .expect("insert")
+        })
+        .collect();
+    let sums = (0..n).map(|i| sum(&fill(i as u64, elems))).collect();
+    (hs, sums)
+}
+
 fn env_or(key: &str, default: usize) -> usize {
     std::env::var(key)
         .ok()
@@ -265,27 +307,10 @@ fn pairs_child() {
     const N: usize = 4;
     const ELEMS: usize = (10 << 20) / 4;
     let prefetch = std::env::var("PREFETCH").map_or(true, |v| v != "0");
-    let rt = match Runtime::builder().workers(2).prefetch(prefetch).build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("outcore: {e}");
-            std::process::exit(2);
-        }
-    };
-    if std::env::var("OUTCORE_TEST_PROBE").is_ok() {
-        println!("VMSIZE={}", vm_size());
+    let Some(rt) = start(Runtime::builder().workers(2).prefetch(prefetch)) else {
         return;
-    }
-    let hs: Vec<_> = (0..N)
-        .map(|i| {
-            rt.insert(Block {
-                data: PodVec::from(fill(i as u64, ELEMS)),
-                count: 0,
-            })
-            .expect("insert")
-        })
-        .collect();
-    let sums: Vec<u64> = (0..N).map(|i| sum(&fill(i as u64, ELEMS))).collect();
+    };
+    let (hs, sums) = blocks(&rt, N, ELEMS);
     rt.hint_cycle(hs.iter().map(|h| h.id()));
     for _ in 0..4 {
         let mut b = rt.batch();
@@ -318,12 +343,7 @@ fn a_prefetch_and_a_demand_load_never_wait_on_each_other() {
     let runs = env_or("HARD_LIMIT_RUNS", 2);
     let results = sweep(T, &[20, 24, 28], runs);
     report(&results);
-    for (m, counts, _) in &results {
-        assert_eq!(
-            counts[0], runs,
-            "+{m} MiB: {counts:?}: not every run completed"
-        );
-    }
+    all_completed(&results, runs);
 }
 
 /// Maps address space nobody uses (`PROT_NONE`, straight from the kernel)
@@ -398,27 +418,10 @@ fn a_threads_first_allocation_at_the_limit() {
 fn disjoint_pairs_child() {
     const N: usize = 6;
     const ELEMS: usize = (8 << 20) / 4;
-    let rt = match Runtime::builder().workers(2).prefetch(false).build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("outcore: {e}");
-            std::process::exit(2);
-        }
-    };
-    if std::env::var("OUTCORE_TEST_PROBE").is_ok() {
-        println!("VMSIZE={}", vm_size());
+    let Some(rt) = start(Runtime::builder().workers(2).prefetch(false)) else {
         return;
-    }
-    let hs: Vec<_> = (0..N)
-        .map(|i| {
-            rt.insert(Block {
-                data: PodVec::from(fill(i as u64, ELEMS)),
-                count: 0,
-            })
-            .expect("insert")
-        })
-        .collect();
-    let sums: Vec<u64> = (0..N).map(|i| sum(&fill(i as u64, ELEMS))).collect();
+    };
+    let (hs, sums) = blocks(&rt, N, ELEMS);
     for round in 0..6 {
         let mut b = rt.batch();
         let mut want = Vec::new();
@@ -455,12 +458,7 @@ fn two_joins_never_wait_on_each_other() {
     let runs = env_or("HARD_LIMIT_RUNS", 2);
     let results = sweep(T, &[32, 36, 40], runs);
     report(&results);
-    for (m, counts, _) in &results {
-        assert_eq!(
-            counts[0], runs,
-            "+{m} MiB: {counts:?}: not every run completed"
-        );
-    }
+    all_completed(&results, runs);
 }
 
 /// Builds a runtime (two workers, prefetch on) and prints `OK=1`; a probe

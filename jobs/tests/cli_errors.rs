@@ -1215,16 +1215,9 @@ fn a_cap_over_the_address_space_limit_is_warned_about() {
 #[test]
 fn a_data_size_limit_is_checked_at_start_and_held() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |limit_kib: &str, out: &str| {
-        std::process::Command::new("sh")
-            .args(["-c", &format!("ulimit -d {limit_kib}; exec \"$@\""), "sh"])
-            .arg(env!("CARGO_BIN_EXE_outcore"))
-            .args(["kmeans", "--synthetic", "96MiB", "--dims", "32", "--k", "8"])
-            .args(["--epochs", "1", "--seed", "3", "--output"])
-            .arg(dir.path().join(out))
-            .output()
-            .unwrap()
-    };
+    let args = "kmeans --synthetic 96MiB --dims 32 --k 8 --epochs 1 --seed 3";
+    let run =
+        |limit: &str, out: &str| under_ulimit(&format!("-d {limit}"), args, &dir.path().join(out));
     for limit in ["29000", "60000"] {
         let o = run(limit, "small.npy");
         let err = String::from_utf8_lossy(&o.stderr);
@@ -1256,24 +1249,9 @@ fn a_data_size_limit_is_checked_at_start_and_held() {
 #[test]
 fn a_small_stack_limit_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |limit: &str, out: &str| {
-        std::process::Command::new("sh")
-            .args(["-c", &format!("ulimit -s {limit}; exec \"$@\""), "sh"])
-            .arg(env!("CARGO_BIN_EXE_outcore"))
-            .args(["kmeans", "--synthetic", "16MiB", "--dims", "16", "--k", "4"])
-            .args([
-                "--epochs",
-                "1",
-                "--seed",
-                "5",
-                "--mem-cap",
-                "8MiB",
-                "--output",
-            ])
-            .arg(dir.path().join(out))
-            .output()
-            .unwrap()
-    };
+    let args = "kmeans --synthetic 16MiB --dims 16 --k 4 --epochs 1 --seed 5 --mem-cap 8MiB";
+    let run =
+        |limit: &str, out: &str| under_ulimit(&format!("-s {limit}"), args, &dir.path().join(out));
     let small = run("64", "small.npy");
     let err = String::from_utf8_lossy(&small.stderr);
     assert!(small.status.success(), "{err}");
@@ -1282,4 +1260,17 @@ fn a_small_stack_limit_runs() {
     let a = std::fs::read(dir.path().join("small.npy")).unwrap();
     let b = std::fs::read(dir.path().join("default.npy")).unwrap();
     assert!(a == b, "the centroids differ under ulimit -s 64");
+}
+
+/// Runs outcore with `args` (split at spaces) and `--output out`, under
+/// `ulimit` with `limit` (such as "-d 60000"), set in the child only.
+fn under_ulimit(limit: &str, args: &str, out: &Path) -> std::process::Output {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("ulimit {limit}; exec \"$@\""), "sh"])
+        .arg(env!("CARGO_BIN_EXE_outcore"))
+        .args(args.split(' '))
+        .arg("--output")
+        .arg(out)
+        .output()
+        .unwrap()
 }

@@ -127,15 +127,7 @@ static mut MALLOC_CONF: *const libc::c_char = std::ptr::null();
 extern "C" fn choose_malloc_conf() {
     // An address-space limit, or a data-size limit (`ulimit -d`), which
     // counts jemalloc's writable mappings alike.
-    let limited = [libc::RLIMIT_AS, libc::RLIMIT_DATA].into_iter().any(|r| {
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: `lim` is a valid, writable rlimit struct.
-        let ok = unsafe { libc::getrlimit(r, &mut lim) } == 0;
-        ok && lim.rlim_cur != libc::RLIM_INFINITY
-    });
+    let limited = crate::cap::process_limit().is_some();
     // Large blocks (partitions of tens of MiB) live in the ordinary arenas,
     // where freed pages can be reused (see `keep_dirty_pages`), not in the
     // oversize arena, which returns them to the system on every free.
