@@ -169,6 +169,21 @@ pub enum Error {
     ///
     /// [`Interrupter::interrupt`]: crate::Interrupter::interrupt
     Interrupted,
+    /// Spill writes kept failing (a full or read-only spill filesystem)
+    /// while the memory in use grew past the cap by more than an eighth:
+    /// the runtime stopped, so that tasks not started by then do not run,
+    /// rather than go on over its cap. The executors stay as they were.
+    /// See [`Builder::stop_when_cap_lost`](crate::Builder::stop_when_cap_lost).
+    CapLost {
+        /// The cap, in bytes.
+        cap: u64,
+        /// Bytes in use when the runtime stopped.
+        in_memory: u64,
+        /// Spill writes that had failed by then.
+        failed_writes: u64,
+        /// The last failure: the spill file and the reason.
+        last_error: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -249,8 +264,30 @@ impl fmt::Display for Error {
             Error::ExportFailed { .. } | Error::BadBytes { .. } => moved(f, self),
             Error::Runtime(msg) => write!(f, "runtime: {msg}"),
             Error::Interrupted => write!(f, "interrupted: the runtime was asked to stop"),
+            Error::CapLost { .. } => cap_lost(f, self),
         }
     }
+}
+
+/// The message of [`Error::CapLost`].
+fn cap_lost(f: &mut fmt::Formatter<'_>, e: &Error) -> fmt::Result {
+    let Error::CapLost {
+        cap,
+        in_memory,
+        failed_writes,
+        last_error,
+    } = e
+    else {
+        return Ok(());
+    };
+    write!(
+        f,
+        "cannot keep the cap of {}: {failed_writes} spill write(s) failed (the last: \
+         {last_error}), and {} is in memory; the runtime stopped before the next task \
+         (free space in the spill directory, or choose another)",
+        format_bytes(*cap),
+        format_bytes(*in_memory)
+    )
 }
 
 /// The messages of [`Error::ExportFailed`] and [`Error::BadBytes`].

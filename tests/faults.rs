@@ -18,7 +18,10 @@ mod tmpfs;
 use tmpfs::Tmpfs;
 
 fn job(spill: Option<&Path>, cap: MemoryCap) {
-    let mut b = Runtime::builder().mem_cap(cap);
+    // Failed writes keep executors in memory and the job goes on over the
+    // cap (`a_spill_that_keeps_failing_stops_the_runtime_past_its_cap`
+    // has the default).
+    let mut b = Runtime::builder().mem_cap(cap).stop_when_cap_lost(false);
     if let Some(d) = spill {
         b = b.spill_dir(d);
     }
@@ -74,6 +77,65 @@ fn disk_full_keeps_executors_and_the_job_completes() {
     assert!(failed > 0, "no write failed on a 6 MiB filesystem");
     let err = out.value("LASTERR").unwrap();
     assert!(err.contains("No_space_left"), "{err}");
+}
+
+/// A full spill filesystem used to let the runtime go on over its cap
+/// (48 MiB of executors under a 20 MiB cap stayed in memory). By default
+/// it stops once past the cap by an eighth: tasks fail with `CapLost`.
+#[test]
+fn a_spill_that_keeps_failing_stops_the_runtime_past_its_cap() {
+    const NAME: &str = "a_spill_that_keeps_failing_stops_the_runtime_past_its_cap";
+    if is_child(NAME) {
+        let dir = std::env::var("SPILL").expect("SPILL");
+        let rt = Runtime::builder()
+            .mem_cap(MemoryCap::Bytes(20 << 20))
+            .spill_dir(dir)
+            .build()
+            .expect("runtime");
+        let mut hs = Vec::new();
+        let mut stopped = None;
+        for i in 0..12u64 {
+            match rt.insert(Part::new(i, 1 << 20)) {
+                Ok(h) => hs.push(h),
+                Err(e) => {
+                    stopped = Some(e);
+                    break;
+                }
+            }
+        }
+        'sweeps: for _ in 0..3 {
+            if stopped.is_some() {
+                break;
+            }
+            for h in &hs {
+                if let Err(e) = rt.write(h, |p: &mut Part| p.update()) {
+                    stopped = Some(e);
+                    break 'sweeps;
+                }
+            }
+        }
+        let e = stopped.expect("the runtime went on over its cap");
+        assert!(matches!(e, Error::CapLost { .. }), "{e}");
+        println!("ERROR={}", e.to_string().replace(' ', "_"));
+        println!("PEAK={}", rt.stats().peak_bytes);
+        // Stopped for good: later tasks get the same error.
+        let again = rt
+            .read(&hs[0], |p: &Part| p.checksum())
+            .expect_err("stopped");
+        assert!(matches!(again, Error::CapLost { .. }), "{again}");
+        return;
+    }
+    let fs = Tmpfs::mount("size=6m");
+    let spill = fs.path().to_string_lossy().into_owned();
+    let out = run_child_with(NAME, None, TIMEOUT, &[("SPILL", spill.as_str())]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let e = out.value("ERROR").expect("error");
+    assert!(
+        e.starts_with("cannot_keep_the_cap_of_20.0_MiB") && e.contains("No_space_left"),
+        "{e}"
+    );
+    let peak: u64 = out.value("PEAK").unwrap().parse().unwrap();
+    assert!(peak < 32 << 20, "peak {peak} under a 20 MiB cap");
 }
 
 #[test]

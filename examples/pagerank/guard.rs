@@ -1,10 +1,7 @@
 //! What keeps the example within its cap: the sizes checked against the cap
 //! (or the machine's memory) and the spill directory's free space before
-//! anything is built, and a watchdog that stops the run, with one line, when
-//! spill writes fail and memory grows past the cap.
-
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+//! anything is built. (When spill writes fail and memory grows past the
+//! cap, the runtime itself stops the run: `Error::CapLost`.)
 
 use outcore::{format_bytes, MemoryCap, Runtime};
 
@@ -123,50 +120,4 @@ fn free_space(dir: &std::path::Path) -> Option<u64> {
         return None;
     }
     Some(st.f_bavail.saturating_mul(st.f_frsize))
-}
-
-/// Watches a capped runtime (from a thread that ends with it): once spill writes have failed and memory has
-/// grown an eighth past the cap, it asks the runtime to stop (the job then
-/// fails with `Error::Interrupted`) and keeps the reason, one line.
-pub struct Watchdog {
-    reason: Arc<Mutex<Option<String>>>,
-}
-
-impl Watchdog {
-    /// Starts watching `rt` (nothing to watch without a cap).
-    pub fn start(rt: &Runtime) -> Watchdog {
-        let reason = Arc::new(Mutex::new(None));
-        if let Some(cap) = rt.cap() {
-            let (m, stop) = (rt.monitor(), rt.interrupter());
-            let dir = rt.spill_dir().to_path_buf();
-            let reason = Arc::clone(&reason);
-            std::thread::spawn(move || {
-                while let Some(s) = m.stats() {
-                    if s.failed_writes > 0 && s.current_bytes > cap + cap / 8 {
-                        let line = format!(
-                            "cannot keep the cap of {}: {} spill write(s) to {} failed, and {} \
-                             is in memory; free space in the spill directory or choose another \
-                             with --spill-dir",
-                            format_bytes(cap),
-                            s.failed_writes,
-                            dir.display(),
-                            format_bytes(s.current_bytes)
-                        );
-                        if let Ok(mut r) = reason.lock() {
-                            *r = Some(line);
-                        }
-                        stop.interrupt();
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            });
-        }
-        Watchdog { reason }
-    }
-
-    /// Why it stopped the run, if it did.
-    pub fn reason(&self) -> Option<String> {
-        self.reason.lock().ok().and_then(|r| r.clone())
-    }
 }

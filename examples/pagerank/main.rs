@@ -182,7 +182,6 @@ fn run(a: &Args) -> Result<(), String> {
         seed: a.seed,
     };
     guard::check(&rt, &g, a.verify)?;
-    let watchdog = guard::Watchdog::start(&rt);
     eprintln!(
         "pagerank: {} edges ({}) over {} nodes, {} x {} edge blocks, cap {}, {} workers",
         g.edges,
@@ -201,7 +200,7 @@ fn run(a: &Args) -> Result<(), String> {
             a.iters
         );
     })
-    .map_err(|e| watchdog.reason().unwrap_or_else(|| e.to_string()))?;
+    .map_err(|e| e.to_string())?;
     let total = start.elapsed().as_secs_f64();
     let digest = job::digest(&report.ranks);
     let rank_sum: f64 = report.ranks.iter().sum();

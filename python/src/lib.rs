@@ -26,7 +26,9 @@ pub(crate) fn to_py(e: outcore_jobs::Error) -> PyErr {
         Error::Input(_) if msg.contains("memory cap") => PyMemoryError::new_err(msg),
         Error::Input(_) | Error::Collective(_) => PyValueError::new_err(msg),
         Error::Io { .. } | Error::Output { .. } => PyOSError::new_err(msg),
-        Error::Runtime(outcore::Error::TooLargeTogether { .. }) => PyMemoryError::new_err(msg),
+        Error::Runtime(
+            outcore::Error::TooLargeTogether { .. } | outcore::Error::CapLost { .. },
+        ) => PyMemoryError::new_err(msg),
         Error::Runtime(outcore::Error::BadSize { .. }) => PyValueError::new_err(msg),
         _ => PyRuntimeError::new_err(msg),
     }

@@ -340,8 +340,10 @@ impl<'rt, R: Send + 'static> Batch<'rt, R> {
     ///
     /// The first task's error in submission order: [`Error::TaskPanicked`],
     /// [`Error::Poisoned`], [`Error::SpillRead`],
-    /// [`Error::UnknownExecutor`], or [`Error::Forked`] in a child process
-    /// created by `fork()` (where the runtime's workers do not exist).
+    /// [`Error::UnknownExecutor`], [`Error::Interrupted`] or
+    /// [`Error::CapLost`] once the runtime stopped, or [`Error::Forked`] in
+    /// a child process created by `fork()` (where the runtime's workers do
+    /// not exist).
     pub fn run(self) -> Result<Vec<R>> {
         self.run_each().into_iter().collect()
     }
@@ -741,11 +743,16 @@ fn measure_changed(
 }
 
 fn run_task<R>(sh: &Shared, t: Task<R>) -> Result<R> {
-    if sh.interrupted() {
+    let stop = if sh.interrupted() {
+        Some(Error::Interrupted)
+    } else {
+        sh.cap_lost()
+    };
+    if let Some(e) = stop {
         for (slot, _) in &t.slots {
             sh.dispatched(slot, t.seq);
         }
-        return Err(Error::Interrupted);
+        return Err(e);
     }
     // The pending entries keep the executors ranked as needed-now until
     // they are pinned; only then is the task recorded as dispatched.

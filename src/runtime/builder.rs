@@ -42,6 +42,7 @@ pub struct Builder {
     policy: EvictionPolicy,
     spill_dir: Option<PathBuf>,
     prefetch: bool,
+    stop_when_cap_lost: bool,
 }
 
 impl Default for Builder {
@@ -52,6 +53,7 @@ impl Default for Builder {
             policy: EvictionPolicy::Priority,
             spill_dir: None,
             prefetch: true,
+            stop_when_cap_lost: true,
         }
     }
 }
@@ -136,6 +138,19 @@ impl Builder {
         self
     }
 
+    /// What to do when spill writes keep failing (a full or read-only
+    /// spill filesystem) and the memory in use grows past the cap by more
+    /// than an eighth (at least 1 MiB). On (the default), the runtime
+    /// stops: tasks not started by then fail with [`Error::CapLost`], and
+    /// the executors stay as they were. Off, the executors whose writes
+    /// fail stay in memory and tasks go on over the cap;
+    /// [`Runtime::last_spill_error`](crate::Runtime::last_spill_error)
+    /// tells why. Without a cap there is nothing to keep.
+    pub fn stop_when_cap_lost(mut self, on: bool) -> Self {
+        self.stop_when_cap_lost = on;
+        self
+    }
+
     /// Starts the runtime: creates the spill directory, registers with the
     /// allocator and starts the workers and the prefetchers. If anything
     /// fails part-way, the threads already started are stopped and the
@@ -168,7 +183,14 @@ impl Builder {
                 .map(|n| n.get())
                 .unwrap_or(2)
         });
-        let shared = Shared::new(cap, self.policy, store, workers, self.prefetch);
+        let shared = Shared::new(
+            cap,
+            self.policy,
+            store,
+            workers,
+            self.prefetch,
+            self.stop_when_cap_lost,
+        );
         let mut guard = StartGuard {
             shared: shared.clone(),
             registration: None,

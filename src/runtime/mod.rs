@@ -160,7 +160,9 @@ impl Runtime {
     /// # Errors
     ///
     /// [`Error::Forked`](crate::Error::Forked) in a child process created
-    /// by `fork()`.
+    /// by `fork()`; [`Error::CapLost`](crate::Error::CapLost) once spill
+    /// writes keep failing past the cap (see
+    /// [`Builder::stop_when_cap_lost`](crate::Builder::stop_when_cap_lost)).
     pub fn insert<T>(&self, value: T) -> Result<Handle<T>>
     where
         T: Serialize + DeserializeOwned + Send + 'static,
@@ -301,6 +303,9 @@ impl Runtime {
     {
         let sh = &self.shared;
         sh.check_process()?;
+        if let Some(e) = sh.cap_lost() {
+            return Err(e);
+        }
         let id = sh.new_executor_id();
         let label = match name {
             Some(n) => format!("executor #{id} ({n})"),

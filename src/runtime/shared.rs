@@ -45,7 +45,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::pins::Pins;
@@ -120,6 +120,19 @@ pub(crate) struct Shared {
     /// Set by [`Interrupter::interrupt`](crate::Interrupter::interrupt):
     /// tasks not started yet fail with `Error::Interrupted`.
     interrupted: Arc<AtomicBool>,
+    /// Whether to stop when the cap is lost (see
+    /// [`Builder::stop_when_cap_lost`](crate::Builder::stop_when_cap_lost)).
+    stop_when_cap_lost: bool,
+    /// Set once the cap was lost: tasks not started fail with it.
+    cap_lost: OnceLock<CapLost>,
+}
+
+/// What [`Error::CapLost`](crate::Error::CapLost) reports, kept once the
+/// runtime stopped.
+struct CapLost {
+    in_memory: u64,
+    failed_writes: u64,
+    last_error: String,
 }
 
 /// The next runtime's identity (see [`Shared::ident`]).
@@ -132,6 +145,7 @@ impl Shared {
         store: SpillStore,
         workers: usize,
         prefetch_on: bool,
+        stop_when_cap_lost: bool,
     ) -> Arc<Shared> {
         Arc::new(Shared {
             ident: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
@@ -162,6 +176,8 @@ impl Shared {
             owner: std::process::id(),
             evicted_mark: AtomicU64::new(0),
             interrupted: Arc::new(AtomicBool::new(false)),
+            stop_when_cap_lost,
+            cap_lost: OnceLock::new(),
         })
     }
 
@@ -197,6 +213,35 @@ impl Shared {
     /// Whether the runtime was asked to stop.
     pub(crate) fn interrupted(&self) -> bool {
         self.interrupted.load(Ordering::Relaxed)
+    }
+
+    /// `Some(Error::CapLost)` once spill writes keep failing and the memory
+    /// in use has grown past the cap by an eighth (at least 1 MiB): from
+    /// then on, for every task not started (see
+    /// [`Builder::stop_when_cap_lost`](crate::Builder::stop_when_cap_lost)).
+    pub(crate) fn cap_lost(&self) -> Option<crate::Error> {
+        let cap = self.cap?;
+        if self.cap_lost.get().is_none() {
+            if !self.stop_when_cap_lost || !self.writes.failing() {
+                return None;
+            }
+            let in_memory = crate::alloc::current_usage() as u64;
+            if in_memory <= cap.saturating_add((cap / 8).max(1 << 20)) {
+                return None;
+            }
+            let _ = self.cap_lost.set(CapLost {
+                in_memory,
+                failed_writes: self.counters.failed_writes.load(Ordering::Relaxed),
+                last_error: self.writes.last_error().unwrap_or_default(),
+            });
+        }
+        let l = self.cap_lost.get()?;
+        Some(crate::Error::CapLost {
+            cap,
+            in_memory: l.in_memory,
+            failed_writes: l.failed_writes,
+            last_error: l.last_error.clone(),
+        })
     }
 
     /// The logical clock, without advancing it.

@@ -86,6 +86,11 @@ impl WriteHealth {
         now + BACKOFF_MS
     }
 
+    /// Whether writes keep failing: the last few attempted all failed.
+    pub(crate) fn failing(&self) -> bool {
+        self.failures_in_a_row.load(Ordering::Relaxed) >= FAILURES_TO_PAUSE
+    }
+
     pub(crate) fn any_failed(&self) -> bool {
         self.any_failed.load(Ordering::Relaxed)
     }
