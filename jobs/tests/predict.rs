@@ -193,6 +193,59 @@ fn a_cap_changes_nothing_and_files_are_read_again() {
     assert!(outs[0] == outs[1], "outputs differ under a cap");
 }
 
+/// A cap smaller than one partition used to be run over with no line
+/// (`--mem-cap 1KiB` labelled 6 MiB at a peak of 2.7 MiB, in partitions
+/// of at least 1 MiB). Partitions now shrink with small caps, and a cap
+/// that cannot hold the centres and one task is refused in one line.
+#[test]
+fn a_cap_too_small_for_one_task_is_refused_and_small_caps_are_kept() {
+    let f = fixture();
+    let l = f.dir.path().join("tiny.npy");
+    let (code, err) = bin_common::outcore_cli(&[
+        "predict",
+        "--centroids",
+        s(&f.centroids),
+        "--input",
+        s(&f.x),
+        "--labels",
+        s(&l),
+        "--mem-cap",
+        "1KiB",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].starts_with("outcore: error: labelling with 12 centres on 24 dimensions needs")
+            && lines[0].ends_with("more than the memory cap of 1.0 KiB"),
+        "{err}"
+    );
+    assert!(!l.exists());
+    let st = f.dir.path().join("small.json");
+    let (ok, err) = outcore(&[
+        "predict",
+        "--centroids",
+        s(&f.centroids),
+        "--input",
+        s(&f.x),
+        "--labels",
+        s(&l),
+        "--mem-cap",
+        "2MiB",
+        "--workers",
+        "1",
+        "--stats",
+        s(&st),
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains(", 1 worker\n"), "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&st).unwrap()).unwrap();
+    let parts = v["partitions"].as_u64().unwrap();
+    assert!(parts > 6, "6 MiB in {parts} partitions under a 2 MiB cap");
+    assert!(err.contains("(cap 2.0 MiB)"), "{err}");
+}
+
 #[test]
 fn labels_match_numpy() {
     if !bin_common::have_python("numpy") {
@@ -268,7 +321,7 @@ fn a_trained_model_labels_rows_by_its_largest_score() {
         "--labels",
         s(&labels),
         "--mem-cap",
-        "512KiB",
+        "2MiB",
     ]);
     assert!(ok, "{err}");
     let (xs, rows, d) = matrix(&x);

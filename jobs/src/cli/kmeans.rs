@@ -201,7 +201,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     let (rt, part_bytes) = runtime(
         &a.mem,
         default_cap,
-        job.data_bytes(),
+        (job.data_bytes(), 1 << 20),
         ranks,
         |cap, pb, n| {
             let pb = kmeans::aligned_partition_bytes(pb, job.dims, a.task_points);

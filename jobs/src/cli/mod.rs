@@ -358,10 +358,12 @@ fn synthetic_source(size: &str, dims: usize, true_k: usize, seed: u64) -> Result
 /// for `data_bytes` of data. `workers` plans the worker threads from the
 /// cap, the partition size and the workers asked for (`--workers`, or one
 /// per core): when the cap holds fewer, fewer start, and rank 0 says so.
+/// Partitions are a 256th of the cap, at least `least_part` bytes and at
+/// most 256 MiB.
 fn runtime(
     m: &MemoryArgs,
     default_cap: MemoryCap,
-    data_bytes: u64,
+    (data_bytes, least_part): (u64, u64),
     ranks: &Ranks,
     workers: impl FnOnce(Option<u64>, u64, usize) -> Workers,
 ) -> Result<(Runtime, u64)> {
@@ -387,7 +389,7 @@ fn runtime(
     let cap_bytes = cap.resolve();
     let part_bytes = match (m.partitions, cap_bytes) {
         (Some(p), _) => data_bytes.div_ceil(p).max(1),
-        (None, Some(cap)) => (cap / PARTS_PER_CAP).clamp(1 << 20, 256 << 20),
+        (None, Some(cap)) => (cap / PARTS_PER_CAP).clamp(least_part, 256 << 20),
         (None, None) => 64 << 20,
     };
     let planned = workers(cap_bytes, part_bytes, m.workers.unwrap_or_else(cores));

@@ -174,7 +174,7 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     let (rt, shard_bytes) = runtime(
         &a.mem,
         plan.default_cap,
-        rows * (dims as u64 * 4 + 4),
+        (rows * (dims as u64 * 4 + 4), 1 << 20),
         ranks,
         // Each task pins its shard; the model's own memory is checked
         // once the classes are known (`train::load`).

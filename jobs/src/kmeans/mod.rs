@@ -200,14 +200,24 @@ pub fn predict_workers(
     cap: Option<u64>,
     wanted: usize,
 ) -> Workers {
-    let (k, d) = (k as u64, dims.max(1) as u64);
-    // The centres, the kernel's copy and their norms.
-    let fixed = 8 * k * d + 8 * k;
-    let part_rows = part_bytes / (4 * d);
-    // A partition (values, norms), and a task's labels, distances and
-    // distance tiles.
-    let task = part_rows * (4 * d + 4) + task_points as u64 * (4 * k + 8);
+    let (fixed, task) = predict_memory((k, dims), part_bytes, task_points);
     Workers::plan(cap, fixed, task, wanted)
+}
+
+/// What labelling holds whatever its workers (the centres, the kernel's
+/// copy and their norms), and what each task holds (a partition of
+/// `part_bytes`, its norms, and a task's labels, distances and distance
+/// tiles), in bytes, for `k` centres of `dims` dimensions.
+pub fn predict_memory(
+    (k, dims): (usize, usize),
+    part_bytes: u64,
+    task_points: usize,
+) -> (u64, u64) {
+    let (k, d) = (k as u64, dims.max(1) as u64);
+    let fixed = 8 * k * d + 8 * k;
+    let part_rows = (part_bytes / (4 * d)).max(1);
+    let task = part_rows * (4 * d + 4) + task_points as u64 * (4 * k + 8);
+    (fixed, task)
 }
 
 /// Streams `src` into partitions of about `part_bytes` each, declared to
