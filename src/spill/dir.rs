@@ -37,7 +37,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
 use crate::error::{Error, Result};
 
@@ -113,10 +113,17 @@ impl PrivateDir {
     pub(crate) fn create(parent: &Path) -> Result<PrivateDir> {
         let tag = host_tag();
         let owner = std::process::id();
+        // Counted as being created until its lock descriptor is registered,
+        // so that `remove_live_dirs` waits for it (a signal in between
+        // left an empty directory).
+        let _creating = Creating::enter().ok_or_else(|| Error::SpillDir {
+            dir: parent.to_path_buf(),
+            source: io::Error::other("the process is ending: its spill directories were removed"),
+        })?;
         for _ in 0..ATTEMPTS {
             let path = parent.join(format!("{PREFIX}{tag}-{owner}-{}", random_name()));
             match DirBuilder::new().mode(0o700).create(&path) {
-                Ok(()) => {}
+                Ok(()) => test_pause_after_mkdir(),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(source) => {
                     return Err(Error::SpillDir {
@@ -483,11 +490,64 @@ extern "C" fn unlock_in_child() {
 /// creates meanwhile are removed on the next of a few passes. In a child
 /// created by `fork()` the table is empty: the parent's directories stay.
 pub(crate) fn remove_live_dirs() {
+    // No directory is created from now on; those being created are
+    // waited for (at most 1 s: the thread creating one may be the one this
+    // runs on, in a signal handler), so that they are removed too.
+    CLOSING.store(true, Ordering::SeqCst);
+    for _ in 0..100 {
+        if CREATING.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        // SAFETY: poll with no descriptors only sleeps (async-signal-safe).
+        unsafe { libc::poll(std::ptr::null_mut(), 0, 10) };
+    }
     for s in &LOCK_FDS {
         let fd = s.load(Ordering::Acquire);
         if fd >= 0 {
             remove_dir_at(fd);
         }
+    }
+}
+
+/// Spill directories being created: made, and their lock descriptors not
+/// yet registered (see [`PrivateDir::create`]).
+static CREATING: AtomicUsize = AtomicUsize::new(0);
+
+/// Set by [`remove_live_dirs`]: the process is ending, and no spill
+/// directory is created any more.
+static CLOSING: AtomicBool = AtomicBool::new(false);
+
+/// A directory being created, counted in [`CREATING`] while it lives.
+struct Creating;
+
+impl Creating {
+    /// `None` once the process is ending.
+    fn enter() -> Option<Creating> {
+        CREATING.fetch_add(1, Ordering::SeqCst);
+        if CLOSING.load(Ordering::SeqCst) {
+            CREATING.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(Creating)
+    }
+}
+
+impl Drop for Creating {
+    fn drop(&mut self) {
+        CREATING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Test hook: `OUTCORE_TEST_PAUSE_AFTER_MKDIR_MS=N` sleeps N ms between a
+/// spill directory's creation and its lock, so that a test's signal lands
+/// there.
+fn test_pause_after_mkdir() {
+    let ms = std::env::var("OUTCORE_TEST_PAUSE_AFTER_MKDIR_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }
 

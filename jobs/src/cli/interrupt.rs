@@ -227,6 +227,10 @@ fn wait_and_clean(fd: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
     // No output is begun from now on; those begun are removed.
     outcore_jobs::remove_partial_outputs();
+    // Every runtime's directory, by its lock descriptor: also one being
+    // created (it is waited for), or whose runtime is still being built
+    // and not yet in `SPILL_DIRS`. No directory is created after this.
+    outcore::remove_spill_dirs();
     let dirs = SPILL_DIRS.lock().map(|d| d.clone()).unwrap_or_default();
     // Workers may still be writing a spill file: retry until the
     // directory is gone (a file created after it goes fails to open).
