@@ -416,7 +416,7 @@ impl Job {
         // The partitions' mean size (they are cut shard by shard).
         let part_size = held * dims as u64 * 4 / ds.parts.len().max(1) as u64;
         let mut intro = vec![format!(
-            "outcore kmeans: {rows} points x {dims} dims ({}), k = {}, {}, cap {}, {} workers, policy {}",
+            "outcore kmeans: {rows} points x {dims} dims ({}), k = {}, {}, cap {}, {}, policy {}",
             format_bytes(self.data_bytes()),
             self.cfg.k,
             match self.cfg.algorithm {
@@ -424,7 +424,7 @@ impl Job {
                 Algorithm::Lloyd => "Lloyd",
             },
             rt.cap().map_or("none".into(), format_bytes),
-            rt.workers(),
+            plural(rt.workers(), "worker"),
             rt.policy()
         )];
         if session.ranks().size() > 1 {

@@ -380,7 +380,7 @@ fn load(session: &Session, plan: &Plan, shard_bytes: u64) -> Result<Job> {
         );
     }
     say!(
-        "outcore train: {} rows x {} dims ({}), {} classes, {}, {}, cap {}, {} workers",
+        "outcore train: {} rows x {} dims ({}), {} classes, {}, {}, cap {}, {}",
         job.rows,
         job.dims,
         format_bytes(rows * dims as u64 * 4),
@@ -391,7 +391,7 @@ fn load(session: &Session, plan: &Plan, shard_bytes: u64) -> Result<Job> {
         },
         plural(job.shards.len(), "shard"),
         rt.cap().map_or("none".into(), format_bytes),
-        rt.workers()
+        plural(rt.workers(), "worker")
     );
     for w in start_warnings(rt) {
         say!("{w}");

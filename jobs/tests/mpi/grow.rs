@@ -262,6 +262,61 @@ fn a_spawned_rank_that_fails_ends_every_rank_with_one_line_and_no_spill() {
     assert!(left.is_empty(), "spill left behind: {left:?}");
 }
 
+/// Ranks spawned on a node whose copy of the input is stale (the same
+/// shape, other bytes) are caught as the first ranks are: one line, no
+/// output, no spill. The simulated node B sees the stale file at the
+/// input's path (a bind mount in its own mount namespace).
+#[test]
+fn spawned_ranks_with_a_stale_copy_stop_every_rank_with_one_line() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = tmp_in(dir.path());
+    let x = super::gen(dir.path(), "48MiB", 32);
+    let (v, rows, dims) = outcore_jobs::npy::read_matrix(&x).unwrap();
+    let stale = dir.path().join("stale.npy");
+    let older: Vec<f32> = v.iter().map(|x| x * 1.001).collect();
+    outcore_jobs::npy::write_array(&stale, &[rows as u64, dims as u64], &older).unwrap();
+    let args = [
+        "kmeans",
+        "--input",
+        "x.npy",
+        "--k",
+        "8",
+        "--mem-cap",
+        "16MiB",
+        "--max-ranks",
+        "auto",
+        "--workers",
+        "1",
+        "--output",
+        "c.npy",
+    ];
+    let bind = format!("{}:{}", stale.display(), x.display());
+    let tmpdir = tmp.to_string_lossy();
+    let envs = [
+        ("NETNS_SLOTS", "2 2"),
+        ("NETNS_B_BIND", bind.as_str()),
+        ("TMPDIR", &tmpdir),
+    ];
+    let Some((code, err)) = super::on_two_nodes(dir.path(), &envs, "1", &args) else {
+        return;
+    };
+    assert_ne!(code, Some(0), "{err}");
+    let ours: Vec<&str> = err.lines().filter(|l| l.starts_with("outcore:")).collect();
+    assert_eq!(ours.len(), 1, "{err}");
+    assert!(
+        ours[0].contains("disagree on the contents of x.npy")
+            && ours[0].contains("differ from rank 0"),
+        "{err}"
+    );
+    assert!(err.contains("grew from 1 to"), "{err}");
+    assert!(!dir.path().join("c.npy").exists());
+    let left = spill_left(&tmp);
+    assert!(left.is_empty(), "spill left behind: {left:?}");
+}
+
 /// One epoch of a small K-means on 24 MiB of synthetic data under an
 /// 8 MiB cap per rank, one worker: it needs more ranks than one.
 const SMALL_KMEANS: &[&str] = &[

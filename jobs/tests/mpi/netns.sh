@@ -26,6 +26,10 @@
 # exit, including failures and signals (SIGINT/SIGTERM/SIGHUP: the job is
 # stopped first, then the script exits with 128 + the signal number).
 #
+# NETNS_B_BIND="SRC:DST" gives node B a filesystem of its own at one path:
+# its commands run in a mount namespace where the file SRC is bind-mounted
+# over DST (a stale copy of an input on one node, say).
+#
 # Exit 77 (with one line on stderr) means skipped: not root, no `ip netns`,
 # namespaces cannot be created, or no mpirun/orted.
 # Exit 2 is a usage error.
@@ -203,6 +207,13 @@ hostfile="$tmp/hostfile"
 # It runs the command (joined into one shell command line, as ssh does) in
 # the network namespace that owns <host>, in a new UTS namespace with that
 # node's hostname.
+# Node B's extra setup (NETNS_B_BIND), run before its command.
+b_unshare="--uts"
+b_setup=":"
+if [[ -n ${NETNS_B_BIND:-} ]]; then
+    b_unshare="--uts --mount --propagation private"
+    b_setup="mount --bind '${NETNS_B_BIND%%:*}' '${NETNS_B_BIND#*:}' || exit 255"
+fi
 agent="$tmp/agent"
 cat >"$agent" <<EOF
 #!/bin/sh
@@ -225,12 +236,12 @@ fi
 host=\$1
 shift
 case \$host in
-    $addr_a|$ns_a) ns=$ns_a ;;
-    $addr_b|$ns_b) ns=$ns_b ;;
+    $addr_a|$ns_a) ns=$ns_a; opts="--uts"; setup=":" ;;
+    $addr_b|$ns_b) ns=$ns_b; opts="$b_unshare"; setup="$b_setup" ;;
     *) echo "$me agent: unknown host: \$host" >&2; exit 255 ;;
 esac
-exec ip netns exec "\$ns" unshare --uts sh -c \
-    "echo \$ns >/proc/sys/kernel/hostname || exit 255; \$*"
+exec ip netns exec "\$ns" unshare \$opts sh -c \
+    "echo \$ns >/proc/sys/kernel/hostname || exit 255; \$setup; \$*"
 EOF
 chmod 700 "$agent"
 set +e
