@@ -160,6 +160,56 @@ fn a_signal_while_the_spill_directory_is_made_leaves_nothing() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
+/// Under `ulimit -t N` (soft and hard the same), the kernel sent SIGKILL
+/// right after SIGXCPU: the run died with 137 and left its spill
+/// directory. SIGXCPU now comes first, and its cleanup runs.
+#[test]
+fn a_cpu_time_limit_ends_the_run_cleanly() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("centroids.npy");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
+    default_actions(&mut c, false);
+    // SAFETY: `setrlimit` is async-signal-safe and touches only the child.
+    unsafe {
+        c.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 3,
+                rlim_max: 3,
+            };
+            if libc::setrlimit(libc::RLIMIT_CPU, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = c
+        .args(LONG_RUN)
+        .arg("--spill-dir")
+        .arg(dir.path())
+        .arg("--output")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let res = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&res.stderr);
+    assert_eq!(
+        res.status.code(),
+        Some(128 + libc::SIGXCPU),
+        "{:?}: {err}",
+        res.status
+    );
+    assert!(err.contains("interrupted by SIGXCPU"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 #[test]
 fn sigkill_leaves_nothing_outside_the_spill_directory() {
     let dir = tempfile::tempdir().unwrap();

@@ -6,8 +6,10 @@
 //! Every signal whose default action ends the process and that can be
 //! caught is handled: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
 //! SIGALRM, SIGVTALRM, SIGPROF, SIGXCPU, SIGIO, SIGPWR and the real-time
-//! signals. A signal the process was started with ignored stays ignored
-//! (`nohup` ignores SIGHUP; Rust ignores SIGPIPE, so a closed pipe is an
+//! signals (under a CPU-time limit, the soft limit is lowered so that
+//! SIGXCPU comes before the kernel's SIGKILL). A signal the process was
+//! started with ignored stays ignored (`nohup` ignores SIGHUP; Rust
+//! ignores SIGPIPE, so a closed pipe is an
 //! error on the write instead). SIGXFSZ is ignored too: a file grown past
 //! `ulimit -f` fails its write with one line naming it. SIGABRT (an
 //! allocation that failed after the allocator's out-of-memory line, or
@@ -182,6 +184,38 @@ pub(super) fn install_cleanup(ranked: bool) {
         true,
     );
     take_over(libc::SIGXFSZ, libc::SIG_IGN);
+    leave_cpu_margin();
+}
+
+/// Under a CPU-time limit (`ulimit -t`) whose soft and hard values are
+/// the same, the kernel's SIGKILL follows its SIGXCPU at once, and a run
+/// ended that way left its spill directory. The soft limit is lowered, so
+/// that SIGXCPU (handled: the cleanup) comes a margin of CPU time before:
+/// a quarter of a CPU-second per core, at least one, at most half the
+/// limit.
+fn leave_cpu_margin() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_CPU, &mut lim) } != 0
+        || lim.rlim_max == libc::RLIM_INFINITY
+    {
+        return;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let margin = (cores / 4).max(1).min(lim.rlim_max / 2);
+    let soft = lim.rlim_max - margin;
+    if margin == 0 || lim.rlim_cur <= soft {
+        return;
+    }
+    let lowered = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: lowering a soft limit below its hard one is always allowed.
+    unsafe { libc::setrlimit(libc::RLIMIT_CPU, &lowered) };
 }
 
 /// Sets `sig`'s action to `action` when it is still the default one.
