@@ -156,3 +156,31 @@ fn a_spill_filesystem_turned_read_only_mid_run_stops_is_said_and_swept_next_run(
     assert!(out.status.success());
     assert_eq!(std::fs::read_dir(fs.path()).unwrap().count(), 0);
 }
+
+/// A capped run spilling to tmpfs (here /dev/shm) keeps what it evicts in
+/// memory: it used to say nothing. One warning line says so; a spill
+/// directory on a disk gets none.
+#[test]
+fn a_spill_directory_in_memory_is_warned_about() {
+    let shm = std::path::Path::new("/dev/shm");
+    if std::fs::metadata(shm).is_err() {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    }
+    let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    for (dir, warned) in [(shm, true), (disk.path(), false)] {
+        let out = Command::new(env!("CARGO_BIN_EXE_outcore"))
+            .args(["kmeans", "--synthetic", "16MiB", "--dims", "8", "--k", "4"])
+            .args(["--epochs", "1", "--mem-cap", "8MiB", "--spill-dir"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let said: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains("is in memory (tmpfs)"))
+            .collect();
+        assert_eq!(said.len(), usize::from(warned), "{}: {err}", dir.display());
+    }
+}

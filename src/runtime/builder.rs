@@ -120,8 +120,9 @@ impl Builder {
     }
 
     /// Where spill files go: a private subdirectory (mode 0700, with an
-    /// unpredictable name) is created inside `dir` (default: the system
-    /// temporary directory). It is removed when the runtime is dropped,
+    /// unpredictable name) is created inside `dir` (default: `TMPDIR`, or
+    /// `/tmp`; `/var/tmp` instead when `/tmp` is held in memory, tmpfs,
+    /// and `/var/tmp` is on a disk). It is removed when the runtime is dropped,
     /// and by the next runtime of the same host when its process was
     /// killed. `dir` must not be a symbolic link, be owned by another user
     /// than this one or root, or be writable by everyone without the

@@ -155,6 +155,17 @@ impl Runtime {
         self.shared.store().dir()
     }
 
+    /// Whether the spill directory is on a filesystem held in memory
+    /// (tmpfs or ramfs): what is evicted there stays in memory (or swap),
+    /// and counts against a container's memory limit, so a cap saves
+    /// nothing. The default spill directory avoids a `/tmp` in memory
+    /// when `/var/tmp` is on a disk (see [`Builder::spill_dir`]).
+    ///
+    /// [`Builder::spill_dir`]: crate::Builder::spill_dir
+    pub fn spill_dir_in_memory(&self) -> bool {
+        crate::spill::in_memory(self.spill_dir()) == Some(true)
+    }
+
     /// Hands `value` to the runtime and returns its handle.
     ///
     /// # Errors

@@ -692,11 +692,49 @@ pub(crate) struct SpillStore {
 /// The system temporary directory: `TMPDIR`, or `/tmp` when it is unset
 /// or set but empty (as `mktemp` reads it; `std::env::temp_dir` would
 /// give an empty path, and the spill directory a "No such file" error).
+/// Unset, and `/tmp` in memory (tmpfs, as on many distributions), it is
+/// `/var/tmp` when that is on a disk: spilled data on tmpfs stays in
+/// memory, and counts against a container's memory limit.
 pub(crate) fn system_temp_dir() -> PathBuf {
-    match std::env::var_os("TMPDIR") {
+    temp_dir_from(
+        std::env::var_os("TMPDIR"),
+        |p| p.is_dir() && in_memory(p) == Some(false),
+        |p| in_memory(p) == Some(true),
+    )
+}
+
+/// [`system_temp_dir`] from `TMPDIR`'s value, `on_disk` and `in_ram`
+/// (whether a directory is on a disk, or in memory).
+fn temp_dir_from(
+    tmpdir: Option<std::ffi::OsString>,
+    on_disk: impl Fn(&Path) -> bool,
+    in_ram: impl Fn(&Path) -> bool,
+) -> PathBuf {
+    match tmpdir {
         Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ if in_ram(Path::new("/tmp")) && on_disk(Path::new("/var/tmp")) => {
+            PathBuf::from("/var/tmp")
+        }
         _ => PathBuf::from("/tmp"),
     }
+}
+
+/// Whether `dir` is on a filesystem held in memory (tmpfs or ramfs), where
+/// spilled data does not leave memory; `None` when it cannot be told.
+pub(crate) fn in_memory(dir: &Path) -> Option<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `st` is plain data, written by `statfs` before it is read.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path; `statfs` writes only `st`.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    #[allow(clippy::unnecessary_cast)] // `f_type`'s type differs by target.
+    let kind = st.f_type as i64;
+    Some(kind == TMPFS_MAGIC || kind == RAMFS_MAGIC)
 }
 
 impl SpillStore {

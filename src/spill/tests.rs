@@ -1451,3 +1451,30 @@ fn native_aio_reads_ranges_back_exactly() {
     assert!(unsafe { read_aio(&file, 0, buf.ptr, piece, &mut Checksum::new()) });
     assert!(buf.bytes(piece) == &data[..piece]);
 }
+
+/// The default spill parent: `TMPDIR` when set and not empty; else `/tmp`,
+/// unless it is in memory and `/var/tmp` is on a disk.
+#[test]
+fn the_default_spill_parent_avoids_a_tmp_in_memory() {
+    use std::ffi::OsString;
+    use std::path::{Path, PathBuf};
+    let pick = |tmpdir: Option<&str>, tmp_in_ram: bool, var_tmp_on_disk: bool| {
+        super::temp_dir_from(
+            tmpdir.map(OsString::from),
+            |p: &Path| p == Path::new("/var/tmp") && var_tmp_on_disk,
+            |p: &Path| p == Path::new("/tmp") && tmp_in_ram,
+        )
+    };
+    assert_eq!(
+        pick(Some("/scratch"), true, true),
+        PathBuf::from("/scratch")
+    );
+    assert_eq!(pick(None, false, true), PathBuf::from("/tmp"));
+    assert_eq!(pick(Some(""), true, true), PathBuf::from("/var/tmp"));
+    assert_eq!(pick(None, true, true), PathBuf::from("/var/tmp"));
+    assert_eq!(pick(None, true, false), PathBuf::from("/tmp"));
+    if Path::new("/dev/shm").is_dir() {
+        assert_eq!(super::in_memory(Path::new("/dev/shm")), Some(true));
+    }
+    assert_eq!(super::in_memory(Path::new("/proc/self/no-such-dir")), None);
+}

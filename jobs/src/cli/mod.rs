@@ -423,7 +423,26 @@ fn start_warnings(rt: &Runtime) -> Vec<String> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    cap_over_limit(rt).into_iter().chain(fewer).collect()
+    cap_over_limit(rt)
+        .into_iter()
+        .chain(spill_in_memory(rt))
+        .chain(fewer)
+        .collect()
+}
+
+/// A warning when the run is capped and spills to a filesystem held in
+/// memory (tmpfs): what it evicts stays in memory, and a container's
+/// memory limit counts it.
+fn spill_in_memory(rt: &Runtime) -> Option<String> {
+    (rt.cap().is_some() && rt.spill_dir_in_memory()).then(|| {
+        let parent = rt.spill_dir().parent().unwrap_or(rt.spill_dir());
+        format!(
+            "outcore: warning: the spill directory {} is in memory (tmpfs): what is evicted \
+             stays in memory or swap, and counts against a container's memory limit \
+             (give a directory on a disk with --spill-dir or TMPDIR)",
+            parent.display()
+        )
+    })
 }
 
 /// One worker per core, at most [`outcore::MAX_WORKERS`].
