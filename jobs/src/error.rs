@@ -14,6 +14,10 @@ pub enum Error {
     Runtime(outcore::Error),
     /// Bad input: malformed data, or parameters that do not fit it.
     Input(String),
+    /// The job's working memory (its model, sums, sample and one task)
+    /// does not fit the memory cap, or the machine's memory without one:
+    /// the message says what it needs and the cap. Refused at the start.
+    Memory(String),
     /// Bad input found by a collective check, so that every MPI rank has
     /// this same error at once (the ranks disagree on the data or the
     /// flags): rank 0 alone says it.
@@ -52,7 +56,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Runtime(e) => e.fmt(f),
-            Error::Input(msg) | Error::Collective(msg) => f.write_str(msg),
+            Error::Input(msg) | Error::Collective(msg) | Error::Memory(msg) => f.write_str(msg),
             Error::Io {
                 path,
                 action,

@@ -23,7 +23,7 @@ pub(crate) fn to_py(e: outcore_jobs::Error) -> PyErr {
     use outcore_jobs::Error;
     let msg = e.to_string();
     match e {
-        Error::Input(_) if msg.contains("memory cap") => PyMemoryError::new_err(msg),
+        Error::Memory(_) => PyMemoryError::new_err(msg),
         Error::Input(_) | Error::Collective(_) => PyValueError::new_err(msg),
         Error::Io { .. } | Error::Output { .. } => PyOSError::new_err(msg),
         Error::Runtime(

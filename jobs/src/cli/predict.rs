@@ -94,7 +94,7 @@ impl Job {
         if need <= cap {
             return Ok(());
         }
-        Err(Error::Input(format!(
+        Err(Error::Memory(format!(
             "labelling with {} on {} dimensions needs {} at once (buffers {}, the {} {}, \
              a task's rows, labels and distances {}), more than the memory cap of {}",
             match &self.predictor {

@@ -93,7 +93,7 @@ impl Needs {
                 format!("a partition {}", format_bytes(self.partition)),
             ];
         }
-        Err(Error::Input(format!(
+        Err(Error::Memory(format!(
             "K-means with k = {} on {dims} dimensions needs {} at once ({}), more than the memory cap of {}",
             cfg.k,
             format_bytes(least),
@@ -117,7 +117,7 @@ impl Needs {
         }
         let stopped = ranks.ordered_sum(&[vec![f64::from(u8::from(mine.is_err()))]], 1)?[0];
         match mine {
-            Ok(()) if stopped > 0.0 => Err(Error::Input(
+            Ok(()) if stopped > 0.0 => Err(Error::Memory(
                 "another process's memory cap is too small for K-means' working memory (its error says how much it needs)".into(),
             )),
             r => r,

@@ -283,7 +283,7 @@ fn check_model_fits(
     if need <= room / 2 {
         return Ok(());
     }
-    Err(Error::Input(format!(
+    Err(Error::Memory(format!(
         "{classes} classes of {dims} features need about {} for the model and its working copies, more than half of {what} ({}); the largest label is {max_label}, and labels number the classes from 0",
         outcore::format_bytes(need),
         outcore::format_bytes(room)
