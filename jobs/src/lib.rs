@@ -97,6 +97,7 @@ mod files;
 pub mod grow;
 mod input;
 pub mod kmeans;
+pub mod memory;
 pub mod npy;
 mod par;
 pub mod ranks;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::{ArgGroup, Args};
 use outcore::{format_bytes, MemoryCap, Stats};
 use outcore_jobs::kmeans::{self, Centers, Dataset};
+use outcore_jobs::memory::MemoryPool;
 use outcore_jobs::npy::{self, NpyWriter};
 use outcore_jobs::ranks::Ranks;
 use outcore_jobs::train::{self, Model};
@@ -88,30 +89,21 @@ impl Job {
     /// and one task at once (`k`: centres, or two a class for a model's
     /// float64 scores): the run would go over it from the start.
     fn check_cap(&self, cap: Option<u64>, k: usize, part_bytes: u64) -> Result<()> {
-        let Some(cap) = cap else { return Ok(()) };
         let (fixed, task) = kmeans::predict_memory((k, self.dims), part_bytes, TASK_POINTS);
-        let need = BUFFER_BYTES + fixed + task;
-        if need <= cap {
-            return Ok(());
-        }
-        Err(Error::Memory(format!(
-            "labelling with {} on {} dimensions needs {} at once (buffers {}, the {} {}, \
-             a task's rows, labels and distances {}), more than the memory cap of {}",
-            match &self.predictor {
-                Predictor::Centres(c) => format!("{} centres", c.k),
-                Predictor::Model(m) => format!("a model of {} classes", m.classes),
-            },
-            self.dims,
-            format_bytes(need),
-            format_bytes(BUFFER_BYTES),
-            match self.predictor {
-                Predictor::Centres(_) => "centres",
-                Predictor::Model(_) => "model",
-            },
-            format_bytes(fixed),
-            format_bytes(task),
-            format_bytes(cap)
-        )))
+        let (predictor, held) = match &self.predictor {
+            Predictor::Centres(c) => (format!("{} centres", c.k), "the centres"),
+            Predictor::Model(m) => (format!("a model of {} classes", m.classes), "the model"),
+        };
+        let pool = MemoryPool::new(
+            cap,
+            format!("labelling with {predictor} on {} dimensions", self.dims),
+        );
+        pool.try_reserve_all(&[
+            ("buffers", BUFFER_BYTES),
+            (held, fixed),
+            ("a task's rows, labels and distances", task),
+        ])
+        .map(drop)
     }
 }
 
