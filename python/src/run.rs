@@ -146,6 +146,16 @@ impl Settings {
             b = b.spill_dir(d);
         }
         let rt = b.build().map_err(|e| crate::to_py(e.into()))?;
+        if cap.is_some() && rt.spill_dir_in_memory() {
+            let dir = rt.spill_dir().parent().unwrap_or(rt.spill_dir());
+            let line = format!(
+                "the spill directory {} is in memory (tmpfs): what is evicted stays in memory \
+                 or swap, and counts against a container's memory limit (give a directory on \
+                 a disk as spill_dir)",
+                dir.display()
+            );
+            PyErr::warn(py, &py.get_type::<PyUserWarning>(), &CString::new(line)?, 1)?;
+        }
         let mut session = Session::new(rt);
         if let Some(p) = &self.timeline {
             session.record_timeline(p, "load").map_err(crate::to_py)?;

@@ -1,7 +1,9 @@
 """The estimators against scikit-learn and the command line, inputs by
 path and memmap, and bad inputs."""
+import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -136,6 +138,21 @@ def test_timeline_and_verbose(blobs, tmp_path, capfd):
     assert len(lines) > 1 and "," in lines[0]
     err = capfd.readouterr().err
     assert "outcore: pass 2:" in err, err
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_a_spill_directory_in_memory_is_warned_about(tmp_path):
+    # A capped fit spilling to tmpfs keeps what it evicts in memory; it
+    # used to say nothing.
+    rng = np.random.default_rng(12)
+    X = rng.normal(size=(20_000, 8)).astype(np.float32)
+    with pytest.warns(UserWarning, match="is in memory") as rec:
+        outcore.KMeans(2, random_state=0, max_iter=2, mem_cap="16MiB", spill_dir="/dev/shm").fit(X)
+    assert len([w for w in rec if "is in memory" in str(w.message)]) == 1
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        outcore.KMeans(2, random_state=0, max_iter=2, mem_cap="16MiB", spill_dir=tmp_path).fit(X)
+    assert not [w for w in rec if "is in memory" in str(w.message)]
 
 
 def test_more_workers_than_the_cap_holds_run_fewer_with_one_warning(tmp_path):
