@@ -98,3 +98,18 @@ impl From<outcore::Error> for Error {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    #[test]
+    fn a_refusal_by_the_cap_is_its_own_kind_and_says_its_line() {
+        let line = "labelling with 8 centres on 4 dimensions needs 6.0 MiB at once (a task \
+                    5.0 MiB, the centres 1.0 MiB), more than the memory cap of 4.0 MiB";
+        let e = Error::Memory(line.into());
+        assert_eq!(e.to_string(), line);
+        assert!(std::error::Error::source(&e).is_none());
+        assert!(!matches!(e, Error::Input(_) | Error::Collective(_)));
+    }
+}

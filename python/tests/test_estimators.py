@@ -115,6 +115,9 @@ def test_bad_inputs_raise_scikit_learns_exceptions(blobs):
         outcore.KMeans(3, mem_cap="lots").fit(X)
     with pytest.raises(MemoryError, match="memory cap"):
         outcore.KMeans(1000, mem_cap="4MiB").fit(np.zeros((2000, 2000), np.float32) + np.arange(2000)[:, None])
+    # Training's model check: a MemoryError too, by the error's kind.
+    with pytest.raises(MemoryError, match=r"more than half of the memory cap \(4\.0 MiB\)"):
+        outcore.LogisticRegression(mem_cap="4MiB", n_jobs=1).fit(X, np.arange(len(X)) % 300)
     with pytest.raises(ValueError, match="2 classes"):
         outcore.LogisticRegression().fit(X, np.zeros(len(X)))
 

@@ -223,3 +223,57 @@ pub(super) fn plan(session: &Session, src: &Source, cfg: &Config, part_bytes: u6
     Needs::of(rows, dims, cfg, part_rows, shards, ranks.size()).check_all(ranks, cap, cfg, dims)?;
     Ok(part_bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Config, Needs};
+    use crate::error::Error;
+    use crate::ranks::Ranks;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A step's needs: 3 MiB of centres, 2 MiB of sums, 1 MiB partitions.
+    fn step() -> Needs {
+        Needs {
+            init: MIB,
+            centres: 3 * MIB,
+            sums: 2 * MIB,
+            partition: MIB,
+            partial: 0,
+        }
+    }
+
+    #[test]
+    fn a_run_over_the_cap_is_a_memory_error_with_its_line() {
+        let cfg = Config {
+            k: 100,
+            ..Config::default()
+        };
+        let line = "K-means with k = 100 on 32 dimensions needs 6.0 MiB at once (the centres \
+                    3.0 MiB, the step's sums 2.0 MiB, a partition 1.0 MiB), more than the \
+                    memory cap of 4.0 MiB";
+        let e = step().check(Some(4 * MIB), &cfg, 32).unwrap_err();
+        assert!(matches!(e, Error::Memory(_)), "{e:?}");
+        assert_eq!(e.to_string(), line);
+        // One process: its own refusal, unchanged.
+        let e = step()
+            .check_all(&Ranks::single(), Some(4 * MIB), &cfg, 32)
+            .unwrap_err();
+        assert!(matches!(e, Error::Memory(_)), "{e:?}");
+        assert_eq!(e.to_string(), line);
+        let init = Needs {
+            init: 8 * MIB,
+            ..step()
+        };
+        let e = init.check(Some(4 * MIB), &cfg, 32).unwrap_err();
+        assert!(matches!(e, Error::Memory(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "K-means with k = 100 on 32 dimensions needs 9.0 MiB at once (the \
+             initialisation's sample 8.0 MiB, a partition 1.0 MiB), more than the memory \
+             cap of 4.0 MiB"
+        );
+        assert!(step().check(Some(6 * MIB), &cfg, 32).is_ok());
+        assert!(step().check(None, &cfg, 32).is_ok());
+    }
+}

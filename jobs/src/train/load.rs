@@ -305,3 +305,28 @@ fn physical_memory() -> u64 {
         u64::MAX
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use outcore::Runtime;
+
+    use crate::error::Error;
+
+    #[test]
+    fn a_model_over_half_the_machine_is_a_memory_error() {
+        let rt = Runtime::builder().workers(1).build().unwrap();
+        // 10^6 classes of 10^5 features: about 18 TiB.
+        let e = super::check_model_fits(&rt, 1_000_000, 10_000, 100_000, 999_999).unwrap_err();
+        assert!(matches!(e, Error::Memory(_)), "{e:?}");
+        let line = e.to_string();
+        assert!(
+            line.starts_with(
+                "1000000 classes of 100000 features need about 18641.90 GiB for the model and its \
+                 working copies, more than half of this machine's memory ("
+            ) && line
+                .ends_with("); the largest label is 999999, and labels number the classes from 0"),
+            "{line}"
+        );
+        assert!(super::check_model_fits(&rt, 3, 10_000, 100, 2).is_ok());
+    }
+}
