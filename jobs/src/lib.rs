@@ -73,9 +73,9 @@
 //! - `input/`: the input layer both jobs share (its `mod.rs` lists its
 //!   files);
 //! - `kmeans/`, `train/`: the jobs (each `mod.rs` lists its files);
-//! - `ranks.rs`: MPI ranks (feature `mpi`): `Shards`, `Ranks::ordered_sum`;
+//! - `ranks/`: MPI ranks (feature `mpi`): `Shards`, `Ranks::ordered_sum`;
 //! - `par.rs`: work spread over a few scoped threads;
-//! - `npy.rs`: `.npy`/`.npz` reading (npyz headers, zip archives), `.npy`
+//! - `npy/`: `.npy`/`.npz` reading (npyz headers, zip archives), `.npy`
 //!   writing;
 //! - `files.rs`: files written whole or not at all; opening inputs;
 //! - `workers.rs`: how many worker threads a cap holds ([`Workers`]);

@@ -22,7 +22,7 @@
 //! - `rows.rs`: the row readers, one per format;
 //! - `blobs.rs`: the one synthetic-data generator;
 //! - `direct.rs`: direct reads of a byte range, several requests in flight;
-//! - `region.rs`: any block of rows of an input file, read again (direct
+//! - `region/`: any block of rows of an input file, read again (direct
 //!   I/O);
 //! - `digest.rs`: a digest of a fixed sample of a file, which ranks
 //!   compare to check that they read the same file;

@@ -46,7 +46,7 @@
 //! - `shards.rs`: rows into tasks, tasks into shards, shards among ranks; the segments a rank loads.
 //! - `plan.rs`: this process's tasks in its partitions (`Plan`) and the order of its passes.
 //! - `assign.rs`: a task's nearest centres, sums and labels; the sweep that folds them in order.
-//! - `kernel.rs`: the fused AVX2/FMA (and AVX-512) distance and argmin kernel.
+//! - `kernel/`: the fused AVX2/FMA (and AVX-512) distance and argmin kernel.
 //! - `minibatch.rs`: mini-batch epochs: the running-mean update and early stopping.
 //! - `lloyd.rs`: Lloyd iterations: centres to the means, the tolerance from the data's variance.
 //! - `init.rs`: the initial centres (k-means++, random or given) and the sample they come from.

@@ -12,8 +12,11 @@
 //! the one taken at its first read. An uncompressed `.npz` member is also
 //! checked against the CRC-32 its archive records, once: the CRC-32s of
 //! the blocks' first reads are combined when they cover the member.
+//!
+//! Files: `mod.rs` (this file) holds [`Region`] and its reads;
+//! `member.rs` the CRC-32 check of a `.npz` member; `pages.rs` the memory
+//! advice for fresh blocks; `tests.rs` the tests.
 
-use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::mem::MaybeUninit;
@@ -23,6 +26,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 
 use super::direct::{checksum, DirectReader, ALIGN, MAX_RECORD};
+
+mod member;
+mod pages;
+
+use member::MemberCheck;
+use pages::uninit_bytes;
+pub(crate) use pages::{huge_pages, populate};
 
 /// How rows are stored in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,85 +94,6 @@ pub(crate) struct Region {
     member: Option<MemberCheck>,
 }
 
-/// The CRC-32 check of an uncompressed `.npz` member read in blocks: the
-/// CRC-32 of each block's first read is kept, and combined in row order
-/// from row 0 on as the blocks arrive (reads of other block sizes, such
-/// as a pass in smaller tasks, are kept aside); when the chain reaches
-/// the last row, it is completed with the bytes after the data and
-/// compared with the archive's. Later reads are checked against each
-/// block's first-read checksum.
-#[derive(Debug)]
-struct MemberCheck {
-    crc: crate::npy::MemberCrc,
-    rows: u64,
-    /// CRC-32 of the member's bytes after the data (normally none).
-    tail: flate2::Crc,
-    chain: Mutex<Chain>,
-    /// The error, once the check failed: every later read fails with it
-    /// (a failed build may be tried again, and its block's first read is
-    /// done).
-    failed: OnceLock<String>,
-}
-
-/// The blocks combined so far, and those waiting for the chain to reach
-/// them.
-#[derive(Debug)]
-struct Chain {
-    /// CRC-32 of the member's bytes up to row `next` (its `.npy` header
-    /// first).
-    crc: flate2::Crc,
-    next: u64,
-    /// Blocks past `next` by first row: rows and CRC-32 (the longer of
-    /// two with the same first row).
-    waiting: BTreeMap<u64, (u64, flate2::Crc)>,
-}
-
-impl MemberCheck {
-    /// Records the CRC-32 of rows `first..first + n`; when the chain
-    /// covers the member, compares its CRC-32 with the archive's.
-    fn record(&self, first: u64, n: u64, crc: flate2::Crc) -> io::Result<()> {
-        self.check()?;
-        let mut c = match self.chain.lock() {
-            Ok(c) => c,
-            Err(e) => e.into_inner(),
-        };
-        if first < c.next || c.next >= self.rows {
-            return Ok(());
-        }
-        if c.waiting.get(&first).is_none_or(|(m, _)| *m < n) {
-            c.waiting.insert(first, (n, crc));
-        }
-        let chain = &mut *c;
-        while let Some((n, block)) = chain.waiting.remove(&chain.next) {
-            chain.crc.combine(&block);
-            chain.next += n;
-        }
-        // Blocks the chain went past are of no use.
-        let next = chain.next;
-        chain.waiting.retain(|&f, _| f > next);
-        if chain.next < self.rows {
-            return Ok(());
-        }
-        chain.crc.combine(&self.tail);
-        if chain.crc.sum() != self.crc.expected {
-            let e = crate::npy::crc_mismatch(self.crc.expected, chain.crc.sum());
-            let _ = self
-                .failed
-                .set(format!("{}: {e}", self.crc.label.display()));
-            return self.check();
-        }
-        Ok(())
-    }
-
-    /// The error of a failed check, if it failed.
-    fn check(&self) -> io::Result<()> {
-        match self.failed.get() {
-            Some(msg) => Err(io::Error::new(io::ErrorKind::InvalidData, msg.clone())),
-            None => Ok(()),
-        }
-    }
-}
-
 impl Region {
     /// Opens `path` for block reads; `None` when it is not a regular file
     /// (a pipe or a device cannot be read twice).
@@ -195,44 +126,6 @@ impl Region {
             read_bytes: AtomicU64::new(0),
             member: None,
         }))
-    }
-
-    /// Checks the blocks read against the CRC-32 of `member`, the
-    /// uncompressed `.npz` member whose `rows` rows this region reads
-    /// (when every row is read; a share of them is not checked).
-    pub(crate) fn check_member(
-        mut self,
-        member: &crate::npy::MemberCrc,
-        rows: u64,
-    ) -> io::Result<Region> {
-        let data_end = self.offset + rows * self.record() as u64;
-        let end = member.start + member.len;
-        let crc_of = |from: u64, to: u64| -> io::Result<flate2::Crc> {
-            let mut crc = flate2::Crc::new();
-            let mut buf = vec![0u8; (to.saturating_sub(from)).min(1 << 20) as usize];
-            let mut at = from;
-            while at < to {
-                let n = (to - at).min(buf.len() as u64) as usize;
-                self.plain.read_exact_at(&mut buf[..n], at)?;
-                crc.update(&buf[..n]);
-                at += n as u64;
-            }
-            Ok(crc)
-        };
-        let head = crc_of(member.start, self.offset)?;
-        let tail = crc_of(data_end, end)?;
-        self.member = Some(MemberCheck {
-            crc: member.clone(),
-            rows,
-            tail,
-            chain: Mutex::new(Chain {
-                crc: head,
-                next: 0,
-                waiting: BTreeMap::new(),
-            }),
-            failed: OnceLock::new(),
-        });
-        Ok(self)
     }
 
     /// Bytes read from the file so far.
@@ -661,58 +554,6 @@ impl Region {
         self.plain.read_exact_at(bytes, pos)?;
         Ok(super::direct::checksum(bytes))
     }
-}
-
-/// Asks for transparent huge pages on the 2 MiB-aligned part of a fresh
-/// block (the system's default here is "madvise"): a first read into fresh
-/// memory then takes one fault per 2 MiB instead of one per 4 KiB. Advice
-/// only: nothing changes where it is refused.
-pub(crate) fn huge_pages<T>(v: &mut [MaybeUninit<T>]) {
-    const HUGE: usize = 2 << 20;
-    let start = (v.as_ptr() as usize).next_multiple_of(HUGE);
-    let end = (v.as_ptr() as usize + std::mem::size_of_val(v)) & !(HUGE - 1);
-    if end > start {
-        // SAFETY: the range lies inside memory this vector owns; advice
-        // does not change its contents or validity.
-        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-    }
-}
-
-/// Faults in the pages of a fresh block before it is read into, where the
-/// kernel allows (`MADV_POPULATE_WRITE`, Linux 5.14).
-///
-/// The first touch of fresh memory costs the kernel a fault and a zeroing
-/// per page: measured here, a quarter of the CPU time of reading 4 GiB into
-/// memory. Taken in the copy out of the reader's buffers, that cost holds
-/// a reader of the file while its queue drains and the other threads wait
-/// for it; taken here, before the reader is locked, it overlaps another
-/// thread's reads. Pages already present (memory reused after an eviction)
-/// are left as they are. Advice only: nothing changes where it is refused.
-pub(crate) fn populate<T>(v: &mut [MaybeUninit<T>]) {
-    const PAGE: usize = 4096;
-    let start = (v.as_ptr() as usize).next_multiple_of(PAGE);
-    let end = (v.as_ptr() as usize + std::mem::size_of_val(v)) & !(PAGE - 1);
-    if end > start {
-        // SAFETY: the range lies inside memory this vector owns and may
-        // write; populating maps its pages writable without changing the
-        // contents of those already present (fresh ones read as zeros, and
-        // the block is uninitialised anyway).
-        unsafe {
-            libc::madvise(
-                start as *mut libc::c_void,
-                end - start,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
-    }
-}
-
-/// The bytes of float32 values not initialised yet.
-fn uninit_bytes(v: &mut [MaybeUninit<f32>]) -> &mut [MaybeUninit<u8>] {
-    let len = std::mem::size_of_val(v);
-    // SAFETY: the same memory viewed as `len` possibly uninitialised bytes
-    // (alignment 1), for as long as the borrow of `v`.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<MaybeUninit<u8>>(), len) }
 }
 
 #[cfg(test)]
