@@ -312,9 +312,6 @@ impl Region {
         if let Some(m) = &self.member {
             m.check()?;
         }
-        if let Some(m) = &self.member {
-            m.check()?;
-        }
         let now = Stamp::of(&self.plain.metadata()?);
         if now != self.stamp {
             return Err(io::Error::new(
