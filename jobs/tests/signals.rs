@@ -42,8 +42,8 @@ const LONG_RUN: [&str; 11] = [
     "24MiB",
 ];
 
-/// Starts [`LONG_RUN`] spilling into `dir`.
-fn start(dir: &Path, out: &Path) -> Child {
+/// [`LONG_RUN`] spilling into `dir`, writing `out`, not started.
+fn long_run(dir: &Path, out: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
     default_actions(&mut c, false);
     c.args(LONG_RUN)
@@ -52,9 +52,13 @@ fn start(dir: &Path, out: &Path) -> Child {
         .arg("--output")
         .arg(out)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn")
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Starts [`LONG_RUN`] spilling into `dir`.
+fn start(dir: &Path, out: &Path) -> Child {
+    long_run(dir, out).spawn().expect("spawn")
 }
 
 /// Waits until the run has written spill files.
@@ -102,11 +106,7 @@ fn signal_removes_spill_files(sig: i32) {
     let st = wait(&mut child);
     // 128 + the signal: 130 for SIGINT, 143 for SIGTERM.
     assert_eq!(st.code(), Some(128 + sig), "{st:?}");
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
+    let left = left_in(dir.path());
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
@@ -127,17 +127,8 @@ fn sigterm_removes_the_spill_files() {
 fn a_signal_while_the_spill_directory_is_made_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("centroids.npy");
-    let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
-    default_actions(&mut c, false);
-    let mut child = c
-        .args(LONG_RUN)
-        .arg("--spill-dir")
-        .arg(dir.path())
-        .arg("--output")
-        .arg(&out)
+    let mut child = long_run(dir.path(), &out)
         .env("OUTCORE_TEST_PAUSE_AFTER_MKDIR_MS", "300")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
     let start = Instant::now();
@@ -152,11 +143,7 @@ fn a_signal_while_the_spill_directory_is_made_leaves_nothing() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let st = wait(&mut child);
     assert_eq!(st.code(), Some(128 + libc::SIGTERM), "{st:?}");
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
+    let left = left_in(dir.path());
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
@@ -168,8 +155,7 @@ fn a_cpu_time_limit_ends_the_run_cleanly() {
     use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("centroids.npy");
-    let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
-    default_actions(&mut c, false);
+    let mut c = long_run(dir.path(), &out);
     // SAFETY: `setrlimit` is async-signal-safe and touches only the child.
     unsafe {
         c.pre_exec(|| {
@@ -183,16 +169,7 @@ fn a_cpu_time_limit_ends_the_run_cleanly() {
             Ok(())
         });
     }
-    let child = c
-        .args(LONG_RUN)
-        .arg("--spill-dir")
-        .arg(dir.path())
-        .arg("--output")
-        .arg(&out)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
+    let child = c.spawn().expect("spawn");
     let res = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&res.stderr);
     assert_eq!(
@@ -202,11 +179,7 @@ fn a_cpu_time_limit_ends_the_run_cleanly() {
         res.status
     );
     assert!(err.contains("interrupted by SIGXCPU"), "{err}");
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
+    let left = left_in(dir.path());
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
