@@ -7,7 +7,7 @@
 //! grows with [`Reservation::try_grow`] before it allocates, and gives
 //! back with [`Reservation::shrink`] (or by being dropped). When a growth
 //! would take the pool past the cap, it is refused with
-//! [`Error::Memory`](crate::Error::Memory), one line that names the job,
+//! [`Error::Memory`], one line that names the job,
 //! what it would hold in all, its largest consumers and the cap; nothing
 //! is reserved then. Without a cap every growth succeeds, and the pool
 //! still knows what the job holds.
