@@ -9,7 +9,8 @@
 //! - `mod.rs` (this file): the shared flags (memory, spill, workers,
 //!   outputs), building the runtime, the address-space checks;
 //! - `kmeans.rs`, `train.rs`, `predict.rs`, `gen.rs`, `plot.rs`: one
-//!   subcommand each;
+//!   subcommand each; `fit.rs`: those of the job interface (`linear`,
+//!   `pca`);
 //! - `labels.rs`: `kmeans --labels` streamed into its file (from every
 //!   rank);
 //! - `progress.rs`: progress on stderr (a bar on a terminal, lines
@@ -40,6 +41,7 @@ macro_rules! tell {
     }};
 }
 
+mod fit;
 mod gen;
 mod grow;
 mod interrupt;
@@ -96,6 +98,18 @@ enum Cmd {
     /// With no arguments: 512 MiB of synthetic data (10 classes) under a
     /// 256 MiB cap.
     Train(Box<train::TrainArgs>),
+    /// Linear or ridge regression (least squares, float64 normal
+    /// equations), the rows held in executors: two passes over the data.
+    ///
+    /// With no arguments: 256 MiB of synthetic data (64 columns, one
+    /// target) under a 256 MiB cap.
+    Linear(Box<fit::LinearArgs>),
+    /// Principal component analysis (the covariance's eigenvectors), the
+    /// rows held in executors: two passes over the data.
+    ///
+    /// With no arguments: 256 MiB of synthetic data (64 columns) under a
+    /// 256 MiB cap.
+    Pca(Box<fit::PcaArgs>),
     /// Draw a memory timeline (written by --timeline) as a PNG: memory
     /// against the cap, phases, loads and evictions, disk traffic.
     Plot(plot::PlotArgs),
@@ -198,6 +212,8 @@ pub fn run(cli: Cli, given: &Given, ranks: &Ranks) -> Result<()> {
         Cmd::Predict(a) => one("predict").and_then(|()| predict::run(*a, given)),
         Cmd::Gen(a) => one("gen").and_then(|()| gen::run(a)),
         Cmd::Train(a) => train::run(*a, given, ranks),
+        Cmd::Linear(a) => fit::run_linear(*a, given, ranks),
+        Cmd::Pca(a) => fit::run_pca(*a, given, ranks),
         Cmd::Plot(a) => one("plot").and_then(|()| plot::run(a)),
     }
 }
@@ -491,6 +507,8 @@ impl Cli {
             Cmd::Kmeans(a) => a.mem.workers,
             Cmd::Predict(a) => a.mem.workers,
             Cmd::Train(a) => a.mem.workers,
+            Cmd::Linear(a) => a.rows.mem.workers,
+            Cmd::Pca(a) => a.rows.mem.workers,
             Cmd::Gen(_) | Cmd::Plot(_) => None,
         };
         flag.unwrap_or_else(cores).clamp(1, outcore::MAX_WORKERS)

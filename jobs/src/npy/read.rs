@@ -35,13 +35,20 @@ impl NpyRows {
                 ),
             ));
         }
-        if h.shape.len() != 2 {
-            return Err(bad(
-                &a.label,
-                format!("data must be a 2-D array, this one has shape {:?}", h.shape),
-            ));
-        }
-        let (rows, cols) = (h.shape[0], h.shape[1]);
+        // A 1-D array is one column (targets, one per row).
+        let (rows, cols) = match h.shape[..] {
+            [rows] => (rows, 1),
+            [rows, cols] => (rows, cols),
+            _ => {
+                return Err(bad(
+                    &a.label,
+                    format!(
+                        "data must be a 2-D (or 1-D) array, this one has shape {:?}",
+                        h.shape
+                    ),
+                ))
+            }
+        };
         if cols == 0 {
             return Err(bad(&a.label, "data has 0 columns"));
         }

@@ -18,6 +18,13 @@ impl Element for f32 {
     }
 }
 
+impl Element for f64 {
+    const DTYPE: Dtype = Dtype::F64;
+    fn put(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+}
+
 impl Element for i32 {
     const DTYPE: Dtype = Dtype::I32;
     fn put(self, out: &mut Vec<u8>) {

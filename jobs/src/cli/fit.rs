@@ -1,0 +1,334 @@
+//! The subcommands of the job interface (`outcore linear`, `outcore
+//! pca`): their flags, and the one runner they share (the runtime, the
+//! load, the passes with a line each, the outputs and the summary).
+
+use std::path::PathBuf;
+
+use clap::Args;
+use outcore::{format_bytes, MemoryCap};
+use outcore_jobs::job::{self, Algorithm, Input, Layout, RunStats, Targets};
+use outcore_jobs::linear::{Linear, LinearConfig};
+use outcore_jobs::pca::{Components, Pca};
+use outcore_jobs::ranks::Ranks;
+use outcore_jobs::{check_outputs, npy, write_json, Error, Result, Session, Source, Workers};
+use serde::Serialize;
+
+use super::progress::Feedback;
+use super::{
+    file_source, finish_session, named, plural, positive, runtime, start_warnings,
+    synthetic_source, warn_dims, Given, MemoryArgs, Outputs,
+};
+
+/// The rows, and the flags every job of the interface has.
+#[derive(Args, Debug)]
+pub(super) struct RowsArgs {
+    /// Input rows: .npy (2-D float32/float64/float16), .npz, .fvecs, or
+    /// raw float32 (with --dims). Without it, synthetic data.
+    #[arg(long, value_name = "FILE")]
+    input: Option<PathBuf>,
+    /// The array to read from an --input .npz archive (default: its
+    /// first).
+    #[arg(long, value_name = "NAME")]
+    key: Option<String>,
+    /// Size of the synthetic data.
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value = "256MiB",
+        allow_hyphen_values = true
+    )]
+    synthetic: String,
+    /// Dimensions of synthetic data, or columns of a raw input file.
+    #[arg(long, value_name = "D")]
+    dims: Option<usize>,
+    /// Seed of the synthetic data.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Shards the rows' tasks are cut into: the order of every sum, and
+    /// the unit spread over MPI processes (at least one each). The result
+    /// depends on it, not on the number of processes or the cap.
+    #[arg(long, value_name = "S", default_value_t = 8)]
+    shards: usize,
+    #[command(flatten)]
+    pub(super) mem: MemoryArgs,
+}
+
+/// Flags of `outcore linear`.
+#[derive(Args, Debug)]
+pub(super) struct LinearArgs {
+    #[command(flatten)]
+    pub(super) rows: RowsArgs,
+    /// Targets for --input: a 1-D (one target) or 2-D float .npy, a row
+    /// per input row.
+    #[arg(long, value_name = "FILE", requires = "input")]
+    targets: Option<PathBuf>,
+    /// Sample weights for --input: a 1-D float .npy, one per row (finite,
+    /// >= 0).
+    #[arg(long, value_name = "FILE", requires = "input")]
+    sample_weight: Option<PathBuf>,
+    /// Ridge penalty (L2): one value, or one per target separated by
+    /// commas. 0 is linear regression.
+    #[arg(
+        long,
+        value_name = "A[,A...]",
+        default_value = "0",
+        value_delimiter = ','
+    )]
+    alpha: Vec<f64>,
+    /// Fit no intercept (the data is not centred).
+    #[arg(long)]
+    no_intercept: bool,
+    /// Synthetic data: target columns, each a noisy linear function of
+    /// the rows.
+    #[arg(long, value_name = "T", default_value_t = 1)]
+    synthetic_targets: usize,
+    /// Write the model (float64, targets x (D + 1), the intercept last)
+    /// to this .npy file.
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+/// Flags of `outcore pca`.
+#[derive(Args, Debug)]
+pub(super) struct PcaArgs {
+    #[command(flatten)]
+    pub(super) rows: RowsArgs,
+    /// Components to keep: a count, a share of the variance in (0, 1)
+    /// (the fewest components explaining more), or `all`.
+    #[arg(long, value_name = "N|SHARE|all", default_value = "all")]
+    n_components: String,
+    /// Write the components (float64, n_components x D) to this .npy
+    /// file; the means and variances are in --stats.
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+/// Runs `outcore linear`.
+pub(super) fn run_linear(a: LinearArgs, given: &Given, ranks: &Ranks) -> Result<()> {
+    if a.rows.input.is_some() && a.targets.is_none() {
+        return Err(Error::Input("--input needs --targets".into()));
+    }
+    if a.rows.input.is_some() {
+        given.warn_unused(
+            &[("synthetic_targets", "--synthetic-targets")],
+            "applies to synthetic data, not to --input",
+        );
+    }
+    if let Some(x) = a.alpha.iter().find(|x| !(x.is_finite() && **x >= 0.0)) {
+        return Err(Error::Input(format!(
+            "--alpha must be a number >= 0, not {x}"
+        )));
+    }
+    let src = source(
+        &a.rows,
+        given,
+        ranks,
+        &[
+            ("--targets", &a.targets),
+            ("--sample-weight", &a.sample_weight),
+        ],
+        &a.output,
+    )?;
+    let input = Input {
+        source: &src,
+        targets: match &a.targets {
+            Some(p) => Targets::File(file_source(p, None, None)?),
+            None => Targets::Synthetic {
+                count: positive("--synthetic-targets", a.synthetic_targets)?,
+                noise: 0.1,
+                seed: a.rows.seed,
+            },
+        },
+        weights: a.sample_weight.as_deref(),
+    };
+    let mut alg = Linear::new(LinearConfig {
+        fit_intercept: !a.no_intercept,
+        alpha: a.alpha.clone(),
+    });
+    let (session, fit, run) = fit_job(&a.rows, &input, &mut alg, ranks, "linear")?;
+    let (t, d) = (run.targets, run.dims);
+    let model: Vec<f64> = (0..t)
+        .flat_map(|j| {
+            let row = &fit.coef[j * d..(j + 1) * d];
+            row.iter().copied().chain([fit.intercept[j]])
+        })
+        .collect();
+    let shape = [t as u64, d as u64 + 1];
+    let said = format!("rank {}, solved by {}", fit.rank, fit.solver);
+    report(
+        session,
+        (&a.rows, &a.output),
+        (&shape, &model),
+        &run,
+        (&fit, &said),
+    )
+}
+
+/// Runs `outcore pca`.
+pub(super) fn run_pca(a: PcaArgs, given: &Given, ranks: &Ranks) -> Result<()> {
+    let components = parse_components(&a.n_components)?;
+    let src = source(&a.rows, given, ranks, &[], &a.output)?;
+    let mut alg = Pca::new(components);
+    let (session, fit, run) = fit_job(&a.rows, &Input::rows(&src), &mut alg, ranks, "pca")?;
+    let shape = [fit.n_components as u64, run.dims as u64];
+    let kept: f64 = fit.explained_variance_ratio.iter().sum();
+    let said = format!(
+        "{} kept, explaining {:.2}% of the variance",
+        plural(fit.n_components, "component"),
+        kept * 100.0
+    );
+    report(
+        session,
+        (&a.rows, &a.output),
+        (&shape, &fit.components),
+        &run,
+        (&fit, &said),
+    )
+}
+
+/// `--n-components`: a count, a share in (0, 1), or `all`.
+fn parse_components(s: &str) -> Result<Components> {
+    if s == "all" {
+        return Ok(Components::All);
+    }
+    if let Ok(n) = s.parse::<usize>() {
+        return positive("--n-components", n).map(Components::Count);
+    }
+    match s.parse::<f64>() {
+        Ok(f) if f > 0.0 && f < 1.0 => Ok(Components::Share(f)),
+        _ => Err(Error::Input(format!(
+            "--n-components must be a count, a share of the variance in (0, 1) or all, not {s}"
+        ))),
+    }
+}
+
+/// The rows the flags name, the outputs checked (on rank 0).
+fn source(
+    a: &RowsArgs,
+    given: &Given,
+    ranks: &Ranks,
+    inputs: &[(&'static str, &Option<PathBuf>)],
+    output: &Option<PathBuf>,
+) -> Result<Source> {
+    warn_dims(given, a.input.as_deref());
+    if a.input.is_some() {
+        given.warn_unused(
+            &[("synthetic", "--synthetic")],
+            "applies to synthetic data, not to --input",
+        );
+    }
+    positive("--shards", a.shards)?;
+    if ranks.is_root() {
+        let outputs = [
+            ("--output", output),
+            ("--stats", &a.mem.stats),
+            ("--timeline", &a.mem.timeline),
+        ];
+        let mut all = vec![("--input", &a.input)];
+        all.extend_from_slice(inputs);
+        check_outputs(&named(&outputs), &named(&all))?;
+    }
+    match &a.input {
+        Some(p) => file_source(p, a.dims, a.key.as_deref()),
+        None => synthetic_source(&a.synthetic, a.dims.unwrap_or(64), 8, a.seed),
+    }
+}
+
+/// Builds the session, loads `input` and fits `alg` to it, a line per
+/// pass.
+fn fit_job<A: Algorithm>(
+    a: &RowsArgs,
+    input: &Input<'_>,
+    alg: &mut A,
+    ranks: &Ranks,
+    name: &str,
+) -> Result<(Session, A::Fitted, RunStats)> {
+    let (rows, dims) = input.source.shape()?;
+    let default_cap = match a.input {
+        None => MemoryCap::Bytes(256 << 20),
+        Some(_) => MemoryCap::Auto,
+    };
+    let (rt, part_bytes) = runtime(
+        &a.mem,
+        default_cap,
+        (rows * dims as u64 * 4, 1 << 20),
+        ranks,
+        |cap, pb, n| Workers::plan(cap, 0, pb, n),
+    )?;
+    let mut session = Session::on(rt, ranks.clone());
+    if let Some(p) = &a.mem.timeline {
+        session.record_timeline(p, "load")?;
+    }
+    let layout = Layout {
+        shards: a.shards,
+        ..Layout::default()
+    };
+    let mut fb = Feedback::new();
+    fb.stage("loading", rows);
+    let data = job::load(&session, input, layout, part_bytes, |done, _| {
+        fb.progress(done)
+    })?;
+    fb.done();
+    let rt = session.runtime();
+    say!(
+        "outcore {name}: {} rows x {} dims ({}), {}, {}, cap {}, {}",
+        rows,
+        dims,
+        format_bytes(rows * dims as u64 * 4),
+        alg.describe(&data.shape),
+        plural(data.x.parts.len(), "partition"),
+        rt.cap().map_or("none".into(), format_bytes),
+        plural(rt.workers(), "worker")
+    );
+    for w in start_warnings(rt) {
+        say!("{w}");
+    }
+    let (fit, run) = job::fit(&session, &data, alg, |p| {
+        say!("pass {}: {:.2}s, {} sums", p.index, p.seconds, p.sums);
+    })?;
+    Ok((session, fit, run))
+}
+
+/// Writes the model (`--output`, rank 0), closes the timeline, writes
+/// the statistics and says the summary with `said`.
+fn report<R: Serialize>(
+    mut session: Session,
+    (a, output): (&RowsArgs, &Option<PathBuf>),
+    (shape, model): (&[u64], &[f64]),
+    run: &RunStats,
+    (result, said): (&R, &str),
+) -> Result<()> {
+    session.phase("output");
+    let root = session.is_root();
+    let mut outs = Outputs::new(&[
+        ("--output", if root { output } else { &None }),
+        ("--timeline", &a.mem.timeline),
+        ("--stats", if root { &a.mem.stats } else { &None }),
+    ]);
+    if let (Some(p), true) = (output, root) {
+        outs.write("--output", npy::write_array(p, shape, model))?;
+    }
+    let s = finish_session(&mut session, &mut outs)?;
+    let json = run
+        .to_json(&session, result, &s)
+        .map_err(|e| outs.failed(e))?;
+    let Some(json) = json else {
+        return Ok(());
+    };
+    if let Some(p) = &a.mem.stats {
+        outs.write("--stats", write_json(p, &json))?;
+    }
+    let g = |k: &str| json.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    say!(
+        "done in {:.1}s: {said}; peak {}, evictions {}, loads {}, read {}, written {}",
+        json.get("wall_seconds")
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(0.0),
+        format_bytes(g("peak_bytes")),
+        g("evictions"),
+        g("loads"),
+        format_bytes(g("bytes_read")),
+        format_bytes(g("bytes_written"))
+    );
+    Ok(())
+}

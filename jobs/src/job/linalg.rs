@@ -1,0 +1,386 @@
+//! Dense float64 linear algebra for the jobs' small systems (a model's
+//! `d x d` Gram matrix): the Gram matrix of a block of rows, Cholesky
+//! solves and the symmetric eigendecomposition (Householder reduction to
+//! tridiagonal form, then the implicit QL method). Every routine is
+//! sequential and its operations' order depends only on its input's
+//! shape, so the results are the same bytes on every run.
+
+/// Rows converted to float64 and centred at a time.
+const BLOCK: usize = 256;
+
+/// Adds `sum_i w_i z_i z_i^T` to `gram` (`cols x cols`, row-major), where
+/// `z_i` is row `i` of `z` (`rows x cols`, row-major, float64) and `w_i`
+/// is `w[i]` (1 when `w` is empty). Blocks of [`BLOCK`] rows from the
+/// first, each one GEMM.
+pub fn add_gram(z: &[f64], cols: usize, w: &[f64], gram: &mut [f64]) {
+    let rows = z.len() / cols.max(1);
+    let mut scaled = Vec::new();
+    let mut r = 0;
+    while r < rows {
+        let n = BLOCK.min(rows - r);
+        let zb = &z[r * cols..(r + n) * cols];
+        let b: &[f64] = if w.is_empty() {
+            zb
+        } else {
+            scaled.clear();
+            for (row, &wi) in zb.chunks_exact(cols).zip(&w[r..r + n]) {
+                scaled.extend(row.iter().map(|v| v * wi));
+            }
+            &scaled
+        };
+        // SAFETY:
+        // - A = zb^T is `cols x n`: zb holds n*cols values, read with row
+        //   stride 1 and column stride `cols`;
+        // - B = b is `n x cols`, n*cols values, row stride `cols`;
+        // - C = gram holds cols*cols values, row stride `cols`, and is
+        //   accumulated into (beta = 1); nothing aliases it.
+        unsafe {
+            matrixmultiply::dgemm(
+                cols,
+                n,
+                cols,
+                1.0,
+                zb.as_ptr(),
+                1,
+                cols as isize,
+                b.as_ptr(),
+                cols as isize,
+                1,
+                1.0,
+                gram.as_mut_ptr(),
+                cols as isize,
+                1,
+            );
+        }
+        r += n;
+    }
+}
+
+/// The Cholesky factor `L` (lower, row-major) of the symmetric `n x n`
+/// matrix `a`, or `None` when a pivot is not positive or falls below
+/// `tiny` (the matrix is singular or nearly so).
+pub fn cholesky(a: &[f64], n: usize, tiny: f64) -> Option<Vec<f64>> {
+    let mut l = vec![0.0; n * n];
+    for j in 0..n {
+        let mut s = a[j * n + j];
+        for k in 0..j {
+            s -= l[j * n + k] * l[j * n + k];
+        }
+        if s.is_nan() || s <= tiny {
+            return None;
+        }
+        let d = s.sqrt();
+        l[j * n + j] = d;
+        for i in j + 1..n {
+            let mut s = a[i * n + j];
+            for k in 0..j {
+                s -= l[i * n + k] * l[j * n + k];
+            }
+            l[i * n + j] = s / d;
+        }
+    }
+    Some(l)
+}
+
+/// Solves `L L^T x = b` in place, `l` from [`cholesky`].
+pub fn cholesky_solve(l: &[f64], n: usize, b: &mut [f64]) {
+    for i in 0..n {
+        let mut s = b[i];
+        for k in 0..i {
+            s -= l[i * n + k] * b[k];
+        }
+        b[i] = s / l[i * n + i];
+    }
+    for i in (0..n).rev() {
+        let mut s = b[i];
+        for k in i + 1..n {
+            s -= l[k * n + i] * b[k];
+        }
+        b[i] = s / l[i * n + i];
+    }
+}
+
+/// The eigenvalues of the symmetric `n x n` matrix `a` (row-major), in
+/// descending order, and the eigenvectors as the rows of the second
+/// vector (`n x n`, row `i` for value `i`). `None` when the iteration
+/// does not converge (it does for any finite matrix in practice).
+pub fn eigh(a: &[f64], n: usize) -> Option<(Vec<f64>, Vec<f64>)> {
+    if n == 0 {
+        return Some((Vec::new(), Vec::new()));
+    }
+    let mut v = a.to_vec();
+    let mut d = vec![0.0; n];
+    let mut e = vec![0.0; n];
+    tridiagonalize(&mut v, n, &mut d, &mut e);
+    // The QL sweeps rotate columns of V: hold V^T, so that they rotate
+    // rows, each contiguous.
+    let mut vt = vec![0.0; n * n];
+    for i in 0..n {
+        for j in 0..n {
+            vt[j * n + i] = v[i * n + j];
+        }
+    }
+    drop(v);
+    diagonalize(&mut vt, n, &mut d, &mut e)?;
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&i, &j| d[j].total_cmp(&d[i]).then(i.cmp(&j)));
+    let values = order.iter().map(|&i| d[i]).collect();
+    let mut vectors = Vec::with_capacity(n * n);
+    for &i in &order {
+        vectors.extend_from_slice(&vt[i * n..(i + 1) * n]);
+    }
+    Some((values, vectors))
+}
+
+/// Householder reduction of the symmetric matrix `v` to tridiagonal form:
+/// on return `d` holds the diagonal, `e[1..]` the subdiagonal and `v` the
+/// orthogonal transformation (its columns).
+#[allow(clippy::many_single_char_names)]
+fn tridiagonalize(v: &mut [f64], n: usize, d: &mut [f64], e: &mut [f64]) {
+    d.copy_from_slice(&v[(n - 1) * n..n * n]);
+    for i in (1..n).rev() {
+        let scale: f64 = d[..i].iter().map(|x| x.abs()).sum();
+        let mut h = 0.0;
+        if scale == 0.0 {
+            e[i] = d[i - 1];
+            for j in 0..i {
+                d[j] = v[(i - 1) * n + j];
+                v[i * n + j] = 0.0;
+                v[j * n + i] = 0.0;
+            }
+        } else {
+            for x in &mut d[..i] {
+                *x /= scale;
+                h += *x * *x;
+            }
+            let f = d[i - 1];
+            let g = if f > 0.0 { -h.sqrt() } else { h.sqrt() };
+            e[i] = scale * g;
+            h -= f * g;
+            d[i - 1] = f - g;
+            e[..i].fill(0.0);
+            for j in 0..i {
+                let f = d[j];
+                v[j * n + i] = f;
+                let mut g = e[j] + v[j * n + j] * f;
+                for k in j + 1..i {
+                    g += v[k * n + j] * d[k];
+                    e[k] += v[k * n + j] * f;
+                }
+                e[j] = g;
+            }
+            let mut f = 0.0;
+            for j in 0..i {
+                e[j] /= h;
+                f += e[j] * d[j];
+            }
+            let hh = f / (h + h);
+            for j in 0..i {
+                e[j] -= hh * d[j];
+            }
+            for j in 0..i {
+                let (f, g) = (d[j], e[j]);
+                for k in j..i {
+                    v[k * n + j] -= f * e[k] + g * d[k];
+                }
+                d[j] = v[(i - 1) * n + j];
+                v[i * n + j] = 0.0;
+            }
+        }
+        d[i] = h;
+    }
+    accumulate(v, n, d);
+    e[0] = 0.0;
+}
+
+/// The second half of [`tridiagonalize`]: the transformations multiplied
+/// out into `v`, and the diagonal into `d`.
+fn accumulate(v: &mut [f64], n: usize, d: &mut [f64]) {
+    for i in 0..n - 1 {
+        v[(n - 1) * n + i] = v[i * n + i];
+        v[i * n + i] = 1.0;
+        let h = d[i + 1];
+        if h != 0.0 {
+            for k in 0..=i {
+                d[k] = v[k * n + i + 1] / h;
+            }
+            for j in 0..=i {
+                let mut g = 0.0;
+                for k in 0..=i {
+                    g += v[k * n + i + 1] * v[k * n + j];
+                }
+                for k in 0..=i {
+                    v[k * n + j] -= g * d[k];
+                }
+            }
+        }
+        for k in 0..=i {
+            v[k * n + i + 1] = 0.0;
+        }
+    }
+    for j in 0..n {
+        d[j] = v[(n - 1) * n + j];
+        v[(n - 1) * n + j] = 0.0;
+    }
+    v[(n - 1) * n + n - 1] = 1.0;
+}
+
+/// The implicit QL method on the tridiagonal matrix (`d`, `e`) from
+/// [`tridiagonalize`], rotating the rows of `vt` (its transformation,
+/// transposed): on return `d` holds the eigenvalues and row `i` of `vt`
+/// the eigenvector of `d[i]`. `None` after 100 iterations on one value.
+#[allow(clippy::many_single_char_names)]
+fn diagonalize(vt: &mut [f64], n: usize, d: &mut [f64], e: &mut [f64]) -> Option<()> {
+    for i in 1..n {
+        e[i - 1] = e[i];
+    }
+    e[n - 1] = 0.0;
+    let mut f = 0.0;
+    let mut tst1: f64 = 0.0;
+    let eps = f64::EPSILON;
+    for l in 0..n {
+        tst1 = tst1.max(d[l].abs() + e[l].abs());
+        let mut m = l;
+        while m < n - 1 && e[m].abs() > eps * tst1 {
+            m += 1;
+        }
+        let mut iterations = 0;
+        while m > l && e[l].abs() > eps * tst1 {
+            iterations += 1;
+            if iterations > 100 {
+                return None;
+            }
+            let g = d[l];
+            let p = (d[l + 1] - g) / (2.0 * e[l]);
+            let r = if p < 0.0 { -p.hypot(1.0) } else { p.hypot(1.0) };
+            d[l] = e[l] / (p + r);
+            d[l + 1] = e[l] * (p + r);
+            let dl1 = d[l + 1];
+            let h = g - d[l];
+            for x in &mut d[l + 2..n] {
+                *x -= h;
+            }
+            f += h;
+            let mut p = d[m];
+            let (mut c, mut c2, mut c3) = (1.0, 1.0, 1.0);
+            let el1 = e[l + 1];
+            let (mut s, mut s2) = (0.0, 0.0);
+            for i in (l..m).rev() {
+                c3 = c2;
+                c2 = c;
+                s2 = s;
+                let g = c * e[i];
+                let h = c * p;
+                let r = p.hypot(e[i]);
+                e[i + 1] = s * r;
+                s = e[i] / r;
+                c = p / r;
+                p = c * d[i] - s * g;
+                d[i + 1] = h + s * (c * g + s * d[i]);
+                let (lo, hi) = vt.split_at_mut((i + 1) * n);
+                let (a, b) = (&mut lo[i * n..], &mut hi[..n]);
+                for (x, y) in a.iter_mut().zip(b.iter_mut()) {
+                    let h = *y;
+                    *y = s * *x + c * h;
+                    *x = c * *x - s * h;
+                }
+            }
+            let p = -s * s2 * c3 * el1 * e[l] / dl1;
+            e[l] = s * p;
+            d[l] = c * p;
+        }
+        d[l] += f;
+        e[l] = 0.0;
+    }
+    Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A symmetric matrix from a fixed pseudo-random sequence.
+    fn symmetric(n: usize, seed: u64) -> Vec<f64> {
+        let mut s = seed;
+        let mut next = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 11) as f64 / (1u64 << 53) as f64) - 0.5
+        };
+        let mut a = vec![0.0; n * n];
+        for i in 0..n {
+            for j in 0..=i {
+                let v = next();
+                a[i * n + j] = v;
+                a[j * n + i] = v;
+            }
+        }
+        a
+    }
+
+    #[test]
+    fn eigh_gives_orthonormal_vectors_that_diagonalise_the_matrix() {
+        for (n, seed) in [(1, 1), (2, 2), (5, 3), (40, 4), (97, 5)] {
+            let a = symmetric(n, seed);
+            let (vals, vecs) = eigh(&a, n).expect("converges");
+            for w in vals.windows(2) {
+                assert!(w[0] >= w[1], "descending");
+            }
+            for i in 0..n {
+                let v = &vecs[i * n..(i + 1) * n];
+                for r in 0..n {
+                    let av: f64 = (0..n).map(|c| a[r * n + c] * v[c]).sum();
+                    assert!((av - vals[i] * v[r]).abs() < 1e-10, "A v = lambda v");
+                }
+                for j in 0..n {
+                    let dot: f64 = (0..n).map(|c| v[c] * vecs[j * n + c]).sum();
+                    let want = if i == j { 1.0 } else { 0.0 };
+                    assert!((dot - want).abs() < 1e-10, "orthonormal");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn eigh_finds_repeated_and_zero_eigenvalues() {
+        // diag(3, 0, 3, -1) in a rotated basis would do; the diagonal is the
+        // degenerate case of the reduction (every scale 0).
+        let a = [
+            3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0, 0.0, 0.0, 0.0, 0.0, -1.0,
+        ];
+        let (vals, _) = eigh(&a, 4).expect("converges");
+        assert_eq!(vals, vec![3.0, 3.0, 0.0, -1.0]);
+    }
+
+    #[test]
+    fn cholesky_solves_and_refuses_a_singular_matrix() {
+        let a = [4.0, 2.0, 2.0, 3.0];
+        let l = cholesky(&a, 2, 0.0).expect("positive definite");
+        let mut b = [2.0, 1.0];
+        cholesky_solve(&l, 2, &mut b);
+        assert!((4.0 * b[0] + 2.0 * b[1] - 2.0).abs() < 1e-12);
+        assert!((2.0 * b[0] + 3.0 * b[1] - 1.0).abs() < 1e-12);
+        assert!(cholesky(&[1.0, 1.0, 1.0, 1.0], 2, 1e-12).is_none());
+    }
+
+    #[test]
+    fn the_gram_matrix_is_weighted_and_blocked_like_a_plain_sum() {
+        let cols = 3;
+        let rows = 600;
+        let z: Vec<f64> = (0..rows * cols)
+            .map(|i| ((i * 37) % 11) as f64 - 5.0)
+            .collect();
+        let w: Vec<f64> = (0..rows).map(|i| (i % 3) as f64 + 0.5).collect();
+        let mut g = vec![0.0; cols * cols];
+        add_gram(&z, cols, &w, &mut g);
+        for a in 0..cols {
+            for b in 0..cols {
+                let want: f64 = (0..rows)
+                    .map(|i| w[i] * z[i * cols + a] * z[i * cols + b])
+                    .sum();
+                assert!((g[a * cols + b] - want).abs() < 1e-9);
+            }
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! [`fit`]: an [`Algorithm`]'s passes over a job's rows, each pass's
+//! partial sums added in a fixed order, and the run's statistics.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::data::{synthetic_target, Columns, Data};
+use super::{Algorithm, Rows, Step};
+use crate::error::{Error, Result};
+use crate::memory::MemoryPool;
+use crate::ranks::ShardSums;
+use crate::session::{ProcessTotals, Session, Totals};
+
+/// One pass over the rows, as [`fit`] reports it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Pass {
+    /// Its index, from 1.
+    pub index: usize,
+    /// Seconds it took.
+    pub seconds: f64,
+    /// Values in its sums.
+    pub sums: usize,
+}
+
+/// What a fit did, for `--stats` and Python's `stats_` (with the
+/// algorithm's own figures and the session's totals: see
+/// [`RunStats::to_json`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct RunStats {
+    /// The job, as the algorithm describes it.
+    pub job: String,
+    /// Rows of the data.
+    pub rows: u64,
+    /// Columns.
+    pub dims: usize,
+    /// Target columns.
+    pub targets: usize,
+    /// Rows per task.
+    pub task_rows: u64,
+    /// Shards of the tasks (the order of the sums).
+    pub shards: usize,
+    /// This process's partitions.
+    pub partitions: usize,
+    /// The passes, in order.
+    pub passes: Vec<Pass>,
+}
+
+/// Every process's figures of a run, as `--stats` writes them.
+#[derive(Serialize)]
+struct Figures<'a, R: Serialize> {
+    #[serde(flatten)]
+    run: &'a RunStats,
+    #[serde(flatten)]
+    result: &'a R,
+    #[serde(flatten)]
+    totals: Totals,
+    mem_cap_bytes: Option<u64>,
+    workers: usize,
+    processes: usize,
+    runtime: &'a outcore::Stats,
+    per_process: &'a [ProcessTotals],
+}
+
+impl RunStats {
+    /// The run's statistics as JSON, with the algorithm's `result`
+    /// figures and every process's totals (counters from `stats`, taken
+    /// by the caller once), on rank 0; `None` on the other ranks.
+    /// Collective.
+    pub fn to_json(
+        &self,
+        session: &Session,
+        result: &impl Serialize,
+        stats: &outcore::Stats,
+    ) -> Result<Option<serde_json::Value>> {
+        let Some(report) = session.report_at(stats)? else {
+            return Ok(None);
+        };
+        let f = Figures {
+            run: self,
+            result,
+            totals: report.total,
+            mem_cap_bytes: report.mem_cap_bytes,
+            workers: session.runtime().workers(),
+            processes: session.ranks().size(),
+            runtime: stats,
+            per_process: &report.per_process,
+        };
+        serde_json::to_value(&f)
+            .map(Some)
+            .map_err(|e| Error::Input(format!("internal: the statistics: {e}")))
+    }
+}
+
+/// Fits `alg` to `data` (loaded by [`load`](super::load) on this
+/// session): one pass per state the algorithm asks for, `on` called after
+/// each. Collective on several ranks: every rank gets the same model, bit
+/// for bit the single process's.
+pub fn fit<A: Algorithm>(
+    session: &Session,
+    data: &Data,
+    alg: &mut A,
+    mut on: impl FnMut(&Pass),
+) -> Result<(A::Fitted, RunStats)> {
+    let shape = data.shape;
+    let job = alg.describe(&shape);
+    let pool = MemoryPool::new(session.runtime().cap(), job.clone());
+    let mut run = RunStats {
+        job,
+        rows: shape.rows,
+        dims: shape.dims,
+        targets: shape.targets,
+        task_rows: data.layout.task_rows,
+        shards: data.shards.count(),
+        partitions: data.x.parts.len(),
+        passes: Vec::new(),
+    };
+    let mut state = alg.start(&shape)?;
+    loop {
+        let started = Instant::now();
+        let index = run.passes.len() + 1;
+        session.phase(&format!("pass {index}"));
+        let len = alg.sums(&state, &shape);
+        let shared = Arc::new(state);
+        let sums = pass::<A>(session, data, &shared, len, &pool)?;
+        let state_back = Arc::try_unwrap(shared)
+            .map_err(|_| Error::Input("internal: a pass's state still shared".into()))?;
+        let p = Pass {
+            index,
+            seconds: started.elapsed().as_secs_f64(),
+            sums: len,
+        };
+        on(&p);
+        run.passes.push(p);
+        match alg.step(state_back, sums, &shape)? {
+            Step::Pass(next) => state = next,
+            Step::Done(fitted) => return Ok((fitted, run)),
+        }
+    }
+}
+
+/// One pass: a read task per partition (joined with its targets'),
+/// returning each of its tasks' sums; added in task order per shard,
+/// then across ranks in shard order. Its memory is reserved first.
+fn pass<A: Algorithm>(
+    session: &Session,
+    data: &Data,
+    state: &Arc<A::State>,
+    len: usize,
+    pool: &MemoryPool,
+) -> Result<Vec<f64>> {
+    let (rt, ranks) = (session.runtime(), session.ranks());
+    let local = data.local_shards(ranks);
+    let tr = data.layout.task_rows;
+    let per_part = data
+        .x
+        .part_rows
+        .iter()
+        .map(|&n| u64::from(n).div_ceil(tr))
+        .max()
+        .unwrap_or(1);
+    let window = (rt.workers() * 2).max(1);
+    let vectors = if ranks.size() == 1 { 2 } else { local.len() };
+    let bytes = |n: u64| n.saturating_mul(len as u64).saturating_mul(8);
+    let scratch = (tr.min(1 << 16) * (data.shape.dims + data.shape.targets) as u64 * 8) * 2;
+    let _held = pool.try_reserve_all(&[
+        (
+            "the partial sums of the tasks in flight",
+            bytes(window as u64 * per_part),
+        ),
+        ("the pass's sums", bytes(vectors as u64)),
+        ("the tasks' scratch", scratch * rt.workers() as u64),
+    ])?;
+    let mut sums = ShardSums::new(ranks, local.len(), len, true);
+    let mut b = rt.batch();
+    for (i, h) in data.x.parts.iter().enumerate() {
+        let st = state.clone();
+        let synthetic = data.synthetic;
+        match data.y.as_ref().and_then(|y| y.parts.get(i)) {
+            Some(yh) => b.read2(h, yh, move |x: &Columns, y: &Columns| {
+                task_sums::<A>(&st, x, Some(y), synthetic, tr, len)
+            }),
+            None => b.read(h, move |x: &Columns| {
+                task_sums::<A>(&st, x, None, synthetic, tr, len)
+            }),
+        };
+    }
+    b.ahead(window);
+    let mut shard = local.start;
+    crate::fold_in_order(b, |_, per_task: Vec<(u64, Vec<f64>)>| {
+        for (task, v) in per_task {
+            while data.shards.tasks(shard).end <= task && shard + 1 < local.end {
+                shard += 1;
+            }
+            let acc = sums.shard(shard - local.start)?;
+            for (a, x) in acc.iter_mut().zip(&v) {
+                *a += x;
+            }
+        }
+        Ok(())
+    })?;
+    sums.finish(ranks)
+}
+
+/// The sums of each task of the partition `x` (its targets `y`), with
+/// the task's index.
+fn task_sums<A: Algorithm>(
+    state: &A::State,
+    x: &Columns,
+    y: Option<&Columns>,
+    synthetic: Option<(usize, f32, u64)>,
+    task_rows: u64,
+    len: usize,
+) -> Vec<(u64, Vec<f64>)> {
+    let dims = x.cols as usize;
+    let (values, weights) = (x.values(), &x.weights[..]);
+    let targets = match (y, synthetic) {
+        (Some(y), _) => y.cols as usize,
+        (None, Some((count, ..))) => count,
+        _ => 0,
+    };
+    let mut made = Vec::new();
+    let mut out = Vec::new();
+    let mut r = 0usize;
+    let rows = x.rows as usize;
+    while r < rows {
+        let first = x.first_row + r as u64;
+        let n = ((task_rows - first % task_rows) as usize).min(rows - r);
+        let xs = &values[r * dims..(r + n) * dims];
+        let ys: &[f32] = match (y, synthetic) {
+            (Some(y), _) => &y.values()[r * targets..(r + n) * targets],
+            (None, Some((count, noise, seed))) => {
+                made.clear();
+                for (i, row) in xs.chunks_exact(dims.max(1)).enumerate() {
+                    for t in 0..count {
+                        made.push(synthetic_target(row, t, first + i as u64, noise, seed));
+                    }
+                }
+                &made
+            }
+            _ => &[],
+        };
+        let rows_view = Rows {
+            first,
+            dims,
+            x: xs,
+            targets,
+            y: ys,
+            w: if weights.is_empty() {
+                &[]
+            } else {
+                &weights[r..r + n]
+            },
+        };
+        let mut v = crate::zeros::<f64>(len);
+        A::task(state, &rows_view, &mut v);
+        out.push((first / task_rows, v));
+        r += n;
+    }
+    out
+}
