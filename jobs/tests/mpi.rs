@@ -882,3 +882,55 @@ fn a_rank_out_of_memory_ends_every_rank_with_one_line_and_no_spill() {
     let left = spill_left(&tmp);
     assert!(left.is_empty(), "spill left behind: {left:?}");
 }
+
+/// The jobs of the job interface: a ridge regression with sample
+/// weights and a PCA, from files, under a cap that evicts on every rank.
+#[test]
+fn linear_and_pca_are_the_same_on_any_number_of_ranks() {
+    if !have_mpirun() {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let x = gen(data.path(), "12MiB", 24);
+    let rows = (12 << 20) / (24 * 4);
+    let w = weights(data.path(), rows);
+    let y = data.path().join("y.npy");
+    let ybytes = (rows * 8).to_string();
+    let (code, err) = watched(
+        data.path(),
+        120,
+        &[
+            BIN,
+            "gen",
+            "--synthetic",
+            &ybytes,
+            "--dims",
+            "2",
+            "--seed",
+            "5",
+            "--output",
+            y.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let common = [
+        "--input",
+        x.to_str().unwrap(),
+        "--mem-cap",
+        "2MiB",
+        "--partitions",
+        "48",
+    ];
+    let mut linear = vec!["linear", "--targets", y.to_str().unwrap()];
+    linear.extend(["--sample-weight", w.to_str().unwrap(), "--alpha", "0.5"]);
+    linear.extend(common);
+    linear.extend(["--output", "m.npy"]);
+    same_bytes_for_every_count(&linear, &["m.npy"], &["intercept", "coef"]);
+    let mut pca = vec!["pca", "--n-components", "5", "--output", "c.npy"];
+    pca.extend(common);
+    same_bytes_for_every_count(
+        &pca,
+        &["c.npy"],
+        &["explained_variance", "mean", "noise_variance"],
+    );
+}

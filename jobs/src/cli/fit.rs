@@ -72,7 +72,8 @@ pub(super) struct LinearArgs {
         long,
         value_name = "A[,A...]",
         default_value = "0",
-        value_delimiter = ','
+        value_delimiter = ',',
+        allow_hyphen_values = true
     )]
     alpha: Vec<f64>,
     /// Fit no intercept (the data is not centred).
@@ -269,6 +270,7 @@ fn fit_job<A: Algorithm>(
         fb.progress(done)
     })?;
     fb.done();
+    job::check(&session, &data, alg)?;
     let rt = session.runtime();
     say!(
         "outcore {name}: {} rows x {} dims ({}), {}, {}, cap {}, {}",

@@ -64,7 +64,7 @@ use serde::Serialize;
 use crate::error::Result;
 
 pub use data::{load, Columns, Data, Input, Targets};
-pub use run::{fit, Pass, RunStats};
+pub use run::{check, fit, Pass, RunStats};
 
 /// The shape of a job's data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -157,6 +157,10 @@ pub trait Algorithm {
 
     /// Length of one task's partial sums under `state`.
     fn sums(&self, state: &Self::State, shape: &Shape) -> usize;
+
+    /// Length of the largest pass's sums, for the check of the memory at
+    /// the start ([`check`]).
+    fn most_sums(&self, shape: &Shape) -> usize;
 
     /// Adds one task's rows into `out` (`sums` values, zeros on entry).
     /// Runs on the workers; it must not fail (bad values are refused as

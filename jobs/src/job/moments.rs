@@ -11,6 +11,12 @@ use crate::error::{Error, Result};
 /// Rows centred and multiplied at a time.
 const BLOCK: usize = 256;
 
+/// The most a task of these passes holds besides its sums: a block of
+/// centred rows and their weights, and a block scaled by them.
+pub fn scratch_bytes(shape: &super::Shape) -> u64 {
+    (BLOCK * (shape.dims + shape.targets) * 8 * 2 + BLOCK * 8) as u64
+}
+
 /// Length of the means pass's sums: the weight, then the weighted sums
 /// of the `dims` columns and the `targets` targets.
 pub fn means_len(dims: usize, targets: usize) -> usize {

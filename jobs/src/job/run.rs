@@ -117,6 +117,7 @@ pub fn fit<A: Algorithm>(
         passes: Vec::new(),
     };
     let mut state = alg.start(&shape)?;
+    check(session, data, alg)?;
     loop {
         let started = Instant::now();
         let index = run.passes.len() + 1;
@@ -153,25 +154,8 @@ fn pass<A: Algorithm>(
     let (rt, ranks) = (session.runtime(), session.ranks());
     let local = data.local_shards(ranks);
     let tr = data.layout.task_rows;
-    let per_part = data
-        .x
-        .part_rows
-        .iter()
-        .map(|&n| u64::from(n).div_ceil(tr))
-        .max()
-        .unwrap_or(1);
     let window = (rt.workers() * 2).max(1);
-    let vectors = if ranks.size() == 1 { 2 } else { local.len() };
-    let bytes = |n: u64| n.saturating_mul(len as u64).saturating_mul(8);
-    let scratch = (tr.min(1 << 16) * (data.shape.dims + data.shape.targets) as u64 * 8) * 2;
-    let _held = pool.try_reserve_all(&[
-        (
-            "the partial sums of the tasks in flight",
-            bytes(window as u64 * per_part),
-        ),
-        ("the pass's sums", bytes(vectors as u64)),
-        ("the tasks' scratch", scratch * rt.workers() as u64),
-    ])?;
+    let _held = pool.try_reserve_all(&budget(session, data, len))?;
     let mut sums = ShardSums::new(ranks, local.len(), len, true);
     let mut b = rt.batch();
     for (i, h) in data.x.parts.iter().enumerate() {
@@ -201,6 +185,46 @@ fn pass<A: Algorithm>(
         Ok(())
     })?;
     sums.finish(ranks)
+}
+
+/// What a pass whose sums are `len` values holds besides the executors,
+/// each part named: the sums of the tasks ahead of their turn (a window
+/// of partitions, each its tasks'), the shards' sums, each worker's
+/// scratch.
+fn budget(session: &Session, data: &Data, len: usize) -> [(&'static str, u64); 3] {
+    let (rt, ranks) = (session.runtime(), session.ranks());
+    let tr = data.layout.task_rows;
+    let per_part = data
+        .x
+        .part_rows
+        .iter()
+        .map(|&n| u64::from(n).div_ceil(tr))
+        .max()
+        .unwrap_or(1);
+    let window = (rt.workers() * 2).max(1) as u64;
+    let local = data.local_shards(ranks).len() as u64;
+    let vectors = if ranks.size() == 1 { 2 } else { local };
+    let bytes = |n: u64| n.saturating_mul(len as u64).saturating_mul(8);
+    let scratch = super::moments::scratch_bytes(&data.shape);
+    [
+        (
+            "the partial sums of the tasks in flight",
+            bytes(window * per_part),
+        ),
+        ("the pass's sums", bytes(vectors)),
+        ("the tasks' scratch", scratch * rt.workers() as u64),
+    ]
+}
+
+/// Checks `alg`'s settings against `data` ([`Algorithm::start`]) and
+/// that its largest pass fits the cap ([`Algorithm::most_sums`]): one
+/// line naming what it would hold, before any pass runs. [`fit`] checks
+/// too; a caller that says what will run checks first.
+pub fn check<A: Algorithm>(session: &Session, data: &Data, alg: &mut A) -> Result<()> {
+    alg.start(&data.shape)?;
+    let pool = MemoryPool::new(session.runtime().cap(), alg.describe(&data.shape));
+    let len = alg.most_sums(&data.shape);
+    pool.try_reserve_all(&budget(session, data, len)).map(drop)
 }
 
 /// The sums of each task of the partition `x` (its targets `y`), with

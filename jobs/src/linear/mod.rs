@@ -153,6 +153,10 @@ impl Algorithm for Linear {
         }
     }
 
+    fn most_sums(&self, shape: &Shape) -> usize {
+        (shape.dims + shape.targets).pow(2)
+    }
+
     fn task(state: &Pass, rows: &Rows<'_>, out: &mut [f64]) {
         match state {
             Pass::Means => add_means(rows, out),

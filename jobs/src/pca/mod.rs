@@ -104,6 +104,10 @@ impl Algorithm for Pca {
         }
     }
 
+    fn most_sums(&self, shape: &Shape) -> usize {
+        shape.dims * shape.dims
+    }
+
     fn task(state: &Pass, rows: &Rows<'_>, out: &mut [f64]) {
         match state {
             Pass::Means => add_means(rows, out),
