@@ -1,7 +1,9 @@
 """outcore: scikit-learn estimators that run under a memory cap.
 
-K-means (:class:`KMeans`, :class:`MiniBatchKMeans`) and logistic
-regression (:class:`LogisticRegression`) on data larger than memory: the
+K-means (:class:`KMeans`, :class:`MiniBatchKMeans`), logistic
+regression (:class:`LogisticRegression`), least squares
+(:class:`LinearRegression`, :class:`Ridge`) and :class:`PCA` on data
+larger than memory: the
 engine keeps parts of the data on disk and reads them back as its passes
 need them, within ``mem_cap``. A path or a ``np.memmap`` of a ``.npy`` is
 read from its file, so its pages do not pile up in the process.
@@ -13,7 +15,9 @@ read from its file, so its pages do not pile up in the process.
 (4, 8)
 """
 from ._kmeans import KMeans, MiniBatchKMeans
+from ._linear import LinearRegression, Ridge
 from ._logistic import LogisticRegression
+from ._pca import PCA
 
-__all__ = ["KMeans", "MiniBatchKMeans", "LogisticRegression"]
+__all__ = ["KMeans", "MiniBatchKMeans", "LinearRegression", "LogisticRegression", "PCA", "Ridge"]
 __version__ = "0.1.0"

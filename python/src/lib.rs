@@ -6,6 +6,7 @@
 use pyo3::exceptions::{PyMemoryError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+mod fit;
 mod kmeans;
 mod run;
 mod scratch;
@@ -55,6 +56,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kmeans::kmeans_fit, m)?)?;
     m.add_function(wrap_pyfunction!(kmeans::kmeans_predict, m)?)?;
     m.add_function(wrap_pyfunction!(train::logistic_fit, m)?)?;
+    m.add_function(wrap_pyfunction!(fit::linear_fit, m)?)?;
+    m.add_function(wrap_pyfunction!(fit::pca_fit, m)?)?;
     m.add_class::<run::Settings>()?;
     m.add_class::<scratch::ScratchDir>()?;
     Ok(())

@@ -15,6 +15,9 @@ def expected_failures(est):
         outcore.KMeans(n_clusters=3, mem_cap="64MiB", n_jobs=2),
         outcore.MiniBatchKMeans(n_clusters=3, mem_cap="64MiB", n_jobs=2),
         outcore.LogisticRegression(mem_cap="64MiB", n_jobs=2),
+        outcore.LinearRegression(mem_cap="64MiB", n_jobs=2),
+        outcore.Ridge(mem_cap="64MiB", n_jobs=2),
+        outcore.PCA(mem_cap="64MiB", n_jobs=2),
     ],
     expected_failed_checks=expected_failures,
 )

@@ -196,7 +196,6 @@ impl Linear {
         let xx: Vec<f64> = (0..d)
             .flat_map(|i| g[i * cols..i * cols + d].iter().copied())
             .collect();
-        let xy = |j: usize| -> Vec<f64> { (0..d).map(|i| g[i * cols + d + j]).collect() };
         let plain = (0..t).all(|j| self.alpha(j) == 0.0);
         let scale = (0..d).map(|i| xx[i * d + i]).fold(0.0, f64::max);
         let mut fit = LinearFit {
@@ -207,42 +206,33 @@ impl Linear {
             solver: "cholesky",
             weight,
         };
-        let eig = if plain {
-            let e = eigh(&xx, d).ok_or_else(|| {
-                Error::Input("the Gram matrix's eigenvalues did not converge".into())
-            })?;
-            let cut = e.0.first().copied().unwrap_or(0.0).max(0.0)
-                * f64::EPSILON
-                * d.max(1) as f64
-                * 16.0;
-            fit.rank = e.0.iter().filter(|&&v| v > cut).count();
-            fit.singular = e.0.iter().map(|&v| v.max(0.0).sqrt()).collect();
-            Some((e, cut))
-        } else {
-            None
-        };
+        // Without a penalty the spectrum gives the rank and singular
+        // values; with one it is needed only when Cholesky fails.
+        let mut eig = None;
+        if plain {
+            let e = Spectrum::of(&xx, d)?;
+            fit.rank = e.rank();
+            fit.singular = e.values.iter().map(|&v| v.max(0.0).sqrt()).collect();
+            eig = Some(e);
+        }
         for (j, &my_j) in my.iter().enumerate().take(t) {
             let alpha = self.alpha(j);
             let mut a = xx.clone();
             for i in 0..d {
                 a[i * d + i] += alpha;
             }
-            let mut b = xy(j);
-            // Nearly singular without a penalty: the pseudo-inverse.
-            let chol = match &eig {
-                Some((_, _)) if fit.rank < d => None,
-                _ => cholesky(&a, d, scale * 1e-13),
-            };
-            match (chol, &eig) {
-                (Some(l), _) => cholesky_solve(&l, d, &mut b),
-                (None, Some(((vals, vecs), cut))) => {
-                    b = pseudo_solve(vals, vecs, d, *cut, &b);
+            let mut b: Vec<f64> = (0..d).map(|i| g[i * cols + d + j]).collect();
+            let singular = eig.as_ref().is_some_and(|e| plain && e.rank() < d);
+            match cholesky(&a, d, (scale + alpha) * 1e-13).filter(|_| !singular) {
+                Some(l) => cholesky_solve(&l, d, &mut b),
+                None => {
+                    if eig.is_none() {
+                        eig = Some(Spectrum::of(&xx, d)?);
+                    }
+                    if let Some(e) = &eig {
+                        b = e.solve(alpha, &b);
+                    }
                     fit.solver = "pseudo-inverse";
-                }
-                (None, None) => {
-                    return Err(Error::Input(format!(
-                        "the ridge system of target {j} is not positive definite (alpha {alpha})"
-                    )))
                 }
             }
             let b0 = my_j - mx.iter().zip(&b).map(|(m, c)| m * c).sum::<f64>();
@@ -254,11 +244,52 @@ impl Linear {
     }
 }
 
-/// `A^+ b` for the symmetric `A = V diag(vals) V^T` (the rows of `vecs`
-/// its eigenvectors), eigenvalues at most `cut` taken as 0.
-fn pseudo_solve(vals: &[f64], vecs: &[f64], d: usize, cut: f64, b: &[f64]) -> Vec<f64> {
+/// The eigendecomposition of a Gram matrix, and the cut under which its
+/// eigenvalues count as 0.
+struct Spectrum {
+    values: Vec<f64>,
+    vectors: Vec<f64>,
+    cut: f64,
+    d: usize,
+}
+
+impl Spectrum {
+    fn of(xx: &[f64], d: usize) -> Result<Spectrum> {
+        let (values, vectors) = eigh(xx, d)
+            .ok_or_else(|| Error::Input("the Gram matrix's eigenvalues did not converge".into()))?;
+        let top = values.first().copied().unwrap_or(0.0).max(0.0);
+        Ok(Spectrum {
+            values,
+            vectors,
+            cut: top * f64::EPSILON * d.max(1) as f64 * 16.0,
+            d,
+        })
+    }
+
+    /// Eigenvalues over the cut.
+    fn rank(&self) -> usize {
+        self.values.iter().filter(|&&v| v > self.cut).count()
+    }
+
+    /// `(A + alpha I)^+ b`: the least-norm solution.
+    fn solve(&self, alpha: f64, b: &[f64]) -> Vec<f64> {
+        pseudo_solve(&self.values, &self.vectors, self.d, (self.cut, alpha), b)
+    }
+}
+
+/// `(A + alpha I)^+ b` for the symmetric `A = V diag(vals) V^T` (the
+/// rows of `vecs` its eigenvectors), eigenvalues at most `cut` taken as
+/// 0.
+fn pseudo_solve(
+    vals: &[f64],
+    vecs: &[f64],
+    d: usize,
+    (cut, alpha): (f64, f64),
+    b: &[f64],
+) -> Vec<f64> {
     let mut out = vec![0.0; d];
     for (k, &v) in vals.iter().enumerate() {
+        let v = if v <= cut { 0.0 } else { v } + alpha;
         if v <= cut {
             continue;
         }

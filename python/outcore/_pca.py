@@ -1,0 +1,267 @@
+"""Principal component analysis that runs under a memory cap."""
+import json
+import numbers
+
+import numpy as np
+from scipy import linalg
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
+from sklearn.utils.validation import check_array, check_is_fitted
+
+from . import _base, _core, _data
+from ._kmeans import _ENGINE_DOC
+
+
+def _infer_dimension(spectrum, n_samples):
+    """The number of components by Minka's MLE (Minka, "Automatic choice
+    of dimensionality for PCA", NIPS 2000), as scikit-learn's
+    ``n_components="mle"``: the rank whose log-likelihood is largest."""
+    from math import lgamma, log
+
+    n_features = len(spectrum)
+    eps = 1e-15
+    best, best_ll = 0, -np.inf
+    for rank in range(1, n_features):
+        if spectrum[rank - 1] < eps:
+            continue
+        pu = -rank * log(2.0)
+        for i in range(1, rank + 1):
+            pu += lgamma((n_features - i + 1) / 2.0) - log(np.pi) * (n_features - i + 1) / 2.0
+        pl = np.sum(np.log(spectrum[:rank]))
+        pl = -pl * n_samples / 2.0
+        v = max(eps, np.sum(spectrum[rank:]) / (n_features - rank))
+        pv = -np.log(v) * n_samples * (n_features - rank) / 2.0
+        m = n_features * rank - rank * (rank + 1.0) / 2.0
+        pp = log(2.0 * np.pi) * (m + rank) / 2.0
+        pa = 0.0
+        spectrum_ = spectrum.copy()
+        spectrum_[rank:n_features] = v
+        for i in range(rank):
+            for j in range(i + 1, len(spectrum)):
+                pa += log((spectrum[i] - spectrum[j]) * (1.0 / spectrum_[j] - 1.0 / spectrum_[i])) + log(n_samples)
+        ll = pu + pl + pv + pp - pa / 2.0 - rank * log(n_samples) / 2.0
+        if ll > best_ll:
+            best, best_ll = rank, ll
+    return best
+
+
+class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+    """Principal component analysis that runs under a memory cap.
+
+    The engine reads the data in two passes (the column means, then the
+    Gram matrix of the centred data, summed in float64 in a fixed order:
+    the same result under any cap) and takes the covariance's
+    eigenvectors: scikit-learn's ``svd_solver="covariance_eigh"``, whose
+    results the other exact solvers match. Each component's sign makes
+    its largest entry in absolute value positive, as scikit-learn's.
+
+    Parameters
+    ----------
+    n_components : int, float, "mle" or None, default=None
+        Components to keep: all (``min(n_samples, n_features)``) for None;
+        a count; a share of the variance in (0, 1) (the fewest components
+        explaining more); or "mle" (Minka's estimate).
+    copy : bool, default=True
+        Kept for compatibility: the engine never changes X.
+    whiten : bool, default=False
+        Scale the transformed components to unit variance.
+    svd_solver : {"auto", "full", "covariance_eigh", "arpack", "randomized"}, default="auto"
+        Every solver computes the exact decomposition of the covariance.
+    tol, iterated_power, n_oversamples, power_iteration_normalizer, random_state :
+        Kept for compatibility with scikit-learn's signature.
+    ENGINE
+    Attributes
+    ----------
+    components_ : ndarray of shape (n_components, n_features)
+    explained_variance_ : ndarray of shape (n_components,)
+    explained_variance_ratio_ : ndarray of shape (n_components,)
+    singular_values_ : ndarray of shape (n_components,)
+    mean_ : ndarray of shape (n_features,)
+    n_components_ : int
+    n_samples_ : int
+    noise_variance_ : float
+    n_features_in_ : int
+    stats_ : dict
+        What the engine did (the command line's --stats).
+    """
+
+    _SOLVERS = ("auto", "full", "covariance_eigh", "arpack", "randomized")
+
+    def __init__(self, n_components=None, *, copy=True, whiten=False, svd_solver="auto", tol=0.0,
+                 iterated_power="auto", n_oversamples=10, power_iteration_normalizer="auto",
+                 random_state=None, n_jobs=None, verbose=0, mem_cap=None, spill_dir=None, timeline=None):
+        self.n_components = n_components
+        self.copy = copy
+        self.whiten = whiten
+        self.svd_solver = svd_solver
+        self.tol = tol
+        self.iterated_power = iterated_power
+        self.n_oversamples = n_oversamples
+        self.power_iteration_normalizer = power_iteration_normalizer
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+        self.verbose = verbose
+        self.mem_cap = mem_cap
+        self.spill_dir = spill_dir
+        self.timeline = timeline
+
+    def _components_spec(self, rows, cols):
+        """The engine's (count, share) from ``n_components``."""
+        k = self.n_components
+        most = min(rows, cols)
+        if k is None or k == "mle":
+            if k == "mle" and rows < cols:
+                raise ValueError("n_components='mle' is only supported if n_samples >= n_features")
+            return None, None
+        if isinstance(k, numbers.Integral) and not isinstance(k, bool):
+            if not 1 <= k <= most:
+                raise ValueError(
+                    f"n_components={k} must be between 1 and min(n_samples, n_features)={most} "
+                    "with svd_solver='covariance_eigh'"
+                )
+            return int(k), None
+        if isinstance(k, numbers.Real) and not isinstance(k, bool) and 0 < k < 1:
+            return None, float(k)
+        raise ValueError(f"n_components must be None, 'mle', an int >= 1 or a float in (0, 1), not {k!r}")
+
+    def fit(self, X, y=None):
+        """Fit the model with X.
+
+        Parameters
+        ----------
+        X : {array-like, np.memmap, str, os.PathLike} of shape (n_samples, n_features)
+        y : Ignored
+
+        Returns
+        -------
+        self : object
+        """
+        if self.svd_solver not in self._SOLVERS:
+            raise ValueError(f"svd_solver must be one of {self._SOLVERS}, not {self.svd_solver!r}")
+        settings = _base.settings(self)
+        with _base.fit_data(self, X, dtype=[np.float64, np.float32]) as data:
+            if data.rows < 2:
+                raise ValueError(f"n_samples={data.rows}: PCA needs at least 2 samples")
+            count, share = self._components_spec(data.rows, data.cols)
+            out = _core.pca_fit(settings, data.path, count, share)
+        d = data.cols
+        k = int(out["n_components"])
+        comps = np.frombuffer(out["components"], dtype="<f8").reshape(k, d).copy()
+        var = np.asarray(out["explained_variance"], dtype=np.float64)
+        ratio = np.asarray(out["explained_variance_ratio"], dtype=np.float64)
+        sv = np.asarray(out["singular_values"], dtype=np.float64)
+        noise = float(out["noise_variance"])
+        if self.n_components == "mle":
+            k = _infer_dimension(var, data.rows)
+            noise = float(var[k:].mean()) if k < len(var) else 0.0
+            comps, var, ratio, sv = comps[:k], var[:k], ratio[:k], sv[:k]
+        self.components_ = comps
+        self.explained_variance_ = var
+        self.explained_variance_ratio_ = ratio
+        self.singular_values_ = sv
+        self.mean_ = np.asarray(out["mean"], dtype=np.float64)
+        self.n_components_ = k
+        self.n_samples_ = data.rows
+        self.noise_variance_ = noise
+        self.stats_ = json.loads(out["stats"])
+        return self
+
+    def fit_transform(self, X, y=None):
+        """Fit the model with X and apply the dimensionality reduction on X.
+
+        Returns
+        -------
+        X_new : ndarray of shape (n_samples, n_components)
+        """
+        return self.fit(X).transform(X)
+
+    def transform(self, X):
+        """Project X on the components (block by block for a file or memmap).
+
+        Returns
+        -------
+        X_new : ndarray of shape (n_samples, n_components)
+        """
+        check_is_fitted(self)
+        if not _data.is_file_input(X):
+            X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
+        scale = None
+        if self.whiten:
+            # Components of (near) zero variance: no infinities.
+            scale = np.maximum(np.sqrt(self.explained_variance_), np.finfo(np.float64).eps)
+        out = []
+        for b in _base.finite_blocks(self, X):
+            t = (b.astype(np.float64) - self.mean_) @ self.components_.T
+            if scale is not None:
+                t /= scale
+            out.append(t)
+        return np.concatenate(out) if out else np.empty((0, self.n_components_))
+
+    def inverse_transform(self, X):
+        """Data back in the original space (whitening undone).
+
+        Returns
+        -------
+        X_original : ndarray of shape (n_samples, n_features)
+        """
+        check_is_fitted(self)
+        X = check_array(X, input_name="X", dtype=[np.float64, np.float32])
+        return X @ self._scaled_components() + self.mean_
+
+    def _scaled_components(self):
+        """The components, scaled by their deviations when whitening."""
+        if self.whiten:
+            return np.sqrt(self.explained_variance_)[:, None] * self.components_
+        return self.components_
+
+    def _variance_over_noise(self):
+        d = self.explained_variance_ - self.noise_variance_
+        return np.where(self.explained_variance_ > self.noise_variance_, d, 0.0)
+
+    def get_covariance(self):
+        """The data's covariance under the model: ``components_.T @
+        diag(explained_variance_ - noise) @ components_ + noise * I``."""
+        check_is_fitted(self)
+        comps = self._scaled_components()
+        cov = (comps.T * self._variance_over_noise()) @ comps
+        cov.flat[:: len(cov) + 1] += self.noise_variance_
+        return cov
+
+    def get_precision(self):
+        """The inverse of :meth:`get_covariance` (by the matrix inversion
+        lemma when there is noise)."""
+        check_is_fitted(self)
+        noise = self.noise_variance_
+        if self.n_components_ == 0:
+            return np.eye(self.components_.shape[1]) / noise
+        if noise == 0.0:
+            return linalg.inv(self.get_covariance())
+        comps = self._scaled_components()
+        inner = comps @ comps.T / noise
+        with np.errstate(divide="ignore"):
+            inner.flat[:: len(inner) + 1] += 1.0 / self._variance_over_noise()
+        precision = comps.T @ linalg.inv(inner) @ comps
+        precision /= -(noise**2)
+        precision.flat[:: len(precision) + 1] += 1.0 / noise
+        return precision
+
+    def score_samples(self, X):
+        """The log-likelihood of each sample under the model."""
+        check_is_fitted(self)
+        X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
+        Xr = X - self.mean_
+        n_features = X.shape[1]
+        precision = self.get_precision()
+        log_like = -0.5 * (Xr * (Xr @ precision)).sum(axis=1)
+        log_like -= 0.5 * (n_features * np.log(2.0 * np.pi) - np.linalg.slogdet(precision)[1])
+        return log_like
+
+    def score(self, X, y=None):
+        """The average log-likelihood of the samples."""
+        return float(np.mean(self.score_samples(X)))
+
+    @property
+    def _n_features_out(self):
+        return self.components_.shape[0]
+
+
+PCA.__doc__ = PCA.__doc__.replace("    ENGINE\n", _ENGINE_DOC.lstrip("\n") + "\n")

@@ -1,0 +1,152 @@
+"""LinearRegression, Ridge and PCA against scikit-learn on real and
+synthetic data, the same bytes under any cap, a memmap 4x the cap, and
+bad inputs."""
+import subprocess
+
+import numpy as np
+import pytest
+from sklearn import datasets, decomposition, linear_model
+
+import outcore
+
+
+def california_like(n=20_000, d=8, seed=0):
+    """Data shaped like California housing: 8 skewed positive features of
+    different scales, a target from a nonlinear function plus noise."""
+    rng = np.random.default_rng(seed)
+    scales = np.array([2.0, 12.0, 5.0, 1.0, 1400.0, 3.0, 35.0, 120.0])[:d]
+    X = rng.gamma(2.0, 1.0, size=(n, d)) * scales
+    y = 0.4 * np.log1p(X[:, 0]) + 0.01 * X[:, 1] - 0.002 * X[:, 4] ** 0.5 + rng.normal(scale=0.3, size=n)
+    return X, y
+
+
+def relative(a, b):
+    return np.abs(np.asarray(a) - np.asarray(b)).max() / max(np.abs(b).max(), 1e-300)
+
+
+@pytest.mark.parametrize("name", ["diabetes", "breast_cancer", "california_like"])
+def test_linear_and_ridge_coefficients_match_scikit_learn(name):
+    if name == "california_like":
+        X, y = california_like()
+    else:
+        X, y = getattr(datasets, f"load_{name}")(return_X_y=True)
+        y = y.astype(np.float64)
+    # The engine holds rows as float32: compare with scikit-learn on the
+    # same values.
+    X = X.astype(np.float32).astype(np.float64)
+    rng = np.random.default_rng(1)
+    w = rng.uniform(0.5, 2.0, len(y))
+    for ours, theirs, kw in [
+        (outcore.LinearRegression, linear_model.LinearRegression, {}),
+        (outcore.Ridge, linear_model.Ridge, {"alpha": 0.7}),
+    ]:
+        a = ours(mem_cap="64MiB", **kw).fit(X, y, sample_weight=w)
+        b = theirs(**kw).fit(X, y, sample_weight=w)
+        assert relative(a.coef_, b.coef_) < 1e-5, (name, ours.__name__)
+        assert abs(a.intercept_ - b.intercept_) <= 1e-5 * max(1.0, abs(b.intercept_))
+        assert abs(a.score(X, y) - b.score(X, y)) < 1e-8
+
+
+def test_linear_regression_rank_singular_values_and_a_singular_system():
+    X, y = datasets.load_diabetes(return_X_y=True)
+    X = X.astype(np.float32).astype(np.float64)
+    a, b = outcore.LinearRegression().fit(X, y), linear_model.LinearRegression().fit(X, y)
+    assert a.rank_ == b.rank_ == 10
+    assert relative(a.singular_, b.singular_) < 1e-7
+    # A repeated column: the least-norm solution, as lstsq's.
+    X2 = np.column_stack([X, X[:, 3]])
+    a, b = outcore.LinearRegression().fit(X2, y), linear_model.LinearRegression().fit(X2, y)
+    assert a.rank_ == b.rank_ == 10
+    assert relative(a.coef_, b.coef_) < 1e-5
+    assert a.stats_["solver"] == "pseudo-inverse"
+
+
+def test_several_targets_each_with_its_alpha():
+    X, y = datasets.load_diabetes(return_X_y=True)
+    X = X.astype(np.float32).astype(np.float64)
+    Y = np.column_stack([y, np.sqrt(y), -y]).astype(np.float32).astype(np.float64)
+    alpha = [0.1, 1.0, 10.0]
+    a = outcore.Ridge(alpha=alpha).fit(X, Y)
+    b = linear_model.Ridge(alpha=alpha).fit(X, Y)
+    assert a.coef_.shape == (3, 10) and a.intercept_.shape == (3,)
+    assert relative(a.coef_, b.coef_) < 1e-5
+    assert relative(a.intercept_, b.intercept_) < 1e-5
+    assert a.predict(X).shape == (len(X), 3)
+    c = outcore.LinearRegression(fit_intercept=False).fit(X, Y)
+    d = linear_model.LinearRegression(fit_intercept=False).fit(X, Y)
+    assert relative(c.coef_, d.coef_) < 1e-5 and c.intercept_ == 0.0
+
+
+@pytest.mark.parametrize("n_components", [None, 5, 0.9, "mle"])
+@pytest.mark.parametrize("whiten", [False, True])
+def test_pca_matches_scikit_learn_on_digits(n_components, whiten):
+    X, _ = datasets.load_digits(return_X_y=True)
+    # Without the three columns that are 0 in every row: their variances
+    # are 0 and their directions arbitrary.
+    X = X[:, X.std(axis=0) > 0]
+    a = outcore.PCA(n_components, whiten=whiten, mem_cap="64MiB").fit(X)
+    b = decomposition.PCA(n_components, whiten=whiten, svd_solver="full").fit(X)
+    assert a.n_components_ == b.n_components_
+    assert np.abs(a.components_ - b.components_).max() < 1e-8
+    assert relative(a.explained_variance_, b.explained_variance_) < 1e-5
+    assert np.allclose(a.explained_variance_ratio_, b.explained_variance_ratio_, rtol=1e-5)
+    assert np.allclose(a.singular_values_, b.singular_values_, rtol=1e-5)
+    assert np.allclose(a.mean_, b.mean_) and np.isclose(a.noise_variance_, b.noise_variance_, rtol=1e-5)
+    T = a.transform(X)
+    assert np.allclose(T, b.transform(X), atol=1e-7)
+    assert np.allclose(a.inverse_transform(T), b.inverse_transform(T), atol=1e-7)
+    if n_components not in (None, "mle"):
+        assert np.isclose(a.score(X), b.score(X), rtol=1e-7)
+
+
+def test_same_bytes_under_any_cap_and_from_a_memmap_four_times_the_cap(tmp_path):
+    X, y = california_like(n=300_000, d=8)
+    path = tmp_path / "X.npy"
+    np.save(path, X.astype(np.float32))
+    big = np.load(path, mmap_mode="r")
+    cap = "2MiB"
+    assert big.nbytes >= 4 * (2 << 20)
+    fits = [
+        outcore.Ridge(alpha=2.0, mem_cap=c, n_jobs=w).fit(x, y)
+        for c, w, x in [(None, 2, np.load(path)), (cap, 1, big), ("5MiB", 1, str(path))]
+    ]
+    for f in fits[1:]:
+        assert f.coef_.tobytes() == fits[0].coef_.tobytes()
+    assert fits[1].stats_["evictions"] > 0
+    pcas = [outcore.PCA(3, mem_cap=c, n_jobs=1).fit(x) for c, x in [(None, np.load(path)), (cap, big)]]
+    assert pcas[0].components_.tobytes() == pcas[1].components_.tobytes()
+    assert pcas[1].stats_["evictions"] > 0
+    ref = decomposition.PCA(3, svd_solver="covariance_eigh").fit(np.load(path).astype(np.float64))
+    assert np.abs(pcas[1].components_ - ref.components_).max() < 1e-6
+
+
+def test_the_command_line_gives_the_estimators_bytes(cli, tmp_path):
+    X, y = datasets.load_diabetes(return_X_y=True)
+    np.save(tmp_path / "x.npy", X.astype(np.float32))
+    np.save(tmp_path / "y.npy", y.astype(np.float32))
+    m, c = tmp_path / "m.npy", tmp_path / "c.npy"
+    subprocess.run([cli, "linear", "--input", str(tmp_path / "x.npy"), "--targets", str(tmp_path / "y.npy"),
+                    "--alpha", "0.5", "--output", str(m)], check=True, capture_output=True)
+    subprocess.run([cli, "pca", "--input", str(tmp_path / "x.npy"), "--n-components", "4",
+                    "--output", str(c)], check=True, capture_output=True)
+    r = outcore.Ridge(alpha=0.5).fit(tmp_path / "x.npy", y.astype(np.float32))
+    model = np.load(m)
+    assert model[0, :-1].tobytes() == r.coef_.tobytes() and model[0, -1] == r.intercept_
+    p = outcore.PCA(4).fit(tmp_path / "x.npy")
+    assert np.load(c).tobytes() == p.components_.tobytes()
+
+
+def test_bad_inputs_raise_scikit_learns_exceptions():
+    X, y = datasets.load_diabetes(return_X_y=True)
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
+        outcore.LinearRegression().fit(X, y[:-1])
+    with pytest.raises(ValueError, match="NaN"):
+        outcore.Ridge().fit(X, np.where(np.arange(len(y)) == 5, np.nan, y))
+    with pytest.raises(ValueError, match="penalties"):
+        outcore.Ridge(alpha=[1.0, 2.0]).fit(X, y)
+    with pytest.raises(ValueError, match="alpha"):
+        outcore.Ridge(alpha=-1.0).fit(X, y)
+    with pytest.raises(ValueError, match="n_components=11 must be between 1"):
+        outcore.PCA(11).fit(X)
+    with pytest.raises(MemoryError, match="PCA on 1200 columns needs"):
+        outcore.PCA(2, mem_cap="16MiB", n_jobs=1).fit(np.zeros((10, 1200)))
