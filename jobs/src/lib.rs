@@ -105,6 +105,7 @@ mod par;
 pub mod pca;
 pub mod ranks;
 mod session;
+pub mod sgd;
 pub mod timeline;
 pub mod train;
 mod workers;

@@ -2,7 +2,8 @@
 
 K-means (:class:`KMeans`, :class:`MiniBatchKMeans`), logistic
 regression (:class:`LogisticRegression`), least squares
-(:class:`LinearRegression`, :class:`Ridge`) and :class:`PCA` on data
+(:class:`LinearRegression`, :class:`Ridge`), SGD (:class:`SGDClassifier`,
+:class:`SGDRegressor`) and :class:`PCA` on data
 larger than memory: the
 engine keeps parts of the data on disk and reads them back as its passes
 need them, within ``mem_cap``. A path or a ``np.memmap`` of a ``.npy`` is
@@ -18,6 +19,10 @@ from ._kmeans import KMeans, MiniBatchKMeans
 from ._linear import LinearRegression, Ridge
 from ._logistic import LogisticRegression
 from ._pca import PCA
+from ._sgd import SGDClassifier, SGDRegressor
 
-__all__ = ["KMeans", "MiniBatchKMeans", "LinearRegression", "LogisticRegression", "PCA", "Ridge"]
+__all__ = [
+    "KMeans", "MiniBatchKMeans", "LinearRegression", "LogisticRegression", "PCA", "Ridge",
+    "SGDClassifier", "SGDRegressor",
+]
 __version__ = "0.1.0"

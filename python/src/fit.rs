@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use outcore_jobs::job::{self, Algorithm, Input, Layout, Targets};
 use outcore_jobs::linear::{Linear, LinearConfig};
 use outcore_jobs::pca::{Components, Pca};
+use outcore_jobs::sgd::{Loss, Penalty, Schedule, Sgd, SgdConfig, SgdModel};
 use outcore_jobs::{Source, Workers};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use serde::Serialize;
@@ -116,4 +118,141 @@ pub(crate) fn pca_fit<'py>(
     d.set_item("noise_variance", f.noise_variance)?;
     d.set_item("stats", stats)?;
     Ok(d)
+}
+
+/// SGD of the targets in `targets` (a 1-D float `.npy`: class indices
+/// with `classes` > 0, else values) on the rows of `path`: `params` is a
+/// dict of the settings (scikit-learn's names), `warm` the model to go on
+/// from (`coef` bytes of float64, `intercept`, `q` bytes, `u`, `t`,
+/// `eta`). A dict of `coef` (bytes of float64, models x dims),
+/// `intercept`, `n_iter`, `t`, `converged`, `q`, `u`, `eta` and `stats`.
+#[pyfunction]
+#[pyo3(signature = (settings, path, targets, weights, params, warm=None))]
+pub(crate) fn sgd_fit<'py>(
+    py: Python<'py>,
+    settings: &Settings,
+    path: PathBuf,
+    targets: PathBuf,
+    weights: Option<PathBuf>,
+    params: &Bound<'py, PyDict>,
+    warm: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let src = Source::from_path(&path, None).map_err(crate::to_py)?;
+    let ys = Source::from_path(&targets, None).map_err(crate::to_py)?;
+    let (_, dims) = src.shape().map_err(crate::to_py)?;
+    let mut cfg = sgd_config(params)?;
+    if let Some(w) = warm {
+        cfg.warm = Some(warm_model(w, &cfg, dims)?);
+    }
+    let input = Input {
+        source: &src,
+        targets: Targets::File(ys),
+        weights: weights.as_deref(),
+    };
+    let mut alg = Sgd::new(cfg);
+    let (session, part_bytes) = settings.session(py, |cap, pb, n| Workers::plan(cap, 0, pb, n))?;
+    let (f, stats) = run_job(py, &session, || {
+        let data = job::load(&session, &input, Layout::default(), part_bytes, |_, _| {})?;
+        let (fitted, run) = job::fit_online(&session, &data, &mut alg, |p| {
+            settings.say(|| format!("epoch {}: {:.2}s", p.index, p.seconds));
+        })?;
+        let s = session.runtime().stats();
+        let json = run.to_json(&session, &fitted, &s)?;
+        Ok((fitted, json.map(|j| j.to_string()).unwrap_or_default()))
+    })?;
+    let d = PyDict::new(py);
+    let bytes = |v: &[f64]| PyBytes::new(py, &le_bytes(v, f64::to_le_bytes));
+    d.set_item("coef", bytes(&f.coef))?;
+    d.set_item("intercept", f.intercept.clone())?;
+    d.set_item("n_iter", f.n_iter)?;
+    d.set_item("t", f.t)?;
+    d.set_item("converged", f.converged)?;
+    d.set_item("q", bytes(&f.model.q))?;
+    d.set_item("u", f.model.u)?;
+    d.set_item("eta", f.model.eta)?;
+    d.set_item("stats", stats)?;
+    Ok(d)
+}
+
+/// A setting of `params`, or an error naming it.
+fn item<'py>(params: &Bound<'py, PyDict>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+    params
+        .get_item(key)?
+        .ok_or_else(|| PyValueError::new_err(format!("internal: no {key} among the settings")))
+}
+
+/// The settings from scikit-learn's parameters (checked on the Python
+/// side).
+fn sgd_config(p: &Bound<'_, PyDict>) -> PyResult<SgdConfig> {
+    let eps: f64 = item(p, "epsilon")?.extract()?;
+    let loss = match item(p, "loss")?.extract::<String>()?.as_str() {
+        "hinge" => Loss::Hinge,
+        "log_loss" => Loss::LogLoss,
+        "modified_huber" => Loss::ModifiedHuber,
+        "squared_hinge" => Loss::SquaredHinge,
+        "perceptron" => Loss::Perceptron,
+        "squared_error" => Loss::SquaredError,
+        "huber" => Loss::Huber(eps),
+        "epsilon_insensitive" => Loss::EpsilonInsensitive(eps),
+        "squared_epsilon_insensitive" => Loss::SquaredEpsilonInsensitive(eps),
+        l => return Err(PyValueError::new_err(format!("unknown loss {l:?}"))),
+    };
+    let penalty = match item(p, "penalty")?.extract::<Option<String>>()?.as_deref() {
+        None => Penalty::None,
+        Some("l2") => Penalty::L2,
+        Some("l1") => Penalty::L1,
+        Some("elasticnet") => Penalty::ElasticNet,
+        Some(x) => return Err(PyValueError::new_err(format!("unknown penalty {x:?}"))),
+    };
+    let learning_rate = match item(p, "learning_rate")?.extract::<String>()?.as_str() {
+        "constant" => Schedule::Constant,
+        "optimal" => Schedule::Optimal,
+        "invscaling" => Schedule::InvScaling,
+        "adaptive" => Schedule::Adaptive,
+        x => {
+            return Err(PyValueError::new_err(format!(
+                "unknown learning_rate {x:?}"
+            )))
+        }
+    };
+    Ok(SgdConfig {
+        classes: item(p, "classes")?.extract()?,
+        loss,
+        penalty,
+        alpha: item(p, "alpha")?.extract()?,
+        l1_ratio: item(p, "l1_ratio")?.extract()?,
+        fit_intercept: item(p, "fit_intercept")?.extract()?,
+        max_iter: item(p, "max_iter")?.extract()?,
+        tol: item(p, "tol")?.extract()?,
+        shuffle: item(p, "shuffle")?.extract()?,
+        seed: item(p, "seed")?.extract()?,
+        learning_rate,
+        eta0: item(p, "eta0")?.extract()?,
+        power_t: item(p, "power_t")?.extract()?,
+        early_stopping: item(p, "early_stopping")?.extract()?,
+        validation_fraction: item(p, "validation_fraction")?.extract()?,
+        n_iter_no_change: item(p, "n_iter_no_change")?.extract()?,
+        warm: None,
+        class_weight: item(p, "class_weight")?.extract()?,
+    })
+}
+
+/// The model to go on from.
+fn warm_model(w: &Bound<'_, PyDict>, cfg: &SgdConfig, dims: usize) -> PyResult<SgdModel> {
+    let floats = |b: Vec<u8>| -> Vec<f64> {
+        b.chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect()
+    };
+    let models = if cfg.classes > 2 { cfg.classes } else { 1 };
+    SgdModel::resume(
+        (models, dims),
+        (
+            floats(item(w, "coef")?.extract()?),
+            item(w, "intercept")?.extract()?,
+        ),
+        (floats(item(w, "q")?.extract()?), item(w, "u")?.extract()?),
+        (item(w, "t")?.extract()?, item(w, "eta")?.extract()?),
+    )
+    .map_err(crate::to_py)
 }

@@ -58,6 +58,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(train::logistic_fit, m)?)?;
     m.add_function(wrap_pyfunction!(fit::linear_fit, m)?)?;
     m.add_function(wrap_pyfunction!(fit::pca_fit, m)?)?;
+    m.add_function(wrap_pyfunction!(fit::sgd_fit, m)?)?;
     m.add_class::<run::Settings>()?;
     m.add_class::<scratch::ScratchDir>()?;
     Ok(())

@@ -150,3 +150,71 @@ def test_bad_inputs_raise_scikit_learns_exceptions():
         outcore.PCA(11).fit(X)
     with pytest.raises(MemoryError, match="PCA on 1200 columns needs"):
         outcore.PCA(2, mem_cap="16MiB", n_jobs=1).fit(np.zeros((10, 1200)))
+
+
+def separable(n=40_000, d=20, classes=3, seed=0):
+    X, y = datasets.make_classification(n, d, n_informative=10, n_classes=classes, class_sep=2.0,
+                                        random_state=seed)
+    return X.astype(np.float32).astype(np.float64), y
+
+
+@pytest.mark.parametrize("loss", ["hinge", "log_loss", "modified_huber"])
+@pytest.mark.parametrize("penalty", ["l2", "l1", "elasticnet"])
+def test_sgd_classifier_accuracy_matches_scikit_learn(loss, penalty):
+    X, y = separable()
+    Xtr, Xte, ytr, yte = X[:30_000], X[30_000:], y[:30_000], y[30_000:]
+    kw = dict(loss=loss, penalty=penalty, max_iter=5, tol=None)
+    # SGD's accuracy varies by about 0.01 with the seed: the mean of 8.
+    seeds = range(8)
+    ours = np.mean([outcore.SGDClassifier(random_state=s, **kw).fit(Xtr, ytr).score(Xte, yte) for s in seeds])
+    theirs = np.mean([linear_model.SGDClassifier(random_state=s, **kw).fit(Xtr, ytr).score(Xte, yte)
+                      for s in seeds])
+    assert abs(ours - theirs) < 0.01, (ours, theirs)
+
+
+@pytest.mark.parametrize("loss", ["squared_error", "huber", "epsilon_insensitive"])
+def test_sgd_regressor_r2_matches_scikit_learn(loss):
+    X, y = datasets.make_regression(30_000, 20, noise=5.0, random_state=0)
+    X = X.astype(np.float32).astype(np.float64)
+    kw = dict(loss=loss, max_iter=5, tol=None, random_state=0)
+    if loss != "squared_error":
+        kw.update(epsilon=1.0, learning_rate="constant", eta0=0.001)
+    a = outcore.SGDRegressor(**kw).fit(X[:20_000], y[:20_000]).score(X[20_000:], y[20_000:])
+    b = linear_model.SGDRegressor(**kw).fit(X[:20_000], y[:20_000]).score(X[20_000:], y[20_000:])
+    assert abs(a - b) < 0.01, (a, b)
+
+
+def test_sgd_partial_fit_over_chunks_is_one_epoch_over_all_of_them(cli, tmp_path):
+    X, y = separable(n=20_000, d=12)
+    np.save(tmp_path / "x.npy", X.astype(np.float32))
+    np.save(tmp_path / "y.npy", y.astype(np.float32))
+    kw = dict(loss="log_loss", shuffle=False, max_iter=1, tol=None, learning_rate="invscaling", eta0=0.05)
+    chunks = outcore.SGDClassifier(**kw)
+    for start in range(0, len(y), 3_000):
+        chunks.partial_fit(X[start:start + 3_000], y[start:start + 3_000], classes=np.unique(y))
+    whole = outcore.SGDClassifier(**kw).fit(X, y)
+    assert chunks.coef_.tobytes() == whole.coef_.tobytes()
+    assert chunks.intercept_.tobytes() == whole.intercept_.tobytes() and chunks.t_ == whole.t_
+    out = tmp_path / "m.npy"
+    subprocess.run([cli, "sgd", "--input", str(tmp_path / "x.npy"), "--targets", str(tmp_path / "y.npy"),
+                    "--classes", "3", "--loss", "log_loss", "--no-shuffle", "--max-iter", "1", "--tol", "none",
+                    "--learning-rate", "invscaling", "--eta0", "0.05", "--output", str(out)],
+                   check=True, capture_output=True)
+    model = np.load(out)
+    assert model[:, :-1].tobytes() == whole.coef_.tobytes()
+    assert model[:, -1].tobytes() == whole.intercept_.tobytes()
+
+
+def test_sgd_same_bytes_under_a_cap_from_a_memmap_and_early_stopping(tmp_path):
+    X, y = separable(n=120_000, d=16, classes=2)
+    path = tmp_path / "X.npy"
+    np.save(path, X.astype(np.float32))
+    kw = dict(loss="log_loss", max_iter=4, tol=None, random_state=3)
+    a = outcore.SGDClassifier(**kw).fit(np.load(path), y)
+    b = outcore.SGDClassifier(mem_cap="2MiB", n_jobs=1, **kw).fit(np.load(path, mmap_mode="r"), y)
+    assert a.coef_.tobytes() == b.coef_.tobytes() and b.stats_["evictions"] > 0
+    assert a.predict_proba(X[:5]).shape == (5, 2)
+    es = outcore.SGDClassifier(loss="hinge", early_stopping=True, n_iter_no_change=2, random_state=0).fit(X, y)
+    assert 3 <= es.n_iter_ < 1000
+    with pytest.raises(AttributeError):
+        outcore.SGDClassifier(loss="hinge").fit(X[:100], y[:100]).predict_proba(X[:2])

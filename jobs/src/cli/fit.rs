@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use outcore::{format_bytes, MemoryCap};
-use outcore_jobs::job::{self, Algorithm, Input, Layout, RunStats, Targets};
+use outcore_jobs::job::{self, Algorithm, Data, Input, Layout, Online, RunStats, Targets};
 use outcore_jobs::linear::{Linear, LinearConfig};
 use outcore_jobs::pca::{Components, Pca};
 use outcore_jobs::ranks::Ranks;
@@ -25,7 +25,7 @@ pub(super) struct RowsArgs {
     /// Input rows: .npy (2-D float32/float64/float16), .npz, .fvecs, or
     /// raw float32 (with --dims). Without it, synthetic data.
     #[arg(long, value_name = "FILE")]
-    input: Option<PathBuf>,
+    pub(super) input: Option<PathBuf>,
     /// The array to read from an --input .npz archive (default: its
     /// first).
     #[arg(long, value_name = "NAME")]
@@ -43,7 +43,7 @@ pub(super) struct RowsArgs {
     dims: Option<usize>,
     /// Seed of the synthetic data.
     #[arg(long, default_value_t = 42)]
-    seed: u64,
+    pub(super) seed: u64,
     /// Shards the rows' tasks are cut into: the order of every sum, and
     /// the unit spread over MPI processes (at least one each). The result
     /// depends on it, not on the number of processes or the cap.
@@ -204,7 +204,7 @@ fn parse_components(s: &str) -> Result<Components> {
 }
 
 /// The rows the flags name, the outputs checked (on rank 0).
-fn source(
+pub(super) fn source(
     a: &RowsArgs,
     given: &Given,
     ranks: &Ranks,
@@ -244,6 +244,34 @@ fn fit_job<A: Algorithm>(
     ranks: &Ranks,
     name: &str,
 ) -> Result<(Session, A::Fitted, RunStats)> {
+    let (session, data) = load(a, input, ranks)?;
+    job::check(&session, &data, alg)?;
+    say_start(&session, &data, name, &alg.describe(&data.shape));
+    let (fit, run) = job::fit(&session, &data, alg, |p| {
+        say!("pass {}: {:.2}s, {} sums", p.index, p.seconds, p.sums);
+    })?;
+    Ok((session, fit, run))
+}
+
+/// [`fit_job`] for an online algorithm: a line per epoch.
+pub(super) fn fit_online_job<A: Online>(
+    a: &RowsArgs,
+    input: &Input<'_>,
+    alg: &mut A,
+    ranks: &Ranks,
+    name: &str,
+) -> Result<(Session, A::Fitted, RunStats)> {
+    let (session, data) = load(a, input, ranks)?;
+    say_start(&session, &data, name, &alg.describe(&data.shape));
+    let (fit, run) = job::fit_online(&session, &data, alg, |p| {
+        say!("epoch {}: {:.2}s", p.index, p.seconds);
+    })?;
+    Ok((session, fit, run))
+}
+
+/// The session under the memory flags, and `input` loaded into it (a
+/// progress bar on a terminal).
+fn load(a: &RowsArgs, input: &Input<'_>, ranks: &Ranks) -> Result<(Session, Data)> {
     let (rows, dims) = input.source.shape()?;
     let default_cap = match a.input {
         None => MemoryCap::Bytes(256 << 20),
@@ -270,14 +298,19 @@ fn fit_job<A: Algorithm>(
         fb.progress(done)
     })?;
     fb.done();
-    job::check(&session, &data, alg)?;
+    Ok((session, data))
+}
+
+/// The run's first lines: what runs, and the warnings.
+fn say_start(session: &Session, data: &Data, name: &str, what: &str) {
     let rt = session.runtime();
+    let (rows, dims) = (data.shape.rows, data.shape.dims);
     say!(
         "outcore {name}: {} rows x {} dims ({}), {}, {}, cap {}, {}",
         rows,
         dims,
         format_bytes(rows * dims as u64 * 4),
-        alg.describe(&data.shape),
+        what,
         plural(data.x.parts.len(), "partition"),
         rt.cap().map_or("none".into(), format_bytes),
         plural(rt.workers(), "worker")
@@ -285,15 +318,11 @@ fn fit_job<A: Algorithm>(
     for w in start_warnings(rt) {
         say!("{w}");
     }
-    let (fit, run) = job::fit(&session, &data, alg, |p| {
-        say!("pass {}: {:.2}s, {} sums", p.index, p.seconds, p.sums);
-    })?;
-    Ok((session, fit, run))
 }
 
 /// Writes the model (`--output`, rank 0), closes the timeline, writes
 /// the statistics and says the summary with `said`.
-fn report<R: Serialize>(
+pub(super) fn report<R: Serialize>(
     mut session: Session,
     (a, output): (&RowsArgs, &Option<PathBuf>),
     (shape, model): (&[u64], &[f64]),

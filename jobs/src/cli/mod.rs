@@ -10,7 +10,7 @@
 //!   outputs), building the runtime, the address-space checks;
 //! - `kmeans.rs`, `train.rs`, `predict.rs`, `gen.rs`, `plot.rs`: one
 //!   subcommand each; `fit.rs`: those of the job interface (`linear`,
-//!   `pca`);
+//!   `pca`) and `sgd.rs` (`sgd`);
 //! - `labels.rs`: `kmeans --labels` streamed into its file (from every
 //!   rank);
 //! - `progress.rs`: progress on stderr (a bar on a terminal, lines
@@ -50,6 +50,7 @@ mod labels;
 mod plot;
 mod predict;
 mod progress;
+mod sgd;
 mod train;
 
 use std::path::{Path, PathBuf};
@@ -110,6 +111,13 @@ enum Cmd {
     /// With no arguments: 256 MiB of synthetic data (64 columns) under a
     /// 256 MiB cap.
     Pca(Box<fit::PcaArgs>),
+    /// A linear model by stochastic gradient descent (scikit-learn's
+    /// SGDClassifier and SGDRegressor), the rows held in executors and the
+    /// model in one, updated row by row.
+    ///
+    /// With no arguments: regression on 256 MiB of synthetic data (64
+    /// columns) under a 256 MiB cap.
+    Sgd(Box<sgd::SgdArgs>),
     /// Draw a memory timeline (written by --timeline) as a PNG: memory
     /// against the cap, phases, loads and evictions, disk traffic.
     Plot(plot::PlotArgs),
@@ -214,6 +222,7 @@ pub fn run(cli: Cli, given: &Given, ranks: &Ranks) -> Result<()> {
         Cmd::Train(a) => train::run(*a, given, ranks),
         Cmd::Linear(a) => fit::run_linear(*a, given, ranks),
         Cmd::Pca(a) => fit::run_pca(*a, given, ranks),
+        Cmd::Sgd(a) => sgd::run(*a, given, ranks),
         Cmd::Plot(a) => one("plot").and_then(|()| plot::run(a)),
     }
 }
@@ -509,6 +518,7 @@ impl Cli {
             Cmd::Train(a) => a.mem.workers,
             Cmd::Linear(a) => a.rows.mem.workers,
             Cmd::Pca(a) => a.rows.mem.workers,
+            Cmd::Sgd(a) => a.rows.mem.workers,
             Cmd::Gen(_) | Cmd::Plot(_) => None,
         };
         flag.unwrap_or_else(cores).clamp(1, outcore::MAX_WORKERS)

@@ -8,7 +8,7 @@ use std::path::Path;
 use outcore::PodVec;
 use serde::{Deserialize, Serialize};
 
-use super::{Layout, Shape};
+use super::{Layout, Rows, Shape};
 use crate::error::{Error, Result};
 use crate::input::{mix, Loader, Partitioned, Source};
 use crate::ranks::{Ranks, Shards};
@@ -58,6 +58,15 @@ pub enum Targets {
         /// Seed.
         seed: u64,
     },
+    /// Made from each row (synthetic data): one column, the class
+    /// `argmax_t s_t(x)` of `classes` noisy linear functions as in
+    /// [`Targets::Synthetic`] (noise 0.5).
+    SyntheticClasses {
+        /// Classes.
+        classes: usize,
+        /// Seed.
+        seed: u64,
+    },
 }
 
 /// A job's input: rows, targets, sample weights.
@@ -104,7 +113,7 @@ pub struct Data {
     /// The targets from a file, block for block with `x`.
     pub y: Option<Partitioned<Columns>>,
     /// Synthetic targets, made by the tasks.
-    pub(super) synthetic: Option<(usize, f32, u64)>,
+    pub(super) synthetic: Option<Made>,
     /// The whole data's shape.
     pub shape: Shape,
     /// How the rows are cut into tasks and shards.
@@ -120,16 +129,113 @@ impl Data {
     }
 }
 
-/// Target `t` of the row `x` (global index `row`) under
-/// [`Targets::Synthetic`].
-pub(super) fn synthetic_target(x: &[f32], t: usize, row: u64, noise: f32, seed: u64) -> f32 {
-    let unit = |h: u64| (h >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0;
-    let tseed = mix(seed ^ 0x7a43_11e5, t as u64);
-    let mut s = unit(mix(tseed, u64::MAX));
-    for (j, v) in x.iter().enumerate() {
-        s += unit(mix(tseed, j as u64)) * v;
+/// Targets made from the rows ([`Targets::Synthetic`],
+/// [`Targets::SyntheticClasses`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Made {
+    /// Linear functions.
+    count: usize,
+    noise: f32,
+    seed: u64,
+    /// One column, the largest function's index.
+    classes: bool,
+}
+
+impl Made {
+    fn of(t: &Targets) -> Option<Made> {
+        match *t {
+            Targets::Synthetic { count, noise, seed } => Some(Made {
+                count,
+                noise,
+                seed,
+                classes: false,
+            }),
+            Targets::SyntheticClasses { classes, seed } => Some(Made {
+                count: classes,
+                noise: 0.5,
+                seed,
+                classes: true,
+            }),
+            _ => None,
+        }
     }
-    s + noise * unit(mix(tseed ^ 0x5eed, row))
+
+    /// Target columns.
+    fn columns(self) -> usize {
+        if self.classes {
+            1
+        } else {
+            self.count
+        }
+    }
+
+    /// The targets of the rows `xs` (`dims` columns, the first being
+    /// row `first`), row-major.
+    fn make(self, xs: &[f32], dims: usize, first: u64) -> Vec<f32> {
+        let mut out = Vec::with_capacity(xs.len() / dims.max(1) * self.columns());
+        let unit = |h: u64| (h >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0;
+        for (i, row) in xs.chunks_exact(dims.max(1)).enumerate() {
+            let mut best = (0usize, f32::NEG_INFINITY);
+            for t in 0..self.count {
+                let tseed = mix(self.seed ^ 0x7a43_11e5, t as u64);
+                let mut s = unit(mix(tseed, u64::MAX));
+                for (j, v) in row.iter().enumerate() {
+                    s += unit(mix(tseed, j as u64)) * v;
+                }
+                s += self.noise * unit(mix(tseed ^ 0x5eed, first + i as u64));
+                if self.classes {
+                    if s > best.1 {
+                        best = (t, s);
+                    }
+                } else {
+                    out.push(s);
+                }
+            }
+            if self.classes {
+                out.push(best.0 as f32);
+            }
+        }
+        out
+    }
+}
+
+/// Calls `f` with the rows `first..first + n` of the partition `x`, their
+/// targets from `y` or made by `made`, and their weights.
+pub(super) fn with_rows<R>(
+    x: &Columns,
+    y: Option<&Columns>,
+    made: Option<Made>,
+    (first, n): (usize, usize),
+    f: impl FnOnce(&Rows<'_>) -> R,
+) -> R {
+    let dims = x.cols as usize;
+    let xs = &x.values()[first * dims..(first + n) * dims];
+    let g = x.first_row + first as u64;
+    let made_ys: Vec<f32>;
+    let (targets, ys): (usize, &[f32]) = match (y, made) {
+        (Some(y), _) => {
+            let t = y.cols as usize;
+            (t, &y.values()[first * t..(first + n) * t])
+        }
+        (None, Some(m)) => {
+            made_ys = m.make(xs, dims, g);
+            (m.columns(), &made_ys)
+        }
+        _ => (0, &[]),
+    };
+    let w = if x.weights.is_empty() {
+        &[][..]
+    } else {
+        &x.weights[first..first + n]
+    };
+    f(&Rows {
+        first: g,
+        dims,
+        x: xs,
+        targets,
+        y: ys,
+        w,
+    })
 }
 
 /// Loads `input` for a job cut as `layout`: this rank's share of the
@@ -153,7 +259,7 @@ pub fn load(
     let targets = match &input.targets {
         Targets::None => 0,
         Targets::File(s) => target_columns(s, rows)?,
-        Targets::Synthetic { count, .. } => *count,
+        t => Made::of(t).map_or(0, Made::columns),
     };
     agree(ranks, input, (rows, dims, targets), layout)?;
     let tasks = rows.div_ceil(layout.task_rows);
@@ -195,10 +301,7 @@ pub fn load(
         _ => None,
     };
     progress(rows, rows);
-    let synthetic = match input.targets {
-        Targets::Synthetic { count, noise, seed } => Some((count, noise, seed)),
-        _ => None,
-    };
+    let synthetic = Made::of(&input.targets);
     Ok(Data {
         x,
         y,

@@ -57,6 +57,7 @@
 mod data;
 pub mod linalg;
 pub mod moments;
+mod online;
 mod run;
 
 use serde::Serialize;
@@ -64,6 +65,8 @@ use serde::Serialize;
 use crate::error::Result;
 
 pub use data::{load, Columns, Data, Input, Targets};
+pub(crate) use online::shuffle;
+pub use online::{fit_online, Online};
 pub use run::{check, fit, Pass, RunStats};
 
 /// The shape of a job's data.

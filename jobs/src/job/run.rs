@@ -6,12 +6,15 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::data::{synthetic_target, Columns, Data};
+use super::data::{with_rows, Columns, Data, Made};
 use super::{Algorithm, Rows, Step};
 use crate::error::{Error, Result};
 use crate::memory::MemoryPool;
 use crate::ranks::ShardSums;
 use crate::session::{ProcessTotals, Session, Totals};
+
+/// What a task of a sum pass does: adds its rows' sums into the vector.
+pub(super) type TaskFn<S> = fn(&S, &Rows<'_>, &mut [f64]);
 
 /// One pass over the rows, as [`fit`] reports it.
 #[derive(Clone, Debug, Serialize)]
@@ -124,7 +127,7 @@ pub fn fit<A: Algorithm>(
         session.phase(&format!("pass {index}"));
         let len = alg.sums(&state, &shape);
         let shared = Arc::new(state);
-        let sums = pass::<A>(session, data, &shared, len, &pool)?;
+        let sums = sum_pass(session, data, &shared, len, &pool, A::task)?;
         let state_back = Arc::try_unwrap(shared)
             .map_err(|_| Error::Input("internal: a pass's state still shared".into()))?;
         let p = Pass {
@@ -144,12 +147,13 @@ pub fn fit<A: Algorithm>(
 /// One pass: a read task per partition (joined with its targets'),
 /// returning each of its tasks' sums; added in task order per shard,
 /// then across ranks in shard order. Its memory is reserved first.
-fn pass<A: Algorithm>(
+pub(super) fn sum_pass<S: Send + Sync + 'static>(
     session: &Session,
     data: &Data,
-    state: &Arc<A::State>,
+    state: &Arc<S>,
     len: usize,
     pool: &MemoryPool,
+    task: TaskFn<S>,
 ) -> Result<Vec<f64>> {
     let (rt, ranks) = (session.runtime(), session.ranks());
     let local = data.local_shards(ranks);
@@ -163,10 +167,10 @@ fn pass<A: Algorithm>(
         let synthetic = data.synthetic;
         match data.y.as_ref().and_then(|y| y.parts.get(i)) {
             Some(yh) => b.read2(h, yh, move |x: &Columns, y: &Columns| {
-                task_sums::<A>(&st, x, Some(y), synthetic, tr, len)
+                task_sums(&*st, x, Some(y), (synthetic, tr, len), task)
             }),
             None => b.read(h, move |x: &Columns| {
-                task_sums::<A>(&st, x, None, synthetic, tr, len)
+                task_sums(&*st, x, None, (synthetic, tr, len), task)
             }),
         };
     }
@@ -229,56 +233,21 @@ pub fn check<A: Algorithm>(session: &Session, data: &Data, alg: &mut A) -> Resul
 
 /// The sums of each task of the partition `x` (its targets `y`), with
 /// the task's index.
-fn task_sums<A: Algorithm>(
-    state: &A::State,
+fn task_sums<S>(
+    state: &S,
     x: &Columns,
     y: Option<&Columns>,
-    synthetic: Option<(usize, f32, u64)>,
-    task_rows: u64,
-    len: usize,
+    (made, task_rows, len): (Option<Made>, u64, usize),
+    task: TaskFn<S>,
 ) -> Vec<(u64, Vec<f64>)> {
-    let dims = x.cols as usize;
-    let (values, weights) = (x.values(), &x.weights[..]);
-    let targets = match (y, synthetic) {
-        (Some(y), _) => y.cols as usize,
-        (None, Some((count, ..))) => count,
-        _ => 0,
-    };
-    let mut made = Vec::new();
     let mut out = Vec::new();
     let mut r = 0usize;
     let rows = x.rows as usize;
     while r < rows {
         let first = x.first_row + r as u64;
         let n = ((task_rows - first % task_rows) as usize).min(rows - r);
-        let xs = &values[r * dims..(r + n) * dims];
-        let ys: &[f32] = match (y, synthetic) {
-            (Some(y), _) => &y.values()[r * targets..(r + n) * targets],
-            (None, Some((count, noise, seed))) => {
-                made.clear();
-                for (i, row) in xs.chunks_exact(dims.max(1)).enumerate() {
-                    for t in 0..count {
-                        made.push(synthetic_target(row, t, first + i as u64, noise, seed));
-                    }
-                }
-                &made
-            }
-            _ => &[],
-        };
-        let rows_view = Rows {
-            first,
-            dims,
-            x: xs,
-            targets,
-            y: ys,
-            w: if weights.is_empty() {
-                &[]
-            } else {
-                &weights[r..r + n]
-            },
-        };
         let mut v = crate::zeros::<f64>(len);
-        A::task(state, &rows_view, &mut v);
+        with_rows(x, y, made, (r, n), |rows| task(state, rows, &mut v));
         out.push((first / task_rows, v));
         r += n;
     }

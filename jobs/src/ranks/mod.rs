@@ -306,6 +306,18 @@ impl Ranks {
         }
     }
 
+    /// Rank `root`'s `values` on every rank (the same length everywhere):
+    /// a model handed on from the rank that updated it last.
+    pub fn broadcast_from(&self, root: usize, values: &mut [f64]) {
+        match &self.inner {
+            Inner::Single => {
+                let _ = (root, values);
+            }
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.broadcast_from(root, values),
+        }
+    }
+
     /// Checks that every rank holds the same `values` (what it read of the
     /// data and the settings it was given): ranks that disagree would
     /// exchange vectors of different lengths (a fatal MPI error, with no

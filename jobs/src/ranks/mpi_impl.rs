@@ -350,6 +350,11 @@ impl World {
         self.comm().process_at_rank(0).broadcast_into(values);
     }
 
+    pub fn broadcast_from(&self, root: usize, values: &mut [f64]) {
+        let root = i32::try_from(root).unwrap_or(0);
+        self.comm().process_at_rank(root).broadcast_into(values);
+    }
+
     /// Every rank's `values` (as many on every rank), in rank order.
     pub fn all_gather_u64(&self, values: &[u64]) -> Vec<u64> {
         let mut all = vec![0u64; values.len() * self.size.get()];
