@@ -100,6 +100,80 @@ fn linear_and_pca_give_the_same_bytes_under_any_cap_partitions_and_workers() {
 }
 
 #[test]
+fn sgd_gives_the_same_bytes_under_any_cap_partitions_and_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (x, _) = data(dir.path(), 8 << 20, 32);
+    // Class indices 0..3 from a column of the data (whole numbers are
+    // exact in float32).
+    let y = dir.path().join("classes.npy");
+    let rows = (8 << 20) / (4 * 32);
+    write_classes(&y, rows, 3);
+    let runs: [&[&str]; 3] = [
+        &["--mem-cap", "none", "--workers", "2"],
+        &["--mem-cap", "3MiB", "--workers", "1", "--partitions", "40"],
+        &["--mem-cap", "6MiB", "--workers", "2", "--partitions", "7"],
+    ];
+    let mut outputs = Vec::new();
+    for (i, flags) in runs.iter().enumerate() {
+        let out = dir.path().join(format!("sgd{i}.npy"));
+        let st = dir.path().join(format!("sgd{i}.json"));
+        let mut args = vec![
+            "sgd",
+            "--input",
+            s(&x),
+            "--targets",
+            s(&y),
+            "--classes",
+            "3",
+        ];
+        args.extend([
+            "--loss",
+            "log_loss",
+            "--penalty",
+            "elasticnet",
+            "--max-iter",
+            "3",
+        ]);
+        args.extend([
+            "--tol",
+            "none",
+            "--early-stopping",
+            "--output",
+            s(&out),
+            "--stats",
+            s(&st),
+        ]);
+        args.extend(*flags);
+        ok(&args);
+        let st = stats(&st);
+        if i == 1 {
+            assert!(st["evictions"].as_u64().unwrap() > 0, "{st}");
+        }
+        assert_eq!(st["n_iter"].as_u64(), Some(3), "{st}");
+        outputs.push(std::fs::read(&out).unwrap());
+    }
+    for (i, o) in outputs.iter().enumerate().skip(1) {
+        assert!(*o == outputs[0], "sgd: run {i} differs from run 0");
+    }
+}
+
+/// A 1-D float32 `.npy` of `rows` class indices in `0..classes`.
+fn write_classes(path: &Path, rows: u64, classes: u64) {
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows},), }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend((header.len() as u16).to_le_bytes());
+    b.extend(header.as_bytes());
+    for r in 0..rows {
+        b.extend((((r * 7 + r / 5) % classes) as f32).to_le_bytes());
+    }
+    std::fs::write(path, b).unwrap();
+}
+
+#[test]
 fn linear_and_pca_agree_with_numpy() {
     if !bin_common::have_python("numpy") {
         return;

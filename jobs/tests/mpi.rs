@@ -934,3 +934,38 @@ fn linear_and_pca_are_the_same_on_any_number_of_ranks() {
         &["explained_variance", "mean", "noise_variance"],
     );
 }
+
+/// SGD on the online driver: the model handed from rank to rank at each
+/// shard, the held-out score summed across ranks (early stopping's).
+#[test]
+fn sgd_is_the_same_on_any_number_of_ranks() {
+    if !have_mpirun() {
+        return;
+    }
+    same_bytes_for_every_count(
+        &[
+            "sgd",
+            "--synthetic",
+            "12MiB",
+            "--dims",
+            "24",
+            "--classes",
+            "3",
+            "--loss",
+            "log_loss",
+            "--max-iter",
+            "3",
+            "--tol",
+            "none",
+            "--early-stopping",
+            "--mem-cap",
+            "2MiB",
+            "--partitions",
+            "48",
+            "--output",
+            "m.npy",
+        ],
+        &["m.npy"],
+        &["t", "intercept"],
+    );
+}

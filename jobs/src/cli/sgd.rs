@@ -89,7 +89,8 @@ pub(super) struct SgdArgs {
     #[arg(long, value_enum)]
     learning_rate: Option<RateArg>,
     /// The initial learning rate (constant, invscaling, adaptive).
-    /// Default: 0.01.
+    /// Default: 0.01, or 1e-4 on synthetic data (its values reach 10 in
+    /// magnitude, so 0.01 diverges, as it would on any unscaled data).
     #[arg(long, allow_negative_numbers = true)]
     eta0: Option<f64>,
     /// invscaling's exponent. Default: 0.5 for classes, 0.25 otherwise.
@@ -239,7 +240,9 @@ fn config(a: &SgdArgs) -> Result<SgdConfig> {
         shuffle: !a.no_shuffle,
         seed: a.rows.seed,
         learning_rate,
-        eta0: a.eta0.unwrap_or(0.01),
+        eta0: a
+            .eta0
+            .unwrap_or(if a.rows.input.is_some() { 0.01 } else { 1e-4 }),
         power_t: a.power_t.unwrap_or(if classes > 0 { 0.5 } else { 0.25 }),
         early_stopping: a.early_stopping,
         validation_fraction: a.validation_fraction,

@@ -123,14 +123,9 @@ pub fn fit_online<A: Online>(
                 )?;
             }
             if session.ranks().size() > 1 {
-                let mut v = if owner == session.ranks().rank() {
-                    rt.read(&model_h, |m: &A::Model| A::values(m))?
-                } else {
-                    Vec::new()
-                };
-                let mut len = [v.len() as u64];
-                session.ranks().broadcast_u64(&mut len);
-                v.resize(len[0] as usize, 0.0);
+                // Every rank's model has the owner's shape: its values
+                // are as many, and the owner's replace them.
+                let mut v = rt.read(&model_h, |m: &A::Model| A::values(m))?;
                 session.ranks().broadcast_from(owner, &mut v);
                 rt.write(&model_h, move |m: &mut A::Model| A::set_values(m, &v))?;
             }
