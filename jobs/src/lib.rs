@@ -53,6 +53,13 @@
 //! - [`kmeans`]: memory-capped K-means (`outcore kmeans`).
 //! - [`train`]: logistic regression with model state in executors
 //!   (`outcore train`).
+//! - [`job`]: the job interface: an algorithm declares its passes of sums
+//!   ([`job::Algorithm`]) or its row-by-row updates ([`job::Online`]);
+//!   the drivers ([`job::fit`], [`job::fit_online`]) own the input, the
+//!   order of every sum, the budget, the statistics and MPI. On it:
+//!   [`linear`] (linear and ridge regression, `outcore linear`), [`pca`]
+//!   (`outcore pca`) and [`sgd`] (SGD classifiers and regressors,
+//!   `outcore sgd`).
 //! - [`Source`], [`Labels`], [`Partitioned`]: the input layer both jobs
 //!   load through.
 //! - [`timeline`]: a CSV of memory and traffic sampled while a job runs
@@ -73,6 +80,10 @@
 //! - `input/`: the input layer both jobs share (its `mod.rs` lists its
 //!   files);
 //! - `kmeans/`, `train/`: the jobs (each `mod.rs` lists its files);
+//! - `job/`: the job interface, its drivers and float64 linear algebra;
+//!   `linear/`, `pca/`, `sgd/`: the algorithms on it;
+//! - `memory.rs`: a job's working memory reserved by name against the
+//!   cap;
 //! - `ranks/`: MPI ranks (feature `mpi`): `Shards`, `Ranks::ordered_sum`;
 //! - `par.rs`: work spread over a few scoped threads;
 //! - `npy/`: `.npy`/`.npz` reading (npyz headers, zip archives), `.npy`

@@ -1,6 +1,8 @@
 //! The `outcore` command line: memory-capped K-means (`outcore kmeans`),
 //! labelling with its centroids or a model (`outcore predict`),
-//! logistic-regression training (`outcore train`), synthetic data
+//! logistic-regression training (`outcore train`), linear and ridge
+//! regression (`outcore linear`), PCA (`outcore pca`), SGD (`outcore
+//! sgd`), synthetic data
 //! (`outcore gen`) and memory timelines (`outcore plot`); the reference is
 //! `docs/cli.md`. The application, not the library, installs outcore's
 //! allocator: the line below.

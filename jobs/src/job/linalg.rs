@@ -10,7 +10,7 @@ const BLOCK: usize = 256;
 
 /// Adds `sum_i w_i z_i z_i^T` to `gram` (`cols x cols`, row-major), where
 /// `z_i` is row `i` of `z` (`rows x cols`, row-major, float64) and `w_i`
-/// is `w[i]` (1 when `w` is empty). Blocks of [`BLOCK`] rows from the
+/// is `w[i]` (1 when `w` is empty). Blocks of 256 rows from the
 /// first, each one GEMM.
 pub fn add_gram(z: &[f64], cols: usize, w: &[f64], gram: &mut [f64]) {
     let rows = z.len() / cols.max(1);

@@ -21,7 +21,7 @@
 //! A *task* is a fixed block of [`Layout::task_rows`] global rows; tasks
 //! are cut into [`Layout::shards`] shards, spread over the MPI ranks. A
 //! pass adds the tasks' partial sums in task order within a shard and the
-//! shards in shard order ([`crate::ranks::ShardSums`]): the result does
+//! shards in shard order (`ShardSums`, as `ranks::Ranks::ordered_sum`): the result does
 //! not depend on the cap, the partitions, the workers or the ranks, bit
 //! for bit.
 //!
@@ -144,6 +144,63 @@ pub enum Step<S, F> {
 /// it makes of their sums. The driver ([`fit`]) runs each pass as one
 /// read-only task per block of [`Layout::task_rows`] rows and adds their
 /// partial sums in a fixed order.
+///
+/// Ordinary least squares without an intercept, in full:
+///
+/// ```
+/// use outcore::Runtime;
+/// use outcore_jobs::job::linalg::{add_gram, cholesky, cholesky_solve};
+/// use outcore_jobs::job::{self, Algorithm, Input, Layout, Rows, Shape, Step};
+/// use outcore_jobs::{Error, Result, Session, Source};
+/// # #[global_allocator]
+/// # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+///
+/// struct Ols;
+///
+/// impl Algorithm for Ols {
+///     type State = (); // what every task reads: nothing
+///     type Fitted = Vec<f64>; // the coefficients
+///
+///     fn describe(&self, s: &Shape) -> String {
+///         format!("least squares on {} columns", s.dims)
+///     }
+///     fn start(&mut self, _: &Shape) -> Result<()> {
+///         Ok(())
+///     }
+///     // One pass: the Gram matrix of [x, y], (dims + 1)^2 values.
+///     fn sums(&self, _: &(), s: &Shape) -> usize {
+///         (s.dims + 1).pow(2)
+///     }
+///     fn most_sums(&self, s: &Shape) -> usize {
+///         (s.dims + 1).pow(2)
+///     }
+///     fn task(_: &(), rows: &Rows<'_>, out: &mut [f64]) {
+///         let z: Vec<f64> = (0..rows.len())
+///             .flat_map(|i| {
+///                 let x = &rows.x[i * rows.dims..(i + 1) * rows.dims];
+///                 x.iter().chain([&rows.y[i]]).map(|&v| f64::from(v))
+///             })
+///             .collect();
+///         add_gram(&z, rows.dims + 1, &[], out);
+///     }
+///     fn step(&mut self, _: (), g: Vec<f64>, s: &Shape) -> Result<Step<(), Vec<f64>>> {
+///         let (d, n) = (s.dims, s.dims + 1);
+///         let xx: Vec<f64> = (0..d).flat_map(|i| g[i * n..i * n + d].to_vec()).collect();
+///         let mut b: Vec<f64> = (0..d).map(|i| g[i * n + d]).collect();
+///         let l = cholesky(&xx, d, 0.0).ok_or_else(|| Error::Input("singular".into()))?;
+///         cholesky_solve(&l, d, &mut b);
+///         Ok(Step::Done(b))
+///     }
+/// }
+///
+/// let session = Session::new(Runtime::builder().build()?);
+/// let x = Source::synthetic(10_000 * 4 * 4, 4, 2, 9);
+/// let input = Input::synthetic_targets(&x, 1, 0.0);
+/// let data = job::load(&session, &input, Layout::default(), 64 << 10, |_, _| {})?;
+/// let (coef, run) = job::fit(&session, &data, &mut Ols, |_| {})?;
+/// assert_eq!((coef.len(), run.passes.len()), (4, 1));
+/// # Ok::<(), outcore_jobs::Error>(())
+/// ```
 pub trait Algorithm {
     /// What every task of a pass reads: the model so far, the pass's
     /// settings. Shared by the workers.
