@@ -18,11 +18,11 @@ read from its file, so its pages do not pile up in the process.
 from ._kmeans import KMeans, MiniBatchKMeans
 from ._linear import LinearRegression, Ridge
 from ._logistic import LogisticRegression
-from ._pca import PCA
+from ._pca import PCA, IncrementalPCA
 from ._sgd import SGDClassifier, SGDRegressor
 
 __all__ = [
-    "KMeans", "MiniBatchKMeans", "LinearRegression", "LogisticRegression", "PCA", "Ridge",
+    "KMeans", "MiniBatchKMeans", "IncrementalPCA", "LinearRegression", "LogisticRegression", "PCA", "Ridge",
     "SGDClassifier", "SGDRegressor",
 ]
 __version__ = "0.1.0"

@@ -265,3 +265,150 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
 
 PCA.__doc__ = PCA.__doc__.replace("    ENGINE\n", _ENGINE_DOC.lstrip("\n") + "\n")
+
+
+class IncrementalPCA(PCA):
+    """Incremental principal component analysis that runs under a memory cap.
+
+    ``fit`` reads the data through the engine in two passes, as
+    :class:`PCA`; ``partial_fit`` adds a batch. Both keep the exact
+    moments of every row seen (the count, the means and the Gram matrix of
+    the centred rows, merged batch by batch in float64), so the components
+    are those of an exact PCA of all the rows seen, whatever the batches:
+    scikit-learn's ``IncrementalPCA`` approximates them by an incremental
+    SVD, to which these agree up to its approximation.
+
+    Parameters
+    ----------
+    n_components : int or None, default=None
+        Components to keep; None: ``min(n_samples_seen, n_features)``.
+    whiten : bool, default=False
+    copy : bool, default=True
+        Kept for compatibility: the engine never changes X.
+    batch_size : int or None, default=None
+        Kept for scikit-learn's attribute ``batch_size_`` (``5 *
+        n_features`` by default): ``fit`` reads the data whole through
+        the engine, not in batches.
+    ENGINE
+    Attributes
+    ----------
+    components_, explained_variance_, explained_variance_ratio_,
+    singular_values_, mean_, n_components_, noise_variance_ : as PCA's
+    var_ : ndarray of shape (n_features,)
+        Per-feature variance of the rows seen.
+    n_samples_seen_ : int
+    batch_size_ : int
+    """
+
+    def __init__(self, n_components=None, *, whiten=False, copy=True, batch_size=None, n_jobs=None,
+                 verbose=0, mem_cap=None, spill_dir=None, timeline=None):
+        self.n_components = n_components
+        self.whiten = whiten
+        self.copy = copy
+        self.batch_size = batch_size
+        self.n_jobs = n_jobs
+        self.verbose = verbose
+        self.mem_cap = mem_cap
+        self.spill_dir = spill_dir
+        self.timeline = timeline
+
+    def _check_components(self, n_features):
+        k = self.n_components
+        if k is None:
+            return
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool):
+            raise ValueError(f"n_components must be an int or None, not {k!r}")
+        if not 1 <= k <= n_features:
+            raise ValueError(
+                f"n_components={k!r} invalid for n_features={n_features}, need more rows than "
+                "n_components or fewer components"
+            )
+
+    def fit(self, X, y=None):
+        """Fit the model with X, through the engine (exactly).
+
+        Returns
+        -------
+        self : object
+        """
+        settings = _base.settings(self)
+        with _base.fit_data(self, X, dtype=[np.float64, np.float32]) as data:
+            if data.rows < 2:
+                raise ValueError(f"n_samples={data.rows}: IncrementalPCA needs at least 2 samples")
+            self._check_components(data.cols)
+            if self.n_components is not None and self.n_components > data.rows:
+                raise ValueError(
+                    f"n_components={self.n_components} must be less or equal to the batch number "
+                    f"of samples {data.rows}."
+                )
+            out = _core.pca_fit(settings, data.path, None, None, True)
+        d = data.cols
+        self.stats_ = json.loads(out["stats"])
+        self.batch_size_ = self.batch_size or 5 * d
+        gram = np.frombuffer(out["gram"], dtype="<f8").reshape(d, d).copy()
+        self._moments = (int(out["rows"]), np.asarray(out["mean"], dtype=np.float64), gram)
+        self._decompose()
+        return self
+
+    def partial_fit(self, X, y=None, check_input=True):
+        """Add a batch of rows (held in memory) to the moments and decompose.
+
+        Returns
+        -------
+        self : object
+        """
+        first = not hasattr(self, "_moments")
+        if check_input:
+            X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=first)
+        X = np.asarray(X, dtype=np.float64)
+        n_b, d = X.shape
+        self._check_components(d)
+        if self.n_components is not None and self.n_components > n_b:
+            raise ValueError(
+                f"n_components={self.n_components} must be less or equal to the batch number of "
+                f"samples {n_b}."
+            )
+        if not np.isfinite(X).all():
+            raise ValueError("Input X contains NaN or infinity.")
+        mean_b = X.mean(axis=0)
+        Xc = X - mean_b
+        gram_b = Xc.T @ Xc
+        if first:
+            self._moments = (n_b, mean_b, gram_b)
+            self.batch_size_ = self.batch_size or 5 * d
+        else:
+            n_a, mean_a, gram_a = self._moments
+            n = n_a + n_b
+            delta = mean_b - mean_a
+            mean = mean_a + delta * (n_b / n)
+            gram = gram_a + gram_b + np.outer(delta, delta) * (n_a * n_b / n)
+            self._moments = (n, mean, gram)
+        self._decompose()
+        return self
+
+    def _decompose(self):
+        n, mean, gram = self._moments
+        d = len(mean)
+        if n < 2:
+            raise ValueError("IncrementalPCA needs at least 2 samples seen")
+        vals, vecs = np.linalg.eigh(gram / (n - 1))
+        vals, vecs = np.maximum(vals[::-1], 0.0), vecs[:, ::-1].T
+        most = min(n, d)
+        vals, vecs = vals[:most], vecs[:most]
+        k = most if self.n_components is None else self.n_components
+        signs = np.sign(vecs[np.arange(len(vecs)), np.abs(vecs).argmax(axis=1)])
+        vecs = vecs * np.where(signs == 0, 1.0, signs)[:, None]
+        total = vals.sum()
+        self.components_ = vecs[:k]
+        self.explained_variance_ = vals[:k]
+        self.explained_variance_ratio_ = vals[:k] / total if total > 0 else np.zeros(k)
+        self.singular_values_ = np.sqrt(vals[:k] * (n - 1))
+        self.mean_ = mean
+        self.var_ = np.diag(gram) / n
+        self.n_components_ = k
+        self.n_samples_seen_ = n
+        self.n_samples_ = n
+        self.noise_variance_ = float(vals[k:].mean()) if k < most else 0.0
+
+
+IncrementalPCA.__doc__ = IncrementalPCA.__doc__.replace("    ENGINE\n", _ENGINE_DOC.lstrip("\n") + "\n")

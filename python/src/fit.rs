@@ -88,15 +88,17 @@ pub(crate) fn linear_fit<'py>(
 /// of the variance in (0, 1), or all for `None`): a dict of `components`
 /// (bytes of float64, n_components x dims), `explained_variance`,
 /// `explained_variance_ratio`, `singular_values`, `mean`,
-/// `noise_variance` and `stats` (JSON).
+/// `noise_variance`, `rows`, `gram` (bytes of the centred rows' Gram
+/// matrix, with `gram=True`; else empty) and `stats` (JSON).
 #[pyfunction]
-#[pyo3(signature = (settings, path, count=None, share=None))]
+#[pyo3(signature = (settings, path, count=None, share=None, gram=false))]
 pub(crate) fn pca_fit<'py>(
     py: Python<'py>,
     settings: &Settings,
     path: PathBuf,
     count: Option<usize>,
     share: Option<f64>,
+    gram: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let src = Source::from_path(&path, None).map_err(crate::to_py)?;
     let components = match (count, share) {
@@ -104,7 +106,12 @@ pub(crate) fn pca_fit<'py>(
         (None, Some(s)) => Components::Share(s),
         (None, None) => Components::All,
     };
-    let (f, stats) = fit(py, settings, &Input::rows(&src), Pca::new(components))?;
+    let rows = src.shape().map_err(crate::to_py)?.0;
+    let mut alg = Pca::new(components);
+    if gram {
+        alg = alg.keep_gram();
+    }
+    let (f, stats) = fit(py, settings, &Input::rows(&src), alg)?;
     let d = PyDict::new(py);
     d.set_item(
         "components",
@@ -116,6 +123,11 @@ pub(crate) fn pca_fit<'py>(
     d.set_item("singular_values", f.singular_values)?;
     d.set_item("mean", f.mean)?;
     d.set_item("noise_variance", f.noise_variance)?;
+    d.set_item("rows", rows)?;
+    d.set_item(
+        "gram",
+        PyBytes::new(py, &le_bytes(&f.gram, f64::to_le_bytes)),
+    )?;
     d.set_item("stats", stats)?;
     Ok(d)
 }

@@ -218,3 +218,25 @@ def test_sgd_same_bytes_under_a_cap_from_a_memmap_and_early_stopping(tmp_path):
     assert 3 <= es.n_iter_ < 1000
     with pytest.raises(AttributeError):
         outcore.SGDClassifier(loss="hinge").fit(X[:100], y[:100]).predict_proba(X[:2])
+
+
+def test_incremental_pca_is_the_exact_pca_of_every_row_seen(tmp_path):
+    X, _ = datasets.load_digits(return_X_y=True)
+    X = X[:, X.std(axis=0) > 0]
+    exact = decomposition.PCA(10, svd_solver="full").fit(X)
+    np.save(tmp_path / "X.npy", X.astype(np.float32))
+    whole = outcore.IncrementalPCA(10, mem_cap="64MiB").fit(np.load(tmp_path / "X.npy", mmap_mode="r"))
+    batches = outcore.IncrementalPCA(10)
+    for start in range(0, len(X), 300):
+        batches.partial_fit(X[start:start + 300])
+    for m in (whole, batches):
+        assert m.n_samples_seen_ == len(X)
+        assert np.abs(m.components_ - exact.components_).max() < 1e-8
+        assert np.allclose(m.explained_variance_, exact.explained_variance_, rtol=1e-5)
+        assert np.allclose(m.var_, X.var(axis=0), rtol=1e-5)
+    # Going on from fit with a batch: the moments of all the rows.
+    whole.partial_fit(X[:100])
+    both = decomposition.PCA(10, svd_solver="full").fit(np.vstack([X, X[:100]]))
+    assert np.abs(whole.components_ - both.components_).max() < 1e-8
+    with pytest.raises(ValueError, match="must be less or equal to the batch number of samples"):
+        outcore.IncrementalPCA(20).partial_fit(X[:10])

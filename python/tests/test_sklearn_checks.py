@@ -18,6 +18,7 @@ def expected_failures(est):
         outcore.LinearRegression(mem_cap="64MiB", n_jobs=2),
         outcore.Ridge(mem_cap="64MiB", n_jobs=2),
         outcore.PCA(mem_cap="64MiB", n_jobs=2),
+        outcore.IncrementalPCA(mem_cap="64MiB", n_jobs=2),
         outcore.SGDClassifier(mem_cap="64MiB", n_jobs=2),
         outcore.SGDRegressor(mem_cap="64MiB", n_jobs=2),
     ],

@@ -48,6 +48,10 @@ pub struct PcaFit {
     pub mean: Vec<f64>,
     /// The mean variance of the components not kept (0 when all are).
     pub noise_variance: f64,
+    /// The Gram matrix of the centred rows, `dims x dims`, when asked for
+    /// ([`Pca::keep_gram`]): what an incremental PCA goes on from.
+    #[serde(skip)]
+    pub gram: Vec<f64>,
 }
 
 /// The passes of a PCA.
@@ -63,12 +67,23 @@ pub enum Pass {
 #[derive(Debug)]
 pub struct Pca {
     components: Components,
+    keep_gram: bool,
 }
 
 impl Pca {
     /// A PCA keeping `components`.
     pub fn new(components: Components) -> Pca {
-        Pca { components }
+        Pca {
+            components,
+            keep_gram: false,
+        }
+    }
+
+    /// Keeps the Gram matrix of the centred rows in the fit
+    /// ([`PcaFit::gram`]).
+    pub fn keep_gram(mut self) -> Pca {
+        self.keep_gram = true;
+        self
     }
 }
 
@@ -175,6 +190,11 @@ impl Pca {
                 0.0
             } else {
                 rest.iter().sum::<f64>() / rest.len() as f64
+            },
+            gram: if self.keep_gram {
+                g.to_vec()
+            } else {
+                Vec::new()
             },
         })
     }
