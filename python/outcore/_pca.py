@@ -8,7 +8,7 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Transfo
 from sklearn.utils.validation import check_array, check_is_fitted
 
 from . import _base, _core, _data
-from ._kmeans import _ENGINE_DOC
+from ._kmeans import _ENGINE_DOC, _seed
 
 
 def _infer_dimension(spectrum, n_samples):
@@ -65,9 +65,20 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     whiten : bool, default=False
         Scale the transformed components to unit variance.
     svd_solver : {"auto", "full", "covariance_eigh", "arpack", "randomized"}, default="auto"
-        Every solver computes the exact decomposition of the covariance.
-    tol, iterated_power, n_oversamples, power_iteration_normalizer, random_state :
-        Kept for compatibility with scikit-learn's signature.
+        "randomized": subspace iteration on the covariance over passes of
+        the data (Halko et al.), for an int ``n_components``; "auto" takes
+        it over more than 4,096 features; the others compute the exact
+        decomposition of the covariance.
+    iterated_power : int or "auto", default="auto"
+        Randomized: power passes after the first ("auto": 7 when
+        ``n_components`` is under a tenth of the smaller dimension, else 4).
+    n_oversamples : int, default=10
+        Randomized: directions beyond ``n_components``.
+    random_state : int, RandomState instance or None, default=None
+        Randomized: the starting subspace.
+    tol, power_iteration_normalizer :
+        Kept for compatibility (the power passes orthonormalise by
+        Gram-Schmidt).
     ENGINE
     Attributes
     ----------
@@ -123,6 +134,24 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             return None, float(k)
         raise ValueError(f"n_components must be None, 'mle', an int >= 1 or a float in (0, 1), not {k!r}")
 
+    def _randomized(self, count, rows, cols):
+        """The engine's randomized settings, or None for the exact solver:
+        "randomized" asks for it; "auto" takes it for a count of components
+        over more than 4,096 columns (where a task's covariance would be
+        over 128 MiB)."""
+        solver = self.svd_solver
+        if count is None or not (solver == "randomized" or (solver == "auto" and cols > 4096)):
+            return None
+        it = self.iterated_power
+        if it == "auto":
+            it = 7 if count < 0.1 * min(rows, cols) else 4
+        elif not isinstance(it, numbers.Integral) or it < 0:
+            raise ValueError(f"iterated_power must be an int >= 0 or 'auto', not {it!r}")
+        over = self.n_oversamples
+        if not isinstance(over, numbers.Integral) or over < 1:
+            raise ValueError(f"n_oversamples must be an int >= 1, not {over!r}")
+        return (int(over), int(it), _seed(self.random_state))
+
     def fit(self, X, y=None):
         """Fit the model with X.
 
@@ -142,7 +171,8 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             if data.rows < 2:
                 raise ValueError(f"n_samples={data.rows}: PCA needs at least 2 samples")
             count, share = self._components_spec(data.rows, data.cols)
-            out = _core.pca_fit(settings, data.path, count, share)
+            out = _core.pca_fit(settings, data.path, count, share, False,
+                                self._randomized(count, data.rows, data.cols))
         d = data.cols
         k = int(out["n_components"])
         comps = np.frombuffer(out["components"], dtype="<f8").reshape(k, d).copy()

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use outcore_jobs::job::{self, Algorithm, Input, Layout, Targets};
 use outcore_jobs::linear::{Linear, LinearConfig};
-use outcore_jobs::pca::{Components, Pca};
+use outcore_jobs::pca::{Components, Pca, Solver};
 use outcore_jobs::sgd::{Loss, Penalty, Schedule, Sgd, SgdConfig, SgdModel};
 use outcore_jobs::{Source, Workers};
 use pyo3::exceptions::PyValueError;
@@ -90,8 +90,10 @@ pub(crate) fn linear_fit<'py>(
 /// `explained_variance_ratio`, `singular_values`, `mean`,
 /// `noise_variance`, `rows`, `gram` (bytes of the centred rows' Gram
 /// matrix, with `gram=True`; else empty) and `stats` (JSON).
+/// `randomized`: `(oversamples, power passes, seed)` for the randomized
+/// solver.
 #[pyfunction]
-#[pyo3(signature = (settings, path, count=None, share=None, gram=false))]
+#[pyo3(signature = (settings, path, count=None, share=None, gram=false, randomized=None))]
 pub(crate) fn pca_fit<'py>(
     py: Python<'py>,
     settings: &Settings,
@@ -99,6 +101,7 @@ pub(crate) fn pca_fit<'py>(
     count: Option<usize>,
     share: Option<f64>,
     gram: bool,
+    randomized: Option<(usize, usize, u64)>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let src = Source::from_path(&path, None).map_err(crate::to_py)?;
     let components = match (count, share) {
@@ -110,6 +113,13 @@ pub(crate) fn pca_fit<'py>(
     let mut alg = Pca::new(components);
     if gram {
         alg = alg.keep_gram();
+    }
+    if let Some((oversamples, iterations, seed)) = randomized {
+        alg = alg.solver(Solver::Randomized {
+            oversamples,
+            iterations,
+            seed,
+        });
     }
     let (f, stats) = fit(py, settings, &Input::rows(&src), alg)?;
     let d = PyDict::new(py);

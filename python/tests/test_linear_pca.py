@@ -240,3 +240,22 @@ def test_incremental_pca_is_the_exact_pca_of_every_row_seen(tmp_path):
     assert np.abs(whole.components_ - both.components_).max() < 1e-8
     with pytest.raises(ValueError, match="must be less or equal to the batch number of samples"):
         outcore.IncrementalPCA(20).partial_fit(X[:10])
+
+
+def test_randomized_pca_finds_the_leading_components(tmp_path):
+    X, _ = datasets.load_digits(return_X_y=True)
+    X = X[:, X.std(axis=0) > 0]
+    exact = decomposition.PCA(5, svd_solver="full").fit(X)
+    a = outcore.PCA(5, svd_solver="randomized", random_state=0).fit(X)
+    assert np.abs(a.components_ - exact.components_).max() < 1e-4
+    assert relative(a.explained_variance_, exact.explained_variance_) < 1e-6
+    assert np.allclose(a.explained_variance_ratio_, exact.explained_variance_ratio_, rtol=1e-6)
+    ref = decomposition.PCA(5, svd_solver="randomized", random_state=0).fit(X)
+    assert np.isclose(a.noise_variance_, ref.noise_variance_, rtol=1e-5)
+    # Passes: the means, the first product and 7 power passes ("auto": 5
+    # components, under a tenth of the 61 columns).
+    assert len(a.stats_["passes"]) == 1 + 1 + 7
+    # The same bytes under a cap that evicts.
+    np.save(tmp_path / "X.npy", X.astype(np.float32))
+    b = outcore.PCA(5, svd_solver="randomized", random_state=0, mem_cap="1MiB", n_jobs=1).fit(tmp_path / "X.npy")
+    assert b.components_.tobytes() == a.components_.tobytes()

@@ -8,7 +8,7 @@ use clap::Args;
 use outcore::{format_bytes, MemoryCap};
 use outcore_jobs::job::{self, Algorithm, Data, Input, Layout, Online, RunStats, Targets};
 use outcore_jobs::linear::{Linear, LinearConfig};
-use outcore_jobs::pca::{Components, Pca};
+use outcore_jobs::pca::{Components, Pca, Solver};
 use outcore_jobs::ranks::Ranks;
 use outcore_jobs::{check_outputs, npy, write_json, Error, Result, Session, Source, Workers};
 use serde::Serialize;
@@ -89,6 +89,12 @@ pub(super) struct LinearArgs {
     output: Option<PathBuf>,
 }
 
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum SolverArg {
+    Exact,
+    Randomized,
+}
+
 /// Flags of `outcore pca`.
 #[derive(Args, Debug)]
 pub(super) struct PcaArgs {
@@ -98,6 +104,19 @@ pub(super) struct PcaArgs {
     /// (the fewest components explaining more), or `all`.
     #[arg(long, value_name = "N|SHARE|all", default_value = "all")]
     n_components: String,
+    /// `exact`: the covariance's eigenvectors (a `D x D` matrix per task
+    /// in flight); `randomized`: subspace iteration over passes of the
+    /// data (a `D x (N + oversamples)` matrix), for many columns and a
+    /// count of components.
+    #[arg(long, value_enum, default_value_t = SolverArg::Exact)]
+    solver: SolverArg,
+    /// Randomized: directions beyond the components kept.
+    #[arg(long, default_value_t = 10)]
+    n_oversamples: usize,
+    /// Randomized: power passes after the first (`auto`: 7 when fewer
+    /// components than a tenth of the columns are kept, else 4).
+    #[arg(long, value_name = "N|auto", default_value = "auto")]
+    iterated_power: String,
     /// Write the components (float64, n_components x D) to this .npy
     /// file; the means and variances are in --stats.
     #[arg(long, value_name = "FILE")]
@@ -170,6 +189,34 @@ pub(super) fn run_pca(a: PcaArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     let components = parse_components(&a.n_components)?;
     let src = source(&a.rows, given, ranks, &[], &a.output)?;
     let mut alg = Pca::new(components);
+    if let SolverArg::Randomized = a.solver {
+        let Components::Count(k) = components else {
+            return Err(Error::Input(
+                "--solver randomized needs a count of --n-components".into(),
+            ));
+        };
+        let dims = src.shape()?.1;
+        let iterations = match a.iterated_power.as_str() {
+            "auto" if k * 10 < dims => 7,
+            "auto" => 4,
+            n => n.parse::<usize>().map_err(|_| {
+                Error::Input(format!("--iterated-power must be a count or auto, not {n}"))
+            })?,
+        };
+        alg = alg.solver(Solver::Randomized {
+            oversamples: a.n_oversamples,
+            iterations,
+            seed: a.rows.seed,
+        });
+    } else {
+        given.warn_unused(
+            &[
+                ("n_oversamples", "--n-oversamples"),
+                ("iterated_power", "--iterated-power"),
+            ],
+            "applies to --solver randomized",
+        );
+    }
     let (session, fit, run) = fit_job(&a.rows, &Input::rows(&src), &mut alg, ranks, "pca")?;
     let shape = [fit.n_components as u64, run.dims as u64];
     let kept: f64 = fit.explained_variance_ratio.iter().sum();

@@ -111,16 +111,11 @@ pub fn eigh(a: &[f64], n: usize) -> Option<(Vec<f64>, Vec<f64>)> {
     let mut v = a.to_vec();
     let mut d = vec![0.0; n];
     let mut e = vec![0.0; n];
+    // The reduction works on the transpose (the same matrix), so that its
+    // inner loops run along rows, and leaves V^T, whose rows the QL sweeps
+    // rotate, each contiguous.
     tridiagonalize(&mut v, n, &mut d, &mut e);
-    // The QL sweeps rotate columns of V: hold V^T, so that they rotate
-    // rows, each contiguous.
-    let mut vt = vec![0.0; n * n];
-    for i in 0..n {
-        for j in 0..n {
-            vt[j * n + i] = v[i * n + j];
-        }
-    }
-    drop(v);
+    let mut vt = v;
     diagonalize(&mut vt, n, &mut d, &mut e)?;
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by(|&i, &j| d[j].total_cmp(&d[i]).then(i.cmp(&j)));
@@ -134,19 +129,22 @@ pub fn eigh(a: &[f64], n: usize) -> Option<(Vec<f64>, Vec<f64>)> {
 
 /// Householder reduction of the symmetric matrix `v` to tridiagonal form:
 /// on return `d` holds the diagonal, `e[1..]` the subdiagonal and `v` the
-/// orthogonal transformation (its columns).
+/// orthogonal transformation, transposed (its rows). Every index of the
+/// textbook algorithm is transposed, so the inner loops run along rows.
 #[allow(clippy::many_single_char_names)]
 fn tridiagonalize(v: &mut [f64], n: usize, d: &mut [f64], e: &mut [f64]) {
-    d.copy_from_slice(&v[(n - 1) * n..n * n]);
+    for (j, x) in d.iter_mut().enumerate() {
+        *x = v[j * n + n - 1];
+    }
     for i in (1..n).rev() {
         let scale: f64 = d[..i].iter().map(|x| x.abs()).sum();
         let mut h = 0.0;
         if scale == 0.0 {
             e[i] = d[i - 1];
             for j in 0..i {
-                d[j] = v[(i - 1) * n + j];
-                v[i * n + j] = 0.0;
+                d[j] = v[j * n + i - 1];
                 v[j * n + i] = 0.0;
+                v[i * n + j] = 0.0;
             }
         } else {
             for x in &mut d[..i] {
@@ -161,11 +159,11 @@ fn tridiagonalize(v: &mut [f64], n: usize, d: &mut [f64], e: &mut [f64]) {
             e[..i].fill(0.0);
             for j in 0..i {
                 let f = d[j];
-                v[j * n + i] = f;
+                v[i * n + j] = f;
                 let mut g = e[j] + v[j * n + j] * f;
                 for k in j + 1..i {
-                    g += v[k * n + j] * d[k];
-                    e[k] += v[k * n + j] * f;
+                    g += v[j * n + k] * d[k];
+                    e[k] += v[j * n + k] * f;
                 }
                 e[j] = g;
             }
@@ -181,10 +179,10 @@ fn tridiagonalize(v: &mut [f64], n: usize, d: &mut [f64], e: &mut [f64]) {
             for j in 0..i {
                 let (f, g) = (d[j], e[j]);
                 for k in j..i {
-                    v[k * n + j] -= f * e[k] + g * d[k];
+                    v[j * n + k] -= f * e[k] + g * d[k];
                 }
-                d[j] = v[(i - 1) * n + j];
-                v[i * n + j] = 0.0;
+                d[j] = v[j * n + i - 1];
+                v[j * n + i] = 0.0;
             }
         }
         d[i] = h;
@@ -197,30 +195,30 @@ fn tridiagonalize(v: &mut [f64], n: usize, d: &mut [f64], e: &mut [f64]) {
 /// out into `v`, and the diagonal into `d`.
 fn accumulate(v: &mut [f64], n: usize, d: &mut [f64]) {
     for i in 0..n - 1 {
-        v[(n - 1) * n + i] = v[i * n + i];
+        v[i * n + n - 1] = v[i * n + i];
         v[i * n + i] = 1.0;
         let h = d[i + 1];
         if h != 0.0 {
             for k in 0..=i {
-                d[k] = v[k * n + i + 1] / h;
+                d[k] = v[(i + 1) * n + k] / h;
             }
             for j in 0..=i {
                 let mut g = 0.0;
                 for k in 0..=i {
-                    g += v[k * n + i + 1] * v[k * n + j];
+                    g += v[(i + 1) * n + k] * v[j * n + k];
                 }
                 for k in 0..=i {
-                    v[k * n + j] -= g * d[k];
+                    v[j * n + k] -= g * d[k];
                 }
             }
         }
         for k in 0..=i {
-            v[k * n + i + 1] = 0.0;
+            v[(i + 1) * n + k] = 0.0;
         }
     }
     for j in 0..n {
-        d[j] = v[(n - 1) * n + j];
-        v[(n - 1) * n + j] = 0.0;
+        d[j] = v[j * n + n - 1];
+        v[j * n + n - 1] = 0.0;
     }
     v[(n - 1) * n + n - 1] = 1.0;
 }

@@ -84,3 +84,80 @@ pub fn add_centred_gram(rows: &Rows<'_>, mean_x: &[f64], mean_y: &[f64], out: &m
         r += m;
     }
 }
+
+/// Adds one task's `Z^T (Z Q)` (`dims x width`, row-major), `Z` being the
+/// rows centred on `mean` and `Q` the `dims x width` matrix `q`, and then
+/// each column's sum of squares of `Z` (`dims` values), to `out`: a pass
+/// of subspace iteration on the Gram matrix `Z^T Z`, without forming it.
+pub fn add_projected(rows: &Rows<'_>, mean: &[f64], q: &[f64], width: usize, out: &mut [f64]) {
+    let d = rows.dims;
+    let n = rows.len();
+    let mut z = Vec::with_capacity(BLOCK * d);
+    let mut p = vec![0.0; BLOCK * width];
+    let (zq, squares) = out.split_at_mut(d * width);
+    let mut r = 0;
+    while r < n {
+        let m = BLOCK.min(n - r);
+        z.clear();
+        for i in r..r + m {
+            z.extend(
+                rows.x[i * d..(i + 1) * d]
+                    .iter()
+                    .zip(mean)
+                    .map(|(&v, m)| f64::from(v) - m),
+            );
+        }
+        for row in z.chunks_exact(d.max(1)) {
+            for (s, v) in squares.iter_mut().zip(row) {
+                *s += v * v;
+            }
+        }
+        // SAFETY:
+        // - A = z is `m x d` (m*d values, row stride d), B = q is
+        //   `d x width` (d*width values, row stride width), C = p holds at
+        //   least m*width values (row stride width); beta = 0, so C is not
+        //   read; nothing aliases.
+        unsafe {
+            matrixmultiply::dgemm(
+                m,
+                d,
+                width,
+                1.0,
+                z.as_ptr(),
+                d as isize,
+                1,
+                q.as_ptr(),
+                width as isize,
+                1,
+                0.0,
+                p.as_mut_ptr(),
+                width as isize,
+                1,
+            );
+        }
+        // SAFETY:
+        // - A = z^T is `d x m`: z read with row stride 1 and column stride
+        //   d; B = p is `m x width` (row stride width); C = zq holds
+        //   d*width values (row stride width), accumulated into (beta =
+        //   1); it is part of `out`, which nothing else borrows.
+        unsafe {
+            matrixmultiply::dgemm(
+                d,
+                m,
+                width,
+                1.0,
+                z.as_ptr(),
+                1,
+                d as isize,
+                p.as_ptr(),
+                width as isize,
+                1,
+                1.0,
+                zq.as_mut_ptr(),
+                width as isize,
+                1,
+            );
+        }
+        r += m;
+    }
+}

@@ -14,7 +14,9 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::job::linalg::eigh;
-use crate::job::moments::{add_centred_gram, add_means, means, means_len};
+use crate::job::moments::{add_centred_gram, add_means, add_projected, means, means_len};
+
+mod randomized;
 use crate::job::{Algorithm, Rows, Shape, Step};
 
 /// How many components to keep.
@@ -54,6 +56,24 @@ pub struct PcaFit {
     pub gram: Vec<f64>,
 }
 
+/// How the components are found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Solver {
+    /// The eigendecomposition of the covariance (`covariance_eigh`).
+    Exact,
+    /// Randomized subspace iteration on the covariance: `oversamples`
+    /// extra directions, `iterations` power passes, the start from
+    /// `seed`.
+    Randomized {
+        /// Directions beyond the components kept.
+        oversamples: usize,
+        /// Power passes after the first.
+        iterations: usize,
+        /// Seed of the starting subspace.
+        seed: u64,
+    },
+}
+
 /// The passes of a PCA.
 #[derive(Debug)]
 pub enum Pass {
@@ -61,6 +81,19 @@ pub enum Pass {
     Means,
     /// The Gram matrix of the rows centred on these means.
     Gram(Vec<f64>),
+    /// A pass of subspace iteration (the randomized solver).
+    Power(Power),
+}
+
+/// A pass of the randomized solver: `G Q` for the orthonormal `dims x
+/// width` matrix `q`, with the rows centred on `mean`.
+#[derive(Debug)]
+pub struct Power {
+    mean: Vec<f64>,
+    q: Vec<f64>,
+    width: usize,
+    /// Power passes left after this one.
+    left: usize,
 }
 
 /// PCA on the job interface.
@@ -68,6 +101,7 @@ pub enum Pass {
 pub struct Pca {
     components: Components,
     keep_gram: bool,
+    solver: Solver,
 }
 
 impl Pca {
@@ -76,6 +110,24 @@ impl Pca {
         Pca {
             components,
             keep_gram: false,
+            solver: Solver::Exact,
+        }
+    }
+
+    /// With this solver.
+    pub fn solver(mut self, solver: Solver) -> Pca {
+        self.solver = solver;
+        self
+    }
+
+    /// The randomized solver's width: the components and the oversamples,
+    /// at most the columns.
+    fn width(&self, dims: usize) -> usize {
+        match (self.solver, self.components) {
+            (Solver::Randomized { oversamples, .. }, Components::Count(k)) => {
+                (k + oversamples).min(dims)
+            }
+            _ => dims,
         }
     }
 
@@ -108,6 +160,13 @@ impl Algorithm for Pca {
                 "PCA needs at least 2 rows, the data has {}",
                 shape.rows
             ))),
+            Components::All | Components::Share(_)
+                if matches!(self.solver, Solver::Randomized { .. }) =>
+            {
+                Err(Error::Input(
+                    "the randomized solver needs a number of components".into(),
+                ))
+            }
             _ => Ok(Pass::Means),
         }
     }
@@ -116,45 +175,106 @@ impl Algorithm for Pca {
         match state {
             Pass::Means => means_len(shape.dims, 0),
             Pass::Gram(_) => shape.dims * shape.dims,
+            Pass::Power(p) => shape.dims * (p.width + 1),
         }
     }
 
     fn most_sums(&self, shape: &Shape) -> usize {
-        shape.dims * shape.dims
+        match self.solver {
+            Solver::Exact => shape.dims * shape.dims,
+            Solver::Randomized { .. } => shape.dims * (self.width(shape.dims) + 1),
+        }
     }
 
     fn task(state: &Pass, rows: &Rows<'_>, out: &mut [f64]) {
         match state {
             Pass::Means => add_means(rows, out),
             Pass::Gram(m) => add_centred_gram(rows, m, &[], out),
+            Pass::Power(p) => add_projected(rows, &p.mean, &p.q, p.width, out),
         }
     }
 
     fn step(&mut self, state: Pass, sums: Vec<f64>, shape: &Shape) -> Result<Step<Pass, PcaFit>> {
         match state {
-            Pass::Means => Ok(Step::Pass(Pass::Gram(means(&sums, shape.dims)?.0))),
+            Pass::Means => {
+                let mean = means(&sums, shape.dims)?.0;
+                Ok(Step::Pass(match self.solver {
+                    Solver::Exact => Pass::Gram(mean),
+                    Solver::Randomized {
+                        iterations, seed, ..
+                    } => {
+                        let width = self.width(shape.dims);
+                        Pass::Power(Power {
+                            mean,
+                            q: randomized::start(shape.dims, width, seed),
+                            width,
+                            left: iterations,
+                        })
+                    }
+                }))
+            }
             Pass::Gram(mean) => self.decompose(&sums, shape, mean).map(Step::Done),
+            Pass::Power(p) => self.power(p, sums, shape),
         }
     }
 }
 
 impl Pca {
+    /// After a pass of subspace iteration: the next one, or the
+    /// components by Rayleigh-Ritz on the last subspace.
+    fn power(&self, p: Power, mut sums: Vec<f64>, shape: &Shape) -> Result<Step<Pass, PcaFit>> {
+        let (d, w) = (shape.dims, p.width);
+        if p.left > 0 {
+            sums.truncate(d * w);
+            randomized::orthonormalise(&mut sums, d, w);
+            return Ok(Step::Pass(Pass::Power(Power {
+                q: sums,
+                left: p.left - 1,
+                ..p
+            })));
+        }
+        let (vals, vecs) = randomized::ritz(&p.q, &sums[..d * w], d, w)
+            .ok_or_else(|| Error::Input("the subspace's eigenvalues did not converge".into()))?;
+        let total: f64 = sums[d * w..].iter().sum();
+        self.finish(shape, (vals, vecs), total, p.mean)
+            .map(Step::Done)
+    }
+
     /// The components from the centred Gram matrix `g`.
     fn decompose(&self, g: &[f64], shape: &Shape, mean: Vec<f64>) -> Result<PcaFit> {
-        let d = shape.dims;
-        let (vals, mut vecs) = eigh(g, d)
+        let (vals, vecs) = eigh(g, shape.dims)
             .ok_or_else(|| Error::Input("the covariance's eigenvalues did not converge".into()))?;
+        let total = vals.iter().map(|v| v.max(0.0)).sum();
+        let mut fit = self.finish(shape, (vals, vecs), total, mean)?;
+        if self.keep_gram {
+            fit.gram = g.to_vec();
+        }
+        Ok(fit)
+    }
+
+    /// The fit from eigenvalues of the centred Gram matrix (descending)
+    /// and their eigenvectors (rows, `dims` values each; as many as the
+    /// values), with `total` the Gram matrix's trace: the components
+    /// kept, signed as scikit-learn's, their variances and shares.
+    fn finish(
+        &self,
+        shape: &Shape,
+        (vals, mut vecs): (Vec<f64>, Vec<f64>),
+        total: f64,
+        mean: Vec<f64>,
+    ) -> Result<PcaFit> {
+        let d = shape.dims;
         let dof = (shape.rows - 1) as f64;
         let most = (shape.rows.min(d as u64)) as usize;
         let var: Vec<f64> = vals.iter().take(most).map(|&v| v.max(0.0) / dof).collect();
-        let total: f64 = var.iter().sum();
+        let total = total / dof;
         let ratio: Vec<f64> = var
             .iter()
             .map(|&v| if total > 0.0 { v / total } else { 0.0 })
             .collect();
         let k = match self.components {
             Components::All => most,
-            Components::Count(k) => k,
+            Components::Count(k) => k.min(var.len()),
             Components::Share(s) => {
                 let mut acc = 0.0;
                 let mut k = most;
@@ -178,7 +298,21 @@ impl Pca {
             }
         }
         vecs.truncate(k * d);
-        let rest = &var[k.min(var.len())..];
+        let kept: f64 = var[..k].iter().sum();
+        let noise = match self.solver {
+            Solver::Exact => {
+                let rest = &var[k.min(var.len())..];
+                if rest.is_empty() {
+                    0.0
+                } else {
+                    rest.iter().sum::<f64>() / rest.len() as f64
+                }
+            }
+            // Only the kept variances are known: the rest of the trace,
+            // spread over the other directions (scikit-learn's).
+            Solver::Randomized { .. } if k < most => (total - kept).max(0.0) / (most - k) as f64,
+            Solver::Randomized { .. } => 0.0,
+        };
         Ok(PcaFit {
             n_components: k,
             components: vecs,
@@ -186,16 +320,8 @@ impl Pca {
             explained_variance: var[..k].to_vec(),
             explained_variance_ratio: ratio[..k].to_vec(),
             mean,
-            noise_variance: if rest.is_empty() {
-                0.0
-            } else {
-                rest.iter().sum::<f64>() / rest.len() as f64
-            },
-            gram: if self.keep_gram {
-                g.to_vec()
-            } else {
-                Vec::new()
-            },
+            noise_variance: noise,
+            gram: Vec::new(),
         })
     }
 }
