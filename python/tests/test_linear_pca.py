@@ -256,6 +256,6 @@ def test_randomized_pca_finds_the_leading_components(tmp_path):
     # components, under a tenth of the 61 columns).
     assert len(a.stats_["passes"]) == 1 + 1 + 7
     # The same bytes under a cap that evicts.
-    np.save(tmp_path / "X.npy", X.astype(np.float32))
+    np.save(tmp_path / "X.npy", np.ascontiguousarray(X, dtype=np.float32))
     b = outcore.PCA(5, svd_solver="randomized", random_state=0, mem_cap="1MiB", n_jobs=1).fit(tmp_path / "X.npy")
     assert b.components_.tobytes() == a.components_.tobytes()
