@@ -128,7 +128,7 @@ pub use files::{
 };
 pub use input::{BlockReader, InputReads, Labels, Partitioned, Source};
 pub use session::{ProcessTotals, Report, Session, Totals};
-pub use workers::{Workers, THREAD_BYTES};
+pub use workers::{partition_bytes, Workers, THREAD_BYTES};
 
 /// Runs `batch` and hands each task's result to `each` in submission order
 /// as it comes (see [`outcore::Batch::run_in_order`]). Every task runs; the

@@ -23,10 +23,6 @@ use outcore_jobs::{Session, Workers};
 use pyo3::exceptions::{PyRuntimeError, PyUserWarning, PyValueError};
 use pyo3::prelude::*;
 
-/// Executors per cap: the command line's partition size, cap / 256
-/// between 1 MiB and 256 MiB (64 MiB with no cap).
-const PARTS_PER_CAP: u64 = 256;
-
 /// Held by the call whose engine (runtime) is alive in this process.
 static ENGINE: Mutex<()> = Mutex::new(());
 
@@ -125,10 +121,8 @@ impl Settings {
         workers: impl FnOnce(Option<u64>, u64, usize) -> Workers,
     ) -> PyResult<(Engine, u64)> {
         let cap = self.cap.resolve();
-        let part_bytes = match cap {
-            Some(cap) => (cap / PARTS_PER_CAP).clamp(1 << 20, 256 << 20),
-            None => 64 << 20,
-        };
+        // The command line's partitions.
+        let part_bytes = outcore_jobs::partition_bytes(cap, 1 << 20);
         let wanted = self.workers.unwrap_or_else(|| {
             std::thread::available_parallelism()
                 .map_or(1, |n| n.get())

@@ -414,8 +414,7 @@ fn runtime(
     let cap_bytes = cap.resolve();
     let part_bytes = match (m.partitions, cap_bytes) {
         (Some(p), _) => data_bytes.div_ceil(p).max(1),
-        (None, Some(cap)) => (cap / PARTS_PER_CAP).clamp(least_part, 256 << 20),
-        (None, None) => 64 << 20,
+        (None, cap) => outcore_jobs::partition_bytes(cap, least_part),
     };
     let planned = workers(cap_bytes, part_bytes, m.workers.unwrap_or_else(cores));
     *FEWER_WORKERS.lock().unwrap_or_else(|e| e.into_inner()) = planned.warning();
@@ -651,14 +650,6 @@ fn cap_over_limit(rt: &Runtime) -> Option<String> {
         format_bytes(fits)
     ))
 }
-
-/// Default partitions under a cap: this many would fill it. Between the
-/// executors kept in memory across sweeps and the cap sit the few being
-/// worked on, loaded ahead or just used (about six with two workers), so
-/// small partitions waste little of the cap: at 1/64 of it, six took
-/// 9% and a 2x overcommitted sweep read 1.17x (data - cap); at 1/256,
-/// 1.06x. A task (`--task-points` rows) is the floor.
-const PARTS_PER_CAP: u64 = 256;
 
 /// One line when spill writes failed: the run kept those executors in
 /// memory, over its cap.
