@@ -166,14 +166,7 @@ pub(super) fn run_linear(a: LinearArgs, given: &Given, ranks: &Ranks) -> Result<
         alpha: a.alpha.clone(),
     });
     let (session, fit, run) = fit_job(&a.rows, &input, &mut alg, ranks, "linear")?;
-    let (t, d) = (run.targets, run.dims);
-    let model: Vec<f64> = (0..t)
-        .flat_map(|j| {
-            let row = &fit.coef[j * d..(j + 1) * d];
-            row.iter().copied().chain([fit.intercept[j]])
-        })
-        .collect();
-    let shape = [t as u64, d as u64 + 1];
+    let (shape, model) = with_intercepts(&fit.coef, &fit.intercept, run.dims);
     let said = format!("rank {}, solved by {}", fit.rank, fit.solver);
     report(
         session,
@@ -232,6 +225,21 @@ pub(super) fn run_pca(a: PcaArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         &run,
         (&fit, &said),
     )
+}
+
+/// A linear model's file: one row per model, its `dims` coefficients and
+/// then its intercept; the shape and the values.
+pub(super) fn with_intercepts(
+    coef: &[f64],
+    intercept: &[f64],
+    dims: usize,
+) -> ([u64; 2], Vec<f64>) {
+    let model = intercept
+        .iter()
+        .enumerate()
+        .flat_map(|(k, &b)| coef[k * dims..(k + 1) * dims].iter().copied().chain([b]))
+        .collect();
+    ([intercept.len() as u64, dims as u64 + 1], model)
 }
 
 /// `--n-components`: a count, a share in (0, 1), or `all`.

@@ -10,7 +10,7 @@ use outcore_jobs::ranks::Ranks;
 use outcore_jobs::sgd::{Loss, Penalty, Schedule, Sgd, SgdConfig};
 use outcore_jobs::{Error, Result};
 
-use super::fit::{fit_online_job, report, source, RowsArgs};
+use super::fit::{fit_online_job, report, source, with_intercepts, RowsArgs};
 use super::{file_source, positive, Given};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -145,15 +145,7 @@ pub(super) fn run(a: SgdArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     };
     let mut alg = Sgd::new(cfg);
     let (session, fit, run) = fit_online_job(&a.rows, &input, &mut alg, ranks, "sgd")?;
-    let d = run.dims;
-    let models = fit.intercept.len();
-    let model: Vec<f64> = (0..models)
-        .flat_map(|k| {
-            let row = &fit.coef[k * d..(k + 1) * d];
-            row.iter().copied().chain([fit.intercept[k]])
-        })
-        .collect();
-    let shape = [models as u64, d as u64 + 1];
+    let (shape, model) = with_intercepts(&fit.coef, &fit.intercept, run.dims);
     let said = format!(
         "{} after {} epoch{}",
         if fit.converged {

@@ -50,6 +50,24 @@ pub fn means(sums: &[f64], dims: usize) -> Result<(Vec<f64>, Vec<f64>, f64)> {
     Ok((x.to_vec(), y.to_vec(), w))
 }
 
+/// The rows `range` of `rows` and their targets, centred on `means` (of
+/// the columns, of the targets), into `z`, row-major, in float64.
+fn centre(
+    rows: &Rows<'_>,
+    range: std::ops::Range<usize>,
+    means: (&[f64], &[f64]),
+    z: &mut Vec<f64>,
+) {
+    let (d, t) = (rows.dims, rows.targets);
+    z.clear();
+    for i in range {
+        let x = rows.x[i * d..(i + 1) * d].iter().zip(means.0);
+        z.extend(x.map(|(&v, m)| f64::from(v) - m));
+        let y = rows.y[i * t..(i + 1) * t].iter().zip(means.1);
+        z.extend(y.map(|(&v, m)| f64::from(v) - m));
+    }
+}
+
 /// Adds one task's weighted Gram matrix of `[x - mean_x, y - mean_y]`
 /// (`(dims + targets)^2` values, row-major) to `out`.
 pub fn add_centred_gram(rows: &Rows<'_>, mean_x: &[f64], mean_y: &[f64], out: &mut [f64]) {
@@ -61,22 +79,8 @@ pub fn add_centred_gram(rows: &Rows<'_>, mean_x: &[f64], mean_y: &[f64], out: &m
     let mut r = 0;
     while r < n {
         let m = BLOCK.min(n - r);
-        z.clear();
+        centre(rows, r..r + m, (mean_x, mean_y), &mut z);
         w.clear();
-        for i in r..r + m {
-            z.extend(
-                rows.x[i * d..(i + 1) * d]
-                    .iter()
-                    .zip(mean_x)
-                    .map(|(&v, m)| f64::from(v) - m),
-            );
-            z.extend(
-                rows.y[i * t..(i + 1) * t]
-                    .iter()
-                    .zip(mean_y)
-                    .map(|(&v, m)| f64::from(v) - m),
-            );
-        }
         if !rows.w.is_empty() {
             w.extend(rows.w[r..r + m].iter().map(|&v| f64::from(v)));
         }
@@ -98,15 +102,7 @@ pub fn add_projected(rows: &Rows<'_>, mean: &[f64], q: &[f64], width: usize, out
     let mut r = 0;
     while r < n {
         let m = BLOCK.min(n - r);
-        z.clear();
-        for i in r..r + m {
-            z.extend(
-                rows.x[i * d..(i + 1) * d]
-                    .iter()
-                    .zip(mean)
-                    .map(|(&v, m)| f64::from(v) - m),
-            );
-        }
+        centre(rows, r..r + m, (mean, &[]), &mut z);
         for row in z.chunks_exact(d.max(1)) {
             for (s, v) in squares.iter_mut().zip(row) {
                 *s += v * v;

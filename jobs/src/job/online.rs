@@ -94,16 +94,7 @@ pub fn fit_online<A: Online>(
     let settings = Arc::new(settings);
     let pool = MemoryPool::new(rt.cap(), alg.describe(&shape));
     let model_h = rt.insert_named(Some("the model"), model)?;
-    let mut run = RunStats {
-        job: alg.describe(&shape),
-        rows: shape.rows,
-        dims: shape.dims,
-        targets: shape.targets,
-        task_rows: data.layout.task_rows,
-        shards: data.shards.count(),
-        partitions: data.x.parts.len(),
-        passes: Vec::new(),
-    };
+    let mut run = RunStats::new(alg.describe(&shape), data);
     let plan = Plan::new(data);
     loop {
         let started = Instant::now();

@@ -67,6 +67,20 @@ struct Figures<'a, R: Serialize> {
 }
 
 impl RunStats {
+    /// The statistics of a run of `job` on `data`, before its passes.
+    pub(super) fn new(job: String, data: &Data) -> RunStats {
+        RunStats {
+            job,
+            rows: data.shape.rows,
+            dims: data.shape.dims,
+            targets: data.shape.targets,
+            task_rows: data.layout.task_rows,
+            shards: data.shards.count(),
+            partitions: data.x.parts.len(),
+            passes: Vec::new(),
+        }
+    }
+
     /// The run's statistics as JSON, with the algorithm's `result`
     /// figures and every process's totals (counters from `stats`, taken
     /// by the caller once), on rank 0; `None` on the other ranks.
@@ -109,16 +123,7 @@ pub fn fit<A: Algorithm>(
     let shape = data.shape;
     let job = alg.describe(&shape);
     let pool = MemoryPool::new(session.runtime().cap(), job.clone());
-    let mut run = RunStats {
-        job,
-        rows: shape.rows,
-        dims: shape.dims,
-        targets: shape.targets,
-        task_rows: data.layout.task_rows,
-        shards: data.shards.count(),
-        partitions: data.x.parts.len(),
-        passes: Vec::new(),
-    };
+    let mut run = RunStats::new(job, data);
     let mut state = alg.start(&shape)?;
     check(session, data, alg)?;
     loop {
