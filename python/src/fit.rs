@@ -57,7 +57,7 @@ pub(crate) fn linear_fit<'py>(
     alpha: Vec<f64>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let src = Source::from_path(&path, None).map_err(crate::to_py)?;
-    let ys = Source::from_path(&targets, None).map_err(crate::to_py)?;
+    let ys = Source::targets(&targets).map_err(crate::to_py)?;
     let input = Input {
         source: &src,
         targets: Targets::File(ys),
@@ -160,7 +160,7 @@ pub(crate) fn sgd_fit<'py>(
     warm: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let src = Source::from_path(&path, None).map_err(crate::to_py)?;
-    let ys = Source::from_path(&targets, None).map_err(crate::to_py)?;
+    let ys = Source::targets(&targets).map_err(crate::to_py)?;
     let (_, dims) = src.shape().map_err(crate::to_py)?;
     let mut cfg = sgd_config(params)?;
     if let Some(w) = warm {

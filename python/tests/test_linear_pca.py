@@ -45,6 +45,8 @@ def test_linear_and_ridge_coefficients_match_scikit_learn(name):
         assert relative(a.coef_, b.coef_) < 1e-5, (name, ours.__name__)
         assert abs(a.intercept_ - b.intercept_) <= 1e-5 * max(1.0, abs(b.intercept_))
         assert abs(a.score(X, y) - b.score(X, y)) < 1e-8
+        # The engine's R^2 on the rows fitted, from the Gram matrix.
+        assert abs(a.stats_["r2"][0] - b.score(X, y, sample_weight=w)) < 1e-6
 
 
 def test_linear_regression_rank_singular_values_and_a_singular_system():

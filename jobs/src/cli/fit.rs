@@ -152,7 +152,7 @@ pub(super) fn run_linear(a: LinearArgs, given: &Given, ranks: &Ranks) -> Result<
     let input = Input {
         source: &src,
         targets: match &a.targets {
-            Some(p) => Targets::File(file_source(p, None, None)?),
+            Some(p) => Targets::File(Source::targets(p)?),
             None => Targets::Synthetic {
                 count: positive("--synthetic-targets", a.synthetic_targets)?,
                 noise: 0.1,
@@ -167,7 +167,13 @@ pub(super) fn run_linear(a: LinearArgs, given: &Given, ranks: &Ranks) -> Result<
     });
     let (session, fit, run) = fit_job(&a.rows, &input, &mut alg, ranks, "linear")?;
     let (shape, model) = with_intercepts(&fit.coef, &fit.intercept, run.dims);
-    let said = format!("rank {}, solved by {}", fit.rank, fit.solver);
+    let r2: Vec<String> = fit.r2.iter().map(|r| format!("{r:.4}")).collect();
+    let said = format!(
+        "R^2 {} on the rows fitted, rank {}, solved by {}",
+        r2.join(", "),
+        fit.rank,
+        fit.solver
+    );
     report(
         session,
         (&a.rows, &a.output),

@@ -8,10 +8,10 @@ use clap::{Args, ValueEnum};
 use outcore_jobs::job::{Input, Targets};
 use outcore_jobs::ranks::Ranks;
 use outcore_jobs::sgd::{Loss, Penalty, Schedule, Sgd, SgdConfig};
-use outcore_jobs::{Error, Result};
+use outcore_jobs::{Error, Result, Source};
 
 use super::fit::{fit_online_job, report, source, with_intercepts, RowsArgs};
-use super::{file_source, positive, Given};
+use super::{positive, Given};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 #[value(rename_all = "snake_case")]
@@ -127,7 +127,7 @@ pub(super) fn run(a: SgdArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     ];
     let src = source(&a.rows, given, ranks, &inputs, &a.output)?;
     let targets = match (&a.targets, cfg.classes) {
-        (Some(p), _) => Targets::File(file_source(p, None, None)?),
+        (Some(p), _) => Targets::File(Source::targets(p)?),
         (None, 0) => Targets::Synthetic {
             count: 1,
             noise: 0.1,

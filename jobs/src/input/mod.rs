@@ -75,6 +75,9 @@ pub enum Source {
     Npz(PathBuf, Option<String>),
     /// An `.fvecs` file (each vector: its dimension as int32, then floats).
     Fvecs(PathBuf),
+    /// Targets in a `.npy` file: as [`Source::Npy`], and a 1-D array is
+    /// one column (see [`Source::targets`]).
+    Column(PathBuf),
     /// Raw little-endian float32 with the given number of columns.
     Raw(PathBuf, usize),
 }
@@ -99,6 +102,17 @@ impl Source {
                     path.display()
                 ))),
             },
+        }
+    }
+
+    /// A file of targets, a row per data row: a `.npy` of one (1-D) or
+    /// more (2-D) columns, or any other input [`Source::from_path`]
+    /// reads.
+    pub fn targets(path: &Path) -> Result<Source> {
+        Source::check_regular(path)?;
+        match format_of(path).as_str() {
+            "npy" => Ok(Source::Column(path.to_path_buf())),
+            _ => Source::from_path(path, None),
         }
     }
 
@@ -128,7 +142,11 @@ impl Source {
     pub fn file(&self) -> Option<&Path> {
         match self {
             Source::Synthetic { .. } => None,
-            Source::Npy(p) | Source::Npz(p, _) | Source::Fvecs(p) | Source::Raw(p, _) => Some(p),
+            Source::Npy(p)
+            | Source::Npz(p, _)
+            | Source::Fvecs(p)
+            | Source::Raw(p, _)
+            | Source::Column(p) => Some(p),
         }
     }
 

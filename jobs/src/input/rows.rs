@@ -44,7 +44,11 @@ impl Rows {
         let rows = Rows::open_any(src)?;
         if rows.rows() == 0 {
             return Err(Error::Input(match src {
-                Source::Npy(p) | Source::Npz(p, _) | Source::Fvecs(p) | Source::Raw(p, _) => {
+                Source::Npy(p)
+                | Source::Npz(p, _)
+                | Source::Fvecs(p)
+                | Source::Raw(p, _)
+                | Source::Column(p) => {
                     format!("{}: the data has no rows", p.display())
                 }
                 _ => "the data has no rows".into(),
@@ -67,6 +71,7 @@ impl Rows {
                 Ok(Rows::Synthetic(Blobs::new(*dims, *true_k, *seed), *rows))
             }
             Source::Npy(p) => Ok(Rows::Npy(NpyRows::open(p, None)?)),
+            Source::Column(p) => Ok(Rows::Npy(NpyRows::open_column(p)?)),
             Source::Npz(p, key) => Ok(Rows::Npy(NpyRows::open(p, key.as_deref())?)),
             Source::Fvecs(p) => {
                 let (file, len) = open_input(p)?;

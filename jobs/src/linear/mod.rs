@@ -55,6 +55,9 @@ pub struct LinearFit {
     pub solver: &'static str,
     /// Total sample weight (the rows, without weights).
     pub weight: f64,
+    /// The coefficient of determination on the rows fitted, per target
+    /// (weighted): `1 - SS_res / SS_tot`, from the Gram matrix.
+    pub r2: Vec<f64>,
 }
 
 /// The passes of a least-squares fit.
@@ -205,6 +208,7 @@ impl Linear {
             singular: Vec::new(),
             solver: "cholesky",
             weight,
+            r2: Vec::with_capacity(t),
         };
         // Without a penalty the spectrum gives the rank and singular
         // values; with one it is needed only when Cholesky fails.
@@ -235,12 +239,35 @@ impl Linear {
                     fit.solver = "pseudo-inverse";
                 }
             }
+            fit.r2.push(r2(g, (d, t, j), &xx, &b));
             let b0 = my_j - mx.iter().zip(&b).map(|(m, c)| m * c).sum::<f64>();
             fit.intercept
                 .push(if self.cfg.fit_intercept { b0 } else { 0.0 });
             fit.coef.extend(b);
         }
         Ok(fit)
+    }
+}
+
+/// Target `j`'s R^2 on the rows fitted, from the centred Gram matrix `g`
+/// of the `d` columns and `t` targets (its columns' block `xx`) and the
+/// coefficients `b`: `SS_res = y'y - 2 b'X'y + b'X'X b`, `SS_tot = y'y`
+/// (centred; without an intercept the data is not centred and this is
+/// the uncentred R^2). 1 when the target is constant and fitted exactly.
+fn r2(g: &[f64], (d, t, j): (usize, usize, usize), xx: &[f64], b: &[f64]) -> f64 {
+    let cols = d + t;
+    let yy = g[(d + j) * cols + d + j];
+    let xy: f64 = (0..d).map(|i| b[i] * g[i * cols + d + j]).sum();
+    let bxxb: f64 = (0..d)
+        .map(|i| b[i] * (0..d).map(|k| xx[i * d + k] * b[k]).sum::<f64>())
+        .sum();
+    let res = (yy - 2.0 * xy + bxxb).max(0.0);
+    if yy > 0.0 {
+        1.0 - res / yy
+    } else if res == 0.0 {
+        1.0
+    } else {
+        0.0
     }
 }
 

@@ -347,8 +347,7 @@ mod tests {
         t.extend_from_slice(&[0u8; 20]);
         check(t, "truncated");
         check(header_bytes(Dtype::I32, &[2, 2]), "float32 or float64");
-        // A 1-D array is one column (targets); 3-D is refused.
-        check(header_bytes(Dtype::F32, &[2, 2, 2]), "2-D (or 1-D)");
+        check(header_bytes(Dtype::F32, &[8]), "2-D");
         // Byte-level substitution: the magic is not UTF-8.
         let replace = |mut b: Vec<u8>, from: &[u8], to: &[u8]| {
             let at = b

@@ -24,6 +24,16 @@ impl NpyRows {
     /// Opens `path` (for a `.npz`, its array `key`), checks it is a 2-D
     /// float C-order array and that the file holds all of its data.
     pub(crate) fn open(path: &Path, key: Option<&str>) -> Result<NpyRows> {
+        NpyRows::open_shaped(path, key, false)
+    }
+
+    /// [`NpyRows::open`] for a column of targets: a 1-D array is one
+    /// column.
+    pub(crate) fn open_column(path: &Path) -> Result<NpyRows> {
+        NpyRows::open_shaped(path, None, true)
+    }
+
+    fn open_shaped(path: &Path, key: Option<&str>, column: bool) -> Result<NpyRows> {
         let a = open_array(path, key)?;
         let h = &a.header;
         if !h.stored.is_float() {
@@ -35,15 +45,17 @@ impl NpyRows {
                 ),
             ));
         }
-        // A 1-D array is one column (targets, one per row).
+        // A column of targets may be 1-D: one per row.
         let (rows, cols) = match h.shape[..] {
-            [rows] => (rows, 1),
+            [rows] if column => (rows, 1),
             [rows, cols] => (rows, cols),
             _ => {
                 return Err(bad(
                     &a.label,
                     format!(
-                        "data must be a 2-D (or 1-D) array, this one has shape {:?}",
+                        "{} must be a 2-D{} array, this one has shape {:?}",
+                        if column { "targets" } else { "data" },
+                        if column { " (or 1-D)" } else { "" },
                         h.shape
                     ),
                 ))
