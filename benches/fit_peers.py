@@ -98,7 +98,7 @@ def dask_array(path, chunk):
 def cluster():
     from dask.distributed import Client, LocalCluster
     c = LocalCluster(n_workers=WORKERS, threads_per_worker=max(1, (os.cpu_count() or 1) // WORKERS),
-                     memory_limit=CAPB // WORKERS, processes=True, dashboard_address=None)
+                     memory_limit=DASK_LIMIT // WORKERS, processes=True, dashboard_address=None)
     return Client(c)
 
 def blocks(X, batch):
@@ -295,7 +295,7 @@ def run(name, paths, a, work):
     settings = {
         "PATH": paths["x"], "YPATH": paths["y"], "CAP": a.cap, "CAPB": size(a.cap), "JOBS": a.jobs,
         "SPILL": os.path.join(work, "spill"), "BATCH": a.batch, "CHUNK": a.chunk, "EPOCHS": a.epochs,
-        "NCOMP": a.components, "WORKERS": a.dask_workers, "DASK_SOLVER": a.dask_solver,
+        "NCOMP": a.components, "WORKERS": a.dask_workers, "DASK_LIMIT": size(a.dask_memory_limit), "DASK_SOLVER": a.dask_solver,
         "DASK_PCA_SOLVER": a.dask_pca_solver, "RESULT": os.path.join(work, "result.json"),
     }
     body = textwrap.indent(CONTENDERS[name][2].strip(), " " * 8)
@@ -330,7 +330,9 @@ def run(name, paths, a, work):
     peak = max(peak, usage.ru_maxrss * 1024)
     shutil.rmtree(settings["SPILL"], ignore_errors=True)
     if timed_out:
-        return None, peak, f"timed out after {a.timeout:.0f} s"
+        restarts = open(err_path).read().count("memory budget. Restarting")
+        why = f"; a worker restarted {restarts} times at 95% of its memory limit" if restarts else ""
+        return None, peak, f"timed out after {a.timeout:.0f} s{why}"
     try:
         with open(settings["RESULT"]) as f:
             out = json.load(f)
@@ -398,7 +400,9 @@ def main():
     p.add_argument("--dask-workers", type=int, default=1, help="LocalCluster workers (the cap split between them)")
     p.add_argument("--dask-solver", default="lbfgs", help="dask-ml LinearRegression solver (admm, lbfgs, ...)")
     p.add_argument("--dask-pca-solver", default="tsqr", help="dask-ml PCA svd_solver (tsqr, randomized)")
-    p.add_argument("--timeout", type=float, default=3600, help="seconds per contender")
+    p.add_argument("--dask-memory-limit", default=None,
+                   help="the dask cluster's memory limit, split between its workers (default: the cap)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per contender (default 3600, --quick 90)")
     p.add_argument("--dir", default=None, help="where the data goes (default: a temporary directory)")
     p.add_argument("--no-drop-caches", dest="drop_caches", action="store_false",
                    help="do not drop the page cache before each contender (it is dropped only as root)")
@@ -408,6 +412,8 @@ def main():
         a.rows //= 16
         q = size(a.cap) // 16
         a.cap = f"{q >> 20}MiB" if q % (1 << 20) == 0 else str(q)
+    a.timeout = a.timeout or (90 if a.quick else 3600)
+    a.dask_memory_limit = a.dask_memory_limit or a.cap
     a.drop_caches = a.drop_caches and os.geteuid() == 0
     capb = size(a.cap)
     row_bytes = 4 * a.dims
@@ -427,7 +433,7 @@ def main():
         print(f"data: {paths['x']} ({data / 2**20:.0f} MiB float32, {a.rows:,} x {a.dims}, "
               f"{data / capb:.1f}x the cap), written in {time.perf_counter() - t:.1f} s; cap {capb / 2**20:.0f} MiB; "
               f"partial_fit blocks of {a.batch:,} rows, dask chunks of {a.chunk:,} rows on "
-              f"{a.dask_workers} worker(s); page cache {'dropped' if a.drop_caches else 'not dropped'} "
+              f"{a.dask_workers} worker(s) with {size(a.dask_memory_limit) / 2**20:.0f} MiB in all; page cache {'dropped' if a.drop_caches else 'not dropped'} "
               f"before each run", flush=True)
         tx = np.load(paths["test_x"]).astype(np.float64)
         ty = np.load(paths["test_y"]).astype(np.float64)
@@ -462,7 +468,7 @@ def main():
         for n, s in stats:
             keys = ("peak_bytes", "peak_resident_bytes", "evictions", "bytes_read", "wall_seconds")
             print(f"- {n}: " + ", ".join(
-                f"{k} {s[k] / 2**20:,.0f} MiB" if k.endswith("bytes") and isinstance(s[k], (int, float))
+                f"{k} {s[k] / 2**20:,.0f} MiB" if "bytes" in k and isinstance(s[k], (int, float))
                 else f"{k} {s[k]}" for k in keys if k in s))
 
 
