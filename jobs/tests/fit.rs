@@ -297,6 +297,24 @@ fn bad_settings_and_inputs_end_with_one_line() {
 }
 
 #[test]
+fn a_flag_that_does_not_apply_is_warned_about() {
+    let err = ok(&[
+        "pca",
+        "--synthetic",
+        "1MiB",
+        "--dims",
+        "8",
+        "--max-ranks",
+        "4",
+    ]);
+    assert!(
+        err.lines().any(|l| l
+            == "outcore: warning: --max-ranks applies to kmeans and train (this job does not grow onto more ranks yet); ignored"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_model_too_large_for_the_cap_is_refused_with_its_consumers() {
     let dir = tempfile::tempdir().unwrap();
     let x = dir.path().join("wide.npy");

@@ -273,6 +273,10 @@ pub(super) fn source(
     output: &Option<PathBuf>,
 ) -> Result<Source> {
     warn_dims(given, a.input.as_deref());
+    given.warn_unused(
+        &[("max_ranks", "--max-ranks")],
+        "applies to kmeans and train (this job does not grow onto more ranks yet)",
+    );
     if a.input.is_some() {
         given.warn_unused(
             &[("synthetic", "--synthetic")],
