@@ -8,6 +8,76 @@
 /// Rows converted to float64 and centred at a time.
 const BLOCK: usize = 256;
 
+/// A matrix read from a slice: its shape and its row and column strides.
+#[derive(Clone, Copy, Debug)]
+pub struct Mat<'a> {
+    v: &'a [f64],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// `v` as a `rows x cols` matrix whose element `(i, j)` is
+    /// `v[i * rs + j * cs]`.
+    pub fn strided(
+        v: &'a [f64],
+        (rows, cols): (usize, usize),
+        (rs, cs): (usize, usize),
+    ) -> Mat<'a> {
+        Mat {
+            v,
+            rows,
+            cols,
+            rs,
+            cs,
+        }
+    }
+
+    /// Whether every element lies within the slice.
+    fn fits(&self) -> bool {
+        self.rows == 0
+            || self.cols == 0
+            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.v.len()
+    }
+}
+
+/// `C = A B + beta C`, `C` being `a.rows x b.cols`, row-major (row
+/// stride `b.cols`), with `beta = 0` not reading it: one GEMM, in an order
+/// that depends only on the shapes. Panics (a bug of the caller) when the
+/// shapes do not match or a matrix reaches past its slice.
+pub fn gemm(a: Mat<'_>, b: Mat<'_>, beta: f64, c: &mut [f64]) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert!(
+        b.rows == k && a.fits() && b.fits() && m * n <= c.len(),
+        "internal: gemm of {m}x{k} by {}x{n} into {} values",
+        b.rows,
+        c.len()
+    );
+    // SAFETY: checked above: every element of A and B read lies within
+    // its slice and C's m*n elements (row stride n) within `c`, which is
+    // borrowed uniquely, so it aliases neither.
+    unsafe {
+        matrixmultiply::dgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.v.as_ptr(),
+            a.rs as isize,
+            a.cs as isize,
+            b.v.as_ptr(),
+            b.rs as isize,
+            b.cs as isize,
+            beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
 /// Adds `sum_i w_i z_i z_i^T` to `gram` (`cols x cols`, row-major), where
 /// `z_i` is row `i` of `z` (`rows x cols`, row-major, float64) and `w_i`
 /// is `w[i]` (1 when `w` is empty). Blocks of 256 rows from the
@@ -28,30 +98,8 @@ pub fn add_gram(z: &[f64], cols: usize, w: &[f64], gram: &mut [f64]) {
             }
             &scaled
         };
-        // SAFETY:
-        // - A = zb^T is `cols x n`: zb holds n*cols values, read with row
-        //   stride 1 and column stride `cols`;
-        // - B = b is `n x cols`, n*cols values, row stride `cols`;
-        // - C = gram holds cols*cols values, row stride `cols`, and is
-        //   accumulated into (beta = 1); nothing aliases it.
-        unsafe {
-            matrixmultiply::dgemm(
-                cols,
-                n,
-                cols,
-                1.0,
-                zb.as_ptr(),
-                1,
-                cols as isize,
-                b.as_ptr(),
-                cols as isize,
-                1,
-                1.0,
-                gram.as_mut_ptr(),
-                cols as isize,
-                1,
-            );
-        }
+        let a = Mat::strided(zb, (cols, n), (1, cols));
+        gemm(a, Mat::strided(b, (n, cols), (cols, 1)), 1.0, gram);
         r += n;
     }
 }

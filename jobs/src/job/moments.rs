@@ -4,7 +4,7 @@
 //! before the products (not after, from uncentred sums) keeps the
 //! precision of data far from the origin.
 
-use super::linalg::add_gram;
+use super::linalg::{add_gram, gemm, Mat};
 use super::Rows;
 use crate::error::{Error, Result};
 
@@ -108,52 +108,10 @@ pub fn add_projected(rows: &Rows<'_>, mean: &[f64], q: &[f64], width: usize, out
                 *s += v * v;
             }
         }
-        // SAFETY:
-        // - A = z is `m x d` (m*d values, row stride d), B = q is
-        //   `d x width` (d*width values, row stride width), C = p holds at
-        //   least m*width values (row stride width); beta = 0, so C is not
-        //   read; nothing aliases.
-        unsafe {
-            matrixmultiply::dgemm(
-                m,
-                d,
-                width,
-                1.0,
-                z.as_ptr(),
-                d as isize,
-                1,
-                q.as_ptr(),
-                width as isize,
-                1,
-                0.0,
-                p.as_mut_ptr(),
-                width as isize,
-                1,
-            );
-        }
-        // SAFETY:
-        // - A = z^T is `d x m`: z read with row stride 1 and column stride
-        //   d; B = p is `m x width` (row stride width); C = zq holds
-        //   d*width values (row stride width), accumulated into (beta =
-        //   1); it is part of `out`, which nothing else borrows.
-        unsafe {
-            matrixmultiply::dgemm(
-                d,
-                m,
-                width,
-                1.0,
-                z.as_ptr(),
-                1,
-                d as isize,
-                p.as_ptr(),
-                width as isize,
-                1,
-                1.0,
-                zq.as_mut_ptr(),
-                width as isize,
-                1,
-            );
-        }
+        let zm = Mat::strided(&z, (m, d), (d, 1));
+        gemm(zm, Mat::strided(q, (d, width), (width, 1)), 0.0, &mut p);
+        let zt = Mat::strided(&z, (d, m), (1, d));
+        gemm(zt, Mat::strided(&p, (m, width), (width, 1)), 1.0, zq);
         r += m;
     }
 }
