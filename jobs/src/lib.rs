@@ -127,7 +127,7 @@ pub use files::{
     write_json,
 };
 pub use input::{BlockReader, InputReads, Labels, Partitioned, Source};
-pub use session::{ProcessTotals, Report, Session, Totals};
+pub use session::{ProcessTotals, Report, RunFigures, Session, SessionFigures, Totals};
 pub use workers::{partition_bytes, Workers, THREAD_BYTES};
 
 /// Runs `batch` and hands each task's result to `each` in submission order

@@ -51,7 +51,8 @@ use std::time::Instant;
 use outcore::{Runtime, Stats};
 use serde::Serialize;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::grow::Growth;
 use crate::input::InputReads;
 use crate::ranks::Ranks;
 use crate::timeline::{self, Timeline};
@@ -353,4 +354,75 @@ pub struct Report {
     pub mem_cap_bytes: Option<u64>,
     /// Each process's, in rank order.
     pub per_process: Vec<ProcessTotals>,
+}
+
+impl Report {
+    /// The session's half of a run's statistics, with this process's
+    /// counters `stats` (those of this report) and the job's `growth`.
+    pub fn figures<'a>(
+        &'a self,
+        session: &Session,
+        stats: &'a Stats,
+        growth: &'a [Growth],
+    ) -> SessionFigures<'a> {
+        let rt = session.runtime();
+        SessionFigures {
+            totals: self.total,
+            mem_cap_bytes: self.mem_cap_bytes,
+            policy: rt.policy().to_string(),
+            workers: rt.workers(),
+            runtime: stats,
+            processes: session.ranks().size(),
+            ranks: session.ranks().size(),
+            growth,
+            per_process: &self.per_process,
+        }
+    }
+}
+
+/// The session's half of a run's statistics, the same for every job:
+/// every process's totals, the cap, the workers and the ranks.
+#[derive(Serialize, Debug, Clone)]
+pub struct SessionFigures<'a> {
+    /// Every process's added up.
+    #[serde(flatten)]
+    pub totals: Totals,
+    /// Per process (the largest, under MPI).
+    pub mem_cap_bytes: Option<u64>,
+    /// The eviction policy.
+    pub policy: String,
+    /// Worker threads per process.
+    pub workers: usize,
+    /// Rank 0's runtime counters.
+    pub runtime: &'a Stats,
+    /// MPI processes; the counters above are their totals, `peak_bytes`
+    /// and `wall_seconds` the largest.
+    pub processes: usize,
+    /// The same: the ranks the job ended on.
+    pub ranks: usize,
+    /// The job's growths onto more ranks (`--max-ranks`).
+    pub growth: &'a [Growth],
+    /// Each process's totals, in rank order.
+    pub per_process: &'a [ProcessTotals],
+}
+
+/// A run's statistics, as `--stats` writes them and Python's `stats_`
+/// holds them: the job's own figures and the session's, in one object.
+/// The one statistics type of every job.
+#[derive(Serialize, Debug, Clone)]
+pub struct RunFigures<'a, J: Serialize> {
+    /// The job's figures (a struct or a JSON object), flattened.
+    #[serde(flatten)]
+    pub job: &'a J,
+    /// The session's, flattened.
+    #[serde(flatten)]
+    pub session: SessionFigures<'a>,
+}
+
+impl<J: Serialize> RunFigures<'_, J> {
+    /// As a JSON value.
+    pub fn to_json(&self) -> Result<serde_json::Value> {
+        serde_json::to_value(self)
+            .map_err(|e| Error::Input(format!("internal: the statistics: {e}")))
+    }
 }

@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use outcore_jobs::kmeans::{self, Algorithm, Centers, Config, Event, Init, Outcome};
+use outcore_jobs::kmeans::{
+    self, Algorithm, Centers, Config, Event, Init, KmeansStats, Loaded, Outcome, Traffic,
+};
 use outcore_jobs::{Session, Source};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -77,11 +79,11 @@ impl Params {
 
 /// What a fit gives back besides the outcome: labels and the figures the
 /// statistics need.
-#[derive(Default)]
 struct Extra {
     labels: Vec<u32>,
-    load_seconds: f64,
-    epoch_bytes_read: Vec<u64>,
+    /// The data as loaded.
+    data: Loaded,
+    traffic: Traffic,
 }
 
 /// Fits K-means to the data in `path` (weights in `weights`, a 1-D
@@ -143,29 +145,30 @@ fn fit(
 ) -> outcore_jobs::Result<(Outcome, Extra)> {
     let t = Instant::now();
     let ds = kmeans::load(session, src, weights, Some(cfg), part_bytes, |_, _| {})?;
-    let mut extra = Extra {
+    let data = Loaded {
+        rows: ds.rows,
+        dims: ds.dims,
+        partitions: ds.parts.len(),
+        weighted: weights.is_some(),
         load_seconds: t.elapsed().as_secs_f64(),
-        ..Extra::default()
     };
     settings.say(|| {
         format!(
             "loaded {} rows of {} in {:.1} s",
-            ds.rows, ds.dims, extra.load_seconds
+            ds.rows, ds.dims, data.load_seconds
         )
     });
     session.phase("fit");
-    let mut read = session.bytes_read();
+    let mut traffic = Traffic::start(session);
     let mut labels = Vec::new();
     let mut on = |ev: Event| {
+        traffic.on(session, &ev);
         if let Event::Epoch {
             index,
             seconds,
             inertia,
         } = ev
         {
-            let now = session.bytes_read();
-            extra.epoch_bytes_read.push(now - read);
-            read = now;
             settings.say(|| format!("pass {}: {seconds:.2} s, inertia {inertia:.6e}", index + 1));
         }
     };
@@ -173,28 +176,19 @@ fn fit(
         labels.extend_from_slice(v);
         Ok(())
     })?;
-    extra.labels = labels;
+    let extra = Extra {
+        labels,
+        data,
+        traffic,
+    };
     Ok((out, extra))
 }
 
 /// The command line's `--stats` figures for a fit.
 fn stats(session: &Session, cfg: &Config, out: &Outcome, extra: &Extra) -> serde_json::Value {
-    let v = serde_json::json!({
-        "algorithm": if cfg.algorithm == Algorithm::Lloyd { "lloyd" } else { "minibatch" },
-        "k": cfg.k,
-        "epoch_seconds": out.epoch_seconds,
-        "epoch_inertia": out.epoch_inertia,
-        "epoch_bytes_read": extra.epoch_bytes_read,
-        "inertia": out.inertia,
-        "iterations": out.iterations,
-        "steps": out.steps,
-        "converged": out.converged.is_some(),
-        "stop": out.converged.map(|c| c.describe()),
-        "n_init": out.init_inertia.len(),
-        "best_init": out.best_init,
-        "init_inertia": out.init_inertia,
-        "load_seconds": extra.load_seconds,
-    });
+    let t = &extra.traffic;
+    let job = KmeansStats::new(cfg, extra.data, out, t, &t.epoch_read);
+    let v = serde_json::to_value(job).unwrap_or_default();
     session_figures(session, v)
 }
 

@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
 use outcore::{MemoryCap, Runtime};
-use outcore_jobs::{Session, Workers};
+use outcore_jobs::{RunFigures, Session, Workers};
 use pyo3::exceptions::{PyRuntimeError, PyUserWarning, PyValueError};
 use pyo3::prelude::*;
 
@@ -217,24 +217,19 @@ pub(crate) fn le_bytes<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N
     v.iter().flat_map(|x| f(*x)).collect()
 }
 
-/// `v` (a JSON object of a job's figures) with the session's: the cap,
+/// `v` (a JSON object of a job's figures) with the session's, in the
+/// statistics type of every job (the command line's `--stats`): the cap,
 /// the workers, the runtime's counters and the totals (evictions, loads,
-/// bytes, peaks, seconds), as the command line's `--stats` has them.
-pub(crate) fn session_figures(session: &Session, mut v: serde_json::Value) -> serde_json::Value {
-    let rt = session.runtime();
-    let s = rt.stats();
-    let figures = serde_json::json!({
-        "mem_cap_bytes": rt.cap(),
-        "workers": rt.workers(),
-        "runtime": serde_json::to_value(&s).unwrap_or_default(),
-    });
-    for extra in [
-        figures,
-        serde_json::to_value(session.totals(&s)).unwrap_or_default(),
-    ] {
-        if let (Some(o), serde_json::Value::Object(e)) = (v.as_object_mut(), extra) {
-            o.extend(e);
-        }
-    }
-    v
+/// bytes, peaks, seconds).
+pub(crate) fn session_figures(session: &Session, v: serde_json::Value) -> serde_json::Value {
+    let stats = session.runtime().stats();
+    // One process: the report is this process's totals.
+    let Ok(Some(report)) = session.report_at(&stats) else {
+        return v;
+    };
+    let figures = RunFigures {
+        job: &v,
+        session: report.figures(session, &stats, &[]),
+    };
+    figures.to_json().unwrap_or(v)
 }

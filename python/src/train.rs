@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use outcore_jobs::train::{self, Solver, TrainConfig, Trained};
+use outcore_jobs::train::{self, Solver, TrainConfig, TrainStats};
 use outcore_jobs::{Labels, Session, Source, Workers};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -44,7 +44,7 @@ pub(crate) fn logistic_fit<'py>(
     })?;
     let shard_bytes = train::aligned_shard_bytes(part_bytes, dims);
     let labels = Labels::File(labels);
-    let out = run_job(py, &session, || {
+    let (out, figures) = run_job(py, &session, || {
         let job = train::load(
             &session,
             &src,
@@ -55,7 +55,7 @@ pub(crate) fn logistic_fit<'py>(
             |_, _| {},
         )?;
         session.phase("fit");
-        train::train(&session, &job, &cfg, |ev| {
+        let out = train::train(&session, &job, &cfg, |ev| {
             if let train::Event::Iteration(it) = ev {
                 settings.say(|| {
                     format!(
@@ -64,7 +64,9 @@ pub(crate) fn logistic_fit<'py>(
                     )
                 });
             }
-        })
+        })?;
+        let figures = TrainStats::new(&cfg, &job, &out);
+        Ok((out, figures))
     })?;
     let d = PyDict::new(py);
     d.set_item(
@@ -74,23 +76,12 @@ pub(crate) fn logistic_fit<'py>(
     d.set_item("n_iter", out.last.as_ref().map_or(0, |l| l.index))?;
     d.set_item("converged", out.stop.is_some_and(|s| s.converged()))?;
     d.set_item("stop", out.stop.map(|s| s.describe()))?;
-    d.set_item("stats", stats(&session, &cfg, &out).to_string())?;
+    d.set_item("stats", stats(&session, &figures).to_string())?;
     Ok(d)
 }
 
 /// The command line's `--stats` figures for a fit.
-fn stats(session: &Session, cfg: &TrainConfig, out: &Trained) -> serde_json::Value {
-    let its = &out.iterations;
-    let v = serde_json::json!({
-        "solver": "lbfgs",
-        "c": cfg.c,
-        "tol": cfg.tol,
-        "iterations": out.last.as_ref().map_or(0, |l| l.index),
-        "iteration_seconds": its.iter().map(|i| i.seconds).collect::<Vec<_>>(),
-        "iteration_objective": its.iter().map(|i| i.objective).collect::<Vec<_>>(),
-        "iteration_grad_max": its.iter().map(|i| i.grad_max).collect::<Vec<_>>(),
-        "converged": out.stop.is_some_and(|s| s.converged()),
-        "stop": out.stop.map(|s| s.describe()),
-    });
+fn stats(session: &Session, figures: &TrainStats) -> serde_json::Value {
+    let v = serde_json::to_value(figures).unwrap_or_default();
     session_figures(session, v)
 }

@@ -1,5 +1,6 @@
 """The estimators against scikit-learn and the command line, inputs by
 path and memmap, and bad inputs."""
+import json
 import os
 import subprocess
 import sys
@@ -32,7 +33,8 @@ def test_same_centres_and_labels_as_the_command_line(blobs, cli, tmp_path):
     out, labels = tmp_path / "out.npy", tmp_path / "labels.npy"
     subprocess.run(
         [cli, "kmeans", "--input", str(X), "--algorithm", "lloyd", "--init", str(C), "--iterations", "3",
-         "--tol", "0", "--mem-cap", "128MiB", "--output", str(out), "--labels", str(labels)],
+         "--tol", "0", "--mem-cap", "128MiB", "--output", str(out), "--labels", str(labels),
+         "--stats", str(tmp_path / "stats.json")],
         check=True, capture_output=True,
     )
     km = outcore.KMeans(n_clusters=5, init=np.load(C), n_init=1, max_iter=3, tol=0, mem_cap="128MiB")
@@ -40,6 +42,30 @@ def test_same_centres_and_labels_as_the_command_line(blobs, cli, tmp_path):
     assert km.cluster_centers_.dtype == np.float32
     assert km.cluster_centers_.tobytes() == np.load(out).tobytes()
     assert np.array_equal(km.labels_, np.load(labels))
+    # One statistics type: `stats_` has the command line's `--stats` keys,
+    # with the same figures where they do not depend on time or traffic.
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert sorted(km.stats_) == sorted(stats)
+    for key in ("algorithm", "k", "rows", "dims", "iterations", "inertia", "epoch_inertia", "shards"):
+        assert km.stats_[key] == stats[key], key
+
+
+def test_logistic_regression_stats_have_the_command_lines_keys(cli, tmp_path):
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(2000, 6)).astype(np.float32)
+    y = (X @ rng.normal(size=6) > 0).astype(np.int64)
+    np.save(tmp_path / "X.npy", X.astype(np.float32))
+    np.save(tmp_path / "y.npy", y.astype(np.int64))
+    subprocess.run(
+        [cli, "train", "--input", str(tmp_path / "X.npy"), "--targets", str(tmp_path / "y.npy"),
+         "--solver", "lbfgs", "--holdout", "0", "--mem-cap", "128MiB",
+         "--stats", str(tmp_path / "stats.json")],
+        check=True, capture_output=True,
+    )
+    est = outcore.LogisticRegression(mem_cap="128MiB").fit(X, y)
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert sorted(est.stats_) == sorted(stats)
+    assert est.stats_["solver"] == "lbfgs" and len(est.stats_["iterations"]) == est.n_iter_[0]
 
 
 def test_capped_uncapped_path_and_array_give_the_same_bytes(tmp_path):

@@ -4,15 +4,15 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use outcore::{format_bytes, MemoryCap, Stats};
+use outcore::{format_bytes, MemoryCap};
 use outcore_jobs::grow::Growth;
-use outcore_jobs::kmeans::{self, Algorithm, Config, Dataset, Event, Init, Outcome};
+use outcore_jobs::kmeans::{
+    self, Algorithm, Config, Dataset, Event, Init, KmeansStats, Loaded, Outcome, Traffic,
+};
 use outcore_jobs::ranks::Ranks;
 use outcore_jobs::{
-    check_outputs, check_room, npy, write_json, Error, ProcessTotals, Report, Result, Session,
-    Source, Totals,
+    check_outputs, check_room, npy, write_json, Error, Report, Result, RunFigures, Session, Source,
 };
-use serde::Serialize;
 
 use super::grow;
 use super::labels::LabelsOut;
@@ -125,69 +125,6 @@ struct DataArgs {
     seed: u64,
 }
 
-#[derive(Serialize)]
-struct KmeansStats<'a> {
-    algorithm: &'a str,
-    k: usize,
-    rows: u64,
-    dims: usize,
-    /// Rank 0's partitions.
-    partitions: usize,
-    /// Shards used (the order of the sums; the unit spread over ranks).
-    shards: usize,
-    epoch_seconds: &'a [f64],
-    epoch_inertia: &'a [f64],
-    /// Rank 0's seconds in the distance kernel per epoch, summed over its
-    /// worker threads.
-    epoch_kernel_seconds: &'a [f64],
-    /// Bytes read per epoch, every rank's added up (spill files and
-    /// input).
-    epoch_bytes_read: &'a [u64],
-    /// Rank 0's bytes written per epoch.
-    epoch_bytes_written: &'a [u64],
-    inertia: f64,
-    /// Epochs (mini-batch) or iterations (Lloyd) run.
-    iterations: usize,
-    /// Mini-batch steps (batches) run.
-    steps: usize,
-    /// Whether the run stopped early on convergence, and why.
-    converged: bool,
-    stop: Option<&'a str>,
-    tol: f64,
-    max_no_improvement: Option<usize>,
-    n_init: usize,
-    /// The run kept (from 0) and every run's final inertia.
-    best_init: usize,
-    init_inertia: &'a [f64],
-    weighted: bool,
-    /// Rank 0's seconds adding the shards' sums across processes, and the
-    /// number of steps that did.
-    combine_seconds: f64,
-    combines: usize,
-    /// Every process's added up.
-    #[serde(flatten)]
-    totals: Totals,
-    load_seconds: f64,
-    /// The initialisation (k-means++, random or given centres).
-    init_seconds: f64,
-    /// Rank 0's bytes read while choosing the initial centres (every run).
-    init_bytes_read: u64,
-    /// Per process (the largest, under MPI).
-    mem_cap_bytes: Option<u64>,
-    policy: String,
-    workers: usize,
-    /// Rank 0's runtime counters.
-    runtime: &'a Stats,
-    /// MPI processes; the counters above are their totals, `peak_bytes`
-    /// and `wall_seconds` the largest.
-    processes: usize,
-    /// The same: the ranks the job ended on.
-    ranks: usize,
-    /// The job's growths onto more ranks (`--max-ranks`).
-    growth: &'a [Growth],
-    per_process: &'a [ProcessTotals],
-}
-
 /// Runs `outcore kmeans`: the flags checked into a job, the job run
 /// through a session, then its outputs and summary.
 pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
@@ -248,13 +185,13 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
         }
         None => kmeans::run(&session, &ds, &job.cfg, |ev| rep.on(ev))?,
     };
-    let figures = rep.finish();
+    let traffic = rep.finish();
     session.phase("output");
     let ran = Ran {
         job: &job,
         ds: &ds,
         out: &out,
-        figures: &figures,
+        traffic: &traffic,
         load_seconds,
         growth,
     };
@@ -579,11 +516,8 @@ struct Reporter<'a> {
     rows: u64,
     /// "run 2: " with several runs.
     run_prefix: String,
-    /// The counters at the last line, and the bytes read from disk then
-    /// (spill files and, for executors rebuilt from the input, the input).
-    last: Stats,
-    last_read: u64,
-    figures: Figures,
+    /// The traffic of each phase, counted from the last line.
+    traffic: Traffic,
 }
 
 impl<'a> Reporter<'a> {
@@ -591,8 +525,6 @@ impl<'a> Reporter<'a> {
     fn new(session: &'a Session, mut fb: Feedback, intro: Vec<String>, job: &Job) -> Reporter<'a> {
         let (word, passes) = (job.word(), job.passes());
         fb.stage(&format!("{word} 1/{passes}"), job.rows);
-        let last = session.runtime().stats();
-        let last_read = last.bytes_read + session.input_bytes_read();
         Reporter {
             session,
             fb,
@@ -602,9 +534,7 @@ impl<'a> Reporter<'a> {
             passes,
             rows: job.rows,
             run_prefix: String::new(),
-            last,
-            last_read,
-            figures: Figures::default(),
+            traffic: Traffic::start(session),
         }
     }
 
@@ -654,40 +584,30 @@ impl<'a> Reporter<'a> {
         self.session.phase(&format!("{}init", self.run_prefix));
     }
 
-    /// What the runtime did since the last line; the next counts from now.
-    fn since_last(&mut self) -> Delta {
-        let s = self.session.runtime().stats();
-        let read = s.bytes_read + self.session.input_bytes_read();
-        let d = Delta {
-            evictions: s.evictions - self.last.evictions,
-            clean_evictions: s.clean_evictions - self.last.clean_evictions,
-            loads: s.loads - self.last.loads,
-            read: read - self.last_read,
-            written: s.bytes_written - self.last.bytes_written,
-        };
-        self.last = s;
-        self.last_read = read;
-        d
-    }
-
     /// The initial centres are chosen, in `seconds`.
     fn initialized(&mut self, seconds: f64) {
         self.show_intro();
-        self.figures.init_seconds = seconds;
         self.session
             .phase(&format!("{}{} 1", self.run_prefix, self.word));
-        let d = self.since_last();
+        let d = self
+            .traffic
+            .on(self.session, &Event::Initialized { seconds })
+            .unwrap_or_default();
         self.fb.line(&format!(
             "initialised in {seconds:.2}s: loads {}, read {}",
             d.loads,
             format_bytes(d.read)
         ));
-        self.figures.init_read += d.read;
     }
 
     /// Epoch or iteration `index` finished.
     fn epoch(&mut self, index: usize, seconds: f64, inertia: f64) {
-        let d = self.since_last();
+        let ev = Event::Epoch {
+            index,
+            seconds,
+            inertia,
+        };
+        let d = self.traffic.on(self.session, &ev).unwrap_or_default();
         let (word, passes) = (self.word, self.passes);
         self.fb.line(&format!(
             "{word} {}/{passes}: {seconds:.2}s, inertia {inertia:.6e}, evictions {} (clean {}), loads {}, read {}, written {}",
@@ -698,8 +618,6 @@ impl<'a> Reporter<'a> {
             format_bytes(d.read),
             format_bytes(d.written),
         ));
-        self.figures.epoch_read.push(d.read);
-        self.figures.epoch_written.push(d.written);
         if index + 1 < passes {
             self.fb
                 .stage(&format!("{word} {}/{passes}", index + 2), self.rows);
@@ -708,31 +626,11 @@ impl<'a> Reporter<'a> {
         }
     }
 
-    /// Ends the display; the figures for `--stats`.
-    fn finish(mut self) -> Figures {
+    /// Ends the display; the traffic for `--stats`.
+    fn finish(mut self) -> Traffic {
         self.fb.done();
-        self.figures
+        self.traffic
     }
-}
-
-/// What the runtime did between two lines.
-struct Delta {
-    evictions: u64,
-    clean_evictions: u64,
-    loads: u64,
-    /// Bytes read from disk: spill files and input.
-    read: u64,
-    written: u64,
-}
-
-/// The figures of a run's passes, for `--stats`.
-#[derive(Default)]
-struct Figures {
-    init_seconds: f64,
-    /// Bytes read while choosing the initial centres (every run).
-    init_read: u64,
-    epoch_read: Vec<u64>,
-    epoch_written: Vec<u64>,
 }
 
 /// A finished run, for its outputs and reports.
@@ -740,7 +638,7 @@ struct Ran<'a> {
     job: &'a Job,
     ds: &'a Dataset,
     out: &'a Outcome,
-    figures: &'a Figures,
+    traffic: &'a Traffic,
     load_seconds: f64,
     /// The growth onto more ranks after the load, if any.
     growth: Option<Growth>,
@@ -767,7 +665,7 @@ impl Ran<'_> {
             outs.write("--labels", l.finish(session.ranks()))?;
         }
         // Every rank's bytes read per epoch, added up on rank 0.
-        let epoch_read = summed(session.ranks(), &self.figures.epoch_read)?;
+        let epoch_read = summed(session.ranks(), &self.traffic.epoch_read)?;
         // The timeline ends with the totals, so the two agree.
         let s = finish_session(&mut session, &mut outs)?;
         // Every rank's figures, on rank 0 (the others are done).
@@ -775,64 +673,28 @@ impl Ran<'_> {
             return Ok(());
         };
         if let Some(p) = &a.mem.stats {
-            let r = write_json(p, &self.stats(a, &session, (&s, &epoch_read), &report));
+            let job = self.stats(a, &epoch_read);
+            let figures = RunFigures {
+                job: &job,
+                session: report.figures(&session, &s, self.growth.as_slice()),
+            };
+            let r = write_json(p, &figures);
             outs.write("--stats", r)?;
         }
         self.summary(&session, &report);
         Ok(())
     }
 
-    /// The `--stats` JSON.
-    fn stats<'b>(
-        &'b self,
-        a: &KmeansArgs,
-        session: &Session,
-        (s, epoch_read): (&'b Stats, &'b [u64]),
-        report: &'b Report,
-    ) -> KmeansStats<'b> {
-        let (job, out, rep, cfg) = (self.job, self.out, self.figures, &self.job.cfg);
-        let rt = session.runtime();
-        KmeansStats {
-            algorithm: match cfg.algorithm {
-                Algorithm::MiniBatch => "minibatch",
-                Algorithm::Lloyd => "lloyd",
-            },
-            k: cfg.k,
-            rows: job.rows,
-            dims: job.dims,
+    /// The job's half of the `--stats` JSON.
+    fn stats<'b>(&'b self, a: &KmeansArgs, epoch_read: &'b [u64]) -> KmeansStats<'b> {
+        let data = Loaded {
+            rows: self.job.rows,
+            dims: self.job.dims,
             partitions: self.ds.parts.len(),
-            shards: job.shards(),
-            epoch_seconds: &out.epoch_seconds,
-            epoch_inertia: &out.epoch_inertia,
-            epoch_kernel_seconds: &out.epoch_kernel_seconds,
-            epoch_bytes_read: epoch_read,
-            epoch_bytes_written: &rep.epoch_written,
-            inertia: out.inertia,
-            iterations: out.iterations,
-            steps: out.steps,
-            converged: out.converged.is_some(),
-            stop: out.converged.map(|c| c.describe()),
-            tol: cfg.tol,
-            max_no_improvement: cfg.max_no_improvement,
-            n_init: out.init_inertia.len(),
-            best_init: out.best_init,
-            init_inertia: &out.init_inertia,
             weighted: a.sample_weight.is_some(),
-            combine_seconds: out.combine_seconds,
-            combines: out.combines,
-            totals: report.total,
             load_seconds: self.load_seconds,
-            init_seconds: rep.init_seconds,
-            init_bytes_read: rep.init_read,
-            mem_cap_bytes: report.mem_cap_bytes,
-            policy: rt.policy().to_string(),
-            workers: rt.workers(),
-            runtime: s,
-            processes: session.ranks().size(),
-            ranks: session.ranks().size(),
-            growth: self.growth.as_slice(),
-            per_process: &report.per_process,
-        }
+        };
+        KmeansStats::new(&self.job.cfg, data, self.out, self.traffic, epoch_read)
     }
 
     /// The last line: every process's totals.

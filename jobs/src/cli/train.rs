@@ -11,12 +11,12 @@ use clap::{Args, ValueEnum};
 use outcore::{format_bytes, MemoryCap, Stats};
 use outcore_jobs::grow::Growth;
 use outcore_jobs::ranks::{Ranks, Shards};
-use outcore_jobs::train::{self, Event, Job, Solver, TrainConfig, Trained};
-use outcore_jobs::{
-    check_outputs, npy, write_json, Error, Labels, ProcessTotals, Report, Result, Session, Source,
-    Totals, Workers,
+use outcore_jobs::train::{
+    self, final_accuracy, Event, Job, Solver, TrainConfig, TrainStats, Trained,
 };
-use serde::Serialize;
+use outcore_jobs::{
+    check_outputs, npy, write_json, Error, Labels, Result, RunFigures, Session, Source, Workers,
+};
 
 use super::grow;
 use super::progress::Feedback;
@@ -110,60 +110,6 @@ pub(super) struct TrainArgs {
     /// file.
     #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
-}
-
-#[derive(Serialize)]
-struct IterationStats {
-    seconds: f64,
-    loss: f64,
-    objective: f64,
-    grad_max: f64,
-    accuracy: Option<f64>,
-    evaluations: usize,
-}
-
-#[derive(Serialize)]
-struct TrainStats<'a> {
-    solver: &'a str,
-    rows: u64,
-    dims: usize,
-    classes: usize,
-    /// Rank 0's shard executors.
-    shards: usize,
-    /// L-BFGS reduction shards (the order of the sums; the unit spread
-    /// over ranks).
-    reduction_shards: usize,
-    /// Local SGD: seconds per round.
-    round_seconds: Vec<f64>,
-    /// Held-out accuracy per round (local SGD) or per iteration (L-BFGS).
-    accuracy: Vec<f64>,
-    /// L-BFGS: one entry per iteration.
-    iterations: Vec<IterationStats>,
-    /// L-BFGS: whether it converged, and why it stopped.
-    converged: Option<bool>,
-    stop: Option<&'a str>,
-    /// L-BFGS: the final objective (`C * sum logloss + 0.5 |W|^2`), the
-    /// scaled loss, the largest gradient component and passes made.
-    objective: Option<f64>,
-    loss: Option<f64>,
-    grad_max: Option<f64>,
-    evaluations: Option<usize>,
-    final_accuracy: Option<f64>,
-    /// Every process's added up.
-    #[serde(flatten)]
-    totals: Totals,
-    /// Per process (the largest, under MPI).
-    mem_cap_bytes: Option<u64>,
-    /// Rank 0's runtime counters.
-    runtime: &'a Stats,
-    /// MPI processes; the counters above are their totals, `peak_bytes`
-    /// and `wall_seconds` the largest.
-    processes: usize,
-    /// The same: the ranks the job ended on.
-    ranks: usize,
-    /// The job's growths onto more ranks (`--max-ranks`).
-    growth: &'a [Growth],
-    per_process: &'a [ProcessTotals],
 }
 
 /// Runs `outcore train`.
@@ -522,10 +468,11 @@ fn report(
     };
     let final_accuracy = final_accuracy(cfg, out);
     if let Some(p) = &a.mem.stats {
-        let processes = session.ranks().size();
-        let mut stats = train_stats(cfg, job, out, &report, &s, processes);
-        stats.growth = growth.as_slice();
-        outs.write("--stats", write_json(p, &stats))?;
+        let figures = RunFigures {
+            job: &TrainStats::new(cfg, job, out),
+            session: report.figures(&session, &s, growth.as_slice()),
+        };
+        outs.write("--stats", write_json(p, &figures))?;
     }
     let tot = report.total;
     say!(
@@ -547,74 +494,4 @@ fn report(
         format_bytes(tot.bytes_written)
     );
     Ok(())
-}
-
-/// The final model's held-out accuracy (none without held-out rows).
-fn final_accuracy(cfg: &TrainConfig, out: &Trained) -> Option<f64> {
-    match &out.last {
-        Some(it) => it.accuracy,
-        None => out
-            .rounds
-            .last()
-            .filter(|_| cfg.holdout > 0.0)
-            .map(|r| r.accuracy),
-    }
-}
-
-/// The `--stats` of the run: `s` are rank 0's runtime counters.
-fn train_stats<'a>(
-    cfg: &TrainConfig,
-    job: &Job,
-    out: &'a Trained,
-    report: &'a Report,
-    s: &'a Stats,
-    processes: usize,
-) -> TrainStats<'a> {
-    let last = out.last.as_ref();
-    TrainStats {
-        solver: match cfg.solver {
-            Solver::Lbfgs => "lbfgs",
-            Solver::Sgd => "sgd",
-        },
-        rows: job.rows,
-        dims: job.dims,
-        classes: job.classes,
-        shards: job.shards.len(),
-        reduction_shards: Shards::new(job.rows.div_ceil(train::TASK_ROWS as u64), cfg.shards)
-            .count(),
-        round_seconds: out.rounds.iter().map(|r| r.seconds).collect(),
-        accuracy: if out.rounds.is_empty() {
-            out.iterations.iter().filter_map(|i| i.accuracy).collect()
-        } else if cfg.holdout > 0.0 {
-            out.rounds.iter().map(|r| r.accuracy).collect()
-        } else {
-            Vec::new()
-        },
-        iterations: out
-            .iterations
-            .iter()
-            .map(|i| IterationStats {
-                seconds: i.seconds,
-                loss: i.loss,
-                objective: i.objective,
-                grad_max: i.grad_max,
-                accuracy: i.accuracy,
-                evaluations: i.evaluations,
-            })
-            .collect(),
-        converged: out.stop.map(|s| s.converged()),
-        stop: out.stop.map(|s| s.describe()),
-        objective: last.map(|i| i.objective),
-        loss: last.map(|i| i.loss),
-        grad_max: last.map(|i| i.grad_max),
-        evaluations: last.map(|i| i.evaluations),
-        final_accuracy: final_accuracy(cfg, out),
-        totals: report.total,
-        mem_cap_bytes: report.mem_cap_bytes,
-        runtime: s,
-        processes,
-        ranks: processes,
-        growth: &[],
-        per_process: &report.per_process,
-    }
 }

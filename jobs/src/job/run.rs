@@ -11,7 +11,7 @@ use super::{Algorithm, Rows, Step};
 use crate::error::{Error, Result};
 use crate::memory::MemoryPool;
 use crate::ranks::ShardSums;
-use crate::session::{ProcessTotals, Session, Totals};
+use crate::session::{RunFigures, Session};
 
 /// What a task of a sum pass does: adds its rows' sums into the vector.
 pub(super) type TaskFn<S> = fn(&S, &Rows<'_>, &mut [f64]);
@@ -50,20 +50,13 @@ pub struct RunStats {
     pub passes: Vec<Pass>,
 }
 
-/// Every process's figures of a run, as `--stats` writes them.
+/// A fit's own figures: the run's and the algorithm's result's.
 #[derive(Serialize)]
-struct Figures<'a, R: Serialize> {
+struct Fit<'a, R: Serialize> {
     #[serde(flatten)]
     run: &'a RunStats,
     #[serde(flatten)]
     result: &'a R,
-    #[serde(flatten)]
-    totals: Totals,
-    mem_cap_bytes: Option<u64>,
-    workers: usize,
-    processes: usize,
-    runtime: &'a outcore::Stats,
-    per_process: &'a [ProcessTotals],
 }
 
 impl RunStats {
@@ -94,19 +87,12 @@ impl RunStats {
         let Some(report) = session.report_at(stats)? else {
             return Ok(None);
         };
-        let f = Figures {
-            run: self,
-            result,
-            totals: report.total,
-            mem_cap_bytes: report.mem_cap_bytes,
-            workers: session.runtime().workers(),
-            processes: session.ranks().size(),
-            runtime: stats,
-            per_process: &report.per_process,
+        let job = Fit { run: self, result };
+        let figures = RunFigures {
+            job: &job,
+            session: report.figures(session, stats, &[]),
         };
-        serde_json::to_value(&f)
-            .map(Some)
-            .map_err(|e| Error::Input(format!("internal: the statistics: {e}")))
+        figures.to_json().map(Some)
     }
 }
 

@@ -61,6 +61,7 @@ mod lloyd;
 mod minibatch;
 mod plan;
 mod shards;
+mod stats;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -69,6 +70,7 @@ use std::time::Instant;
 pub use data::{Dataset, Partition};
 pub use init::init_sample_bytes;
 pub use shards::{rank_rows, shards};
+pub use stats::{Delta, KmeansStats, Loaded, Traffic};
 
 use self::assign::{sweep, Packed, Want};
 use self::budget::Needs;

@@ -67,8 +67,10 @@ pub mod lbfgs;
 mod load;
 mod loss;
 mod sgd;
+mod stats;
 
 pub use load::{load, rank_rows, Shard};
+pub use stats::{final_accuracy, IterationStats, TrainStats};
 
 /// Rows per L-BFGS task: the unit whose partial sums are added in order.
 /// Shards hold whole tasks (see [`aligned_shard_bytes`]).
