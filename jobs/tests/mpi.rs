@@ -773,8 +773,12 @@ fn a_rank_out_of_memory_ends_every_rank_with_one_line_and_no_spill() {
     let tmp = dir.path().join("tmp");
     std::fs::create_dir(&tmp).unwrap();
     // Rank 1 alone runs under an address-space limit that MPI and the
-    // program fit in, but not one of its 96 MiB partitions: its
-    // allocation fails with nothing to evict, and the process aborts.
+    // program fit in, but not its shard's partition (3 shards: 256 MiB
+    // each, loaded in one allocation): its allocation fails with nothing
+    // to evict, and the process aborts. With 8 shards (96 MiB partitions)
+    // rank 1 sometimes got through by evicting in the trap, reading 60 GiB;
+    // with 3 it waited for ever for room until the load's wait stopped
+    // counting the prefetcher's given-back tries as progress.
     let script = format!(
         "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then ulimit -v 250000; fi; exec {BIN} \"$@\""
     );
@@ -804,6 +808,8 @@ fn a_rank_out_of_memory_ends_every_rank_with_one_line_and_no_spill() {
         "--mem-cap",
         "none",
         "--partitions",
+        "3",
+        "--shards",
         "3",
         "--workers",
         "1",

@@ -139,7 +139,7 @@ impl Shared {
         };
         let mut since = Instant::now();
         let mut seen = (self.pinned_now(), self.loading_bytes());
-        while since.elapsed() < patience {
+        loop {
             alloc::purge();
             if let Some(c) = alloc::LoadClaim::new(bytes) {
                 return Some(c);
@@ -156,11 +156,34 @@ impl Shared {
                 seen = now;
                 since = Instant::now();
             }
+            // Alone (no other thread pins or loads anything), only an
+            // eviction in flight can still help ("busy" is also this very
+            // load, on its way in): a short while. Waiting the full
+            // patience there held a lone worker a minute per load.
+            let wait = if others {
+                patience
+            } else {
+                CLAIM_PATIENCE_HOLDING
+            };
+            if since.elapsed() >= wait {
+                break;
+            }
             if freed <= 1 {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
         None
+    }
+
+    /// Whether a demand load waits for room in [`claim_load`]
+    /// (process-wide): a prefetch then stays out of the way, not even
+    /// counting a load it would start (the waiter reads that count as
+    /// other threads' progress, and a prefetch tried and given back over
+    /// and over kept it waiting for ever).
+    ///
+    /// [`claim_load`]: Self::claim_load
+    pub(crate) fn demand_waits_for_room() -> bool {
+        CLAIM_WAITERS.load(Ordering::Acquire) > 0
     }
 
     /// Under an address-space limit, the room to load `slot` for a join

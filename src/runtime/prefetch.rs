@@ -109,6 +109,11 @@ impl Shared {
     }
 
     fn prefetch_step(&self) -> bool {
+        // Under an address-space limit a demand load waiting for room
+        // comes first (see `Shared::demand_waits_for_room`).
+        if crate::cap::rlimit_as().is_some() && Shared::demand_waits_for_room() {
+            return false;
+        }
         let target = self.next_to_prefetch();
         let Some((rank, cycle, slot)) = target else {
             return false;

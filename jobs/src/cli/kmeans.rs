@@ -350,8 +350,16 @@ impl Job {
     ) -> Vec<String> {
         let (rt, rows, dims) = (session.runtime(), self.rows, self.dims);
         let held: u64 = ds.part_rows.iter().map(|&n| u64::from(n)).sum();
-        // The partitions' mean size (they are cut shard by shard).
-        let part_size = held * dims as u64 * 4 / ds.parts.len().max(1) as u64;
+        // The partitions' mean size (they are cut shard by shard), or the
+        // largest when they differ by more than a tenth: a shard's last
+        // partition may be small, and the mean then hid one too large.
+        let mean = held * dims as u64 * 4 / ds.parts.len().max(1) as u64;
+        let largest = ds.part_rows.iter().max().map_or(0, |&n| u64::from(n)) * dims as u64 * 4;
+        let part_size = if largest > mean + mean / 10 {
+            format!("up to {}", format_bytes(largest))
+        } else {
+            format_bytes(mean)
+        };
         let mut intro = vec![format!(
             "outcore kmeans: {rows} points x {dims} dims ({}), k = {}, {}, cap {}, {}, policy {}",
             format_bytes(self.data_bytes()),
@@ -380,15 +388,9 @@ impl Job {
             } else {
                 "generator"
             };
-            format!(
-                "{parts} of {}, read from the {from} as the run needs them",
-                format_bytes(part_size)
-            )
+            format!("{parts} of {part_size}, read from the {from} as the run needs them")
         } else {
-            format!(
-                "loaded {parts} of {} in {load_seconds:.1}s",
-                format_bytes(part_size)
-            )
+            format!("loaded {parts} of {part_size} in {load_seconds:.1}s")
         });
         if session.is_root() {
             intro.extend(start_warnings(rt));

@@ -139,6 +139,62 @@ fn an_address_space_limit_too_small_for_the_program_is_one_line() {
     }
 }
 
+/// A partition larger than what `ulimit -v` leaves, with no cap (only the
+/// trap evicts) and one worker: the load waited for room that nothing
+/// could make, and the prefetcher's tries at loading the next executor,
+/// each given back, looked like other threads' progress to it, so it
+/// waited for ever. It ends now, with the `out of memory` line, and
+/// leaves no spill file.
+#[test]
+fn a_load_that_cannot_fit_under_the_limit_ends_instead_of_waiting() {
+    use std::os::unix::process::CommandExt;
+    let t = Scratch::new();
+    let args = strs(&[
+        "kmeans",
+        "--synthetic",
+        "256MiB",
+        "--dims",
+        "64",
+        "--k",
+        "16",
+        "--epochs",
+        "1",
+        "--mem-cap",
+        "none",
+        "--shards",
+        "1",
+        "--partitions",
+        "1",
+        "--workers",
+        "1",
+    ]);
+    // The watchdog: a hang is killed (exit 124) instead of blocking.
+    let mut c = Command::new("timeout");
+    c.arg("120")
+        .arg(env!("CARGO_BIN_EXE_outcore"))
+        .args(&args)
+        .env("TMPDIR", t.path())
+        .env("RUST_BACKTRACE", "0")
+        .current_dir(t.path());
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        c.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 250_000 << 10,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            libc::setrlimit(libc::RLIMIT_AS, &lim);
+            Ok(())
+        });
+    }
+    let out = c.output().unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(124), "hung: {e}");
+    assert!(!out.status.success(), "{e}");
+    assert!(e.contains("outcore: out of memory: "), "{e}");
+    assert_eq!(listing(t.path()), BTreeSet::new(), "{e}");
+}
+
 #[test]
 fn gen_missing_required_flags() {
     let t = Scratch::new();
