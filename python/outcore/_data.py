@@ -48,6 +48,14 @@ def is_file_input(X):
     return isinstance(X, (str, os.PathLike)) or _whole_npy(X) is not None
 
 
+def model_dtype(X):
+    """The dtype of a model fitted to ``X``, as scikit-learn's: float32 for
+    a float32 array (a memmap too), float64 otherwise (and for a path,
+    which scikit-learn does not take: the engine's full precision)."""
+    dt = getattr(X, "dtype", None)
+    return np.float32 if dt == np.float32 else np.float64
+
+
 def dtype_of(X):
     """The dtype of ``X``'s values: an array's, a ``.npy`` file's, float32
     for other files (the engine's)."""
@@ -113,7 +121,11 @@ def write_npy(X, directory=None, dtype=np.float32, what="X"):
             np.lib.format.write_array_header_2_0(f, header)
             for start in range(0, shape[0], step):
                 src = np.asarray(X[start:start + step])
-                block = np.ascontiguousarray(src, dtype=dtype)
+                # A value too large for the dtype becomes infinity here and
+                # is named below: not a warning, nor FloatingPointError
+                # under np.errstate(all="raise").
+                with np.errstate(over="ignore", invalid="ignore"):
+                    block = np.ascontiguousarray(src, dtype=dtype)
                 if block.dtype.kind == "f" and not np.isfinite(block).all():
                     r, c = _first_bad(block.reshape(block.shape[0], -1))
                     v = src.reshape(src.shape[0], -1)[r, c]

@@ -20,6 +20,7 @@ class _LeastSquares(MultiOutputMixin, RegressorMixin, BaseEstimator):
 
     def _fit(self, X, y, sample_weight):
         settings = _base.settings(self)
+        dtype = _data.model_dtype(X)
         if _data.is_file_input(X):
             y = np.asarray(y)
             data = _base.fit_data(self, X)
@@ -28,6 +29,7 @@ class _LeastSquares(MultiOutputMixin, RegressorMixin, BaseEstimator):
                 self, X, y, dtype=[np.float64, np.float32], multi_output=True, y_numeric=True,
                 ensure_all_finite=False,
             )
+            dtype = _data.model_dtype(X)
             data = _data.as_data(X, self.spill_dir)
         with data:
             y = np.asarray(y, dtype=np.float64)
@@ -51,11 +53,12 @@ class _LeastSquares(MultiOutputMixin, RegressorMixin, BaseEstimator):
                     bool(self.fit_intercept), alphas,
                 )
         d = data.cols
-        coef = np.frombuffer(out["coef"], dtype="<f8").reshape(n_targets, d).copy()
-        intercept = np.asarray(out["intercept"], dtype=np.float64)
+        # float32 data: a float32 model, as scikit-learn's.
+        coef = np.frombuffer(out["coef"], dtype="<f8").reshape(n_targets, d).astype(dtype)
+        intercept = np.asarray(out["intercept"], dtype=np.float64).astype(dtype)
         if y.ndim == 1:
             self.coef_ = coef[0]
-            self.intercept_ = float(intercept[0]) if self.fit_intercept else 0.0
+            self.intercept_ = intercept[0] if self.fit_intercept else dtype(0.0)
         else:
             self.coef_ = coef
             self.intercept_ = intercept if self.fit_intercept else 0.0
@@ -76,7 +79,9 @@ class _LeastSquares(MultiOutputMixin, RegressorMixin, BaseEstimator):
         check_is_fitted(self)
         if not _data.is_file_input(X):
             X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
-        out = [b.astype(np.float64) @ self.coef_.T + self.intercept_ for b in _base.finite_blocks(self, X)]
+        dtype = np.result_type(_data.model_dtype(X), self.coef_.dtype)
+        out = [(b.astype(np.float64) @ self.coef_.T + self.intercept_).astype(dtype, copy=False)
+               for b in _base.finite_blocks(self, X)]
         if out:
             return np.concatenate(out)
         return np.empty((0,) + np.shape(self.coef_)[:-1])
@@ -102,12 +107,16 @@ class LinearRegression(_LeastSquares):
         Whether to fit an intercept (the data is centred first).
     copy_X : bool, default=True
         Kept for compatibility: the engine never changes X.
+    tol : float, default=1e-6
+        Kept for compatibility: scikit-learn uses it for sparse input only,
+        which outcore refuses; the normal equations are solved directly.
     positive : bool, default=False
         Must be False: non-negative coefficients are not supported.
     ENGINE
     Attributes
     ----------
     coef_ : ndarray of shape (n_features,) or (n_targets, n_features)
+        float32 for a float32 array, as scikit-learn's; float64 otherwise.
     intercept_ : float or ndarray of shape (n_targets,)
     rank_ : int
         Rank of the centred data.
@@ -118,10 +127,11 @@ class LinearRegression(_LeastSquares):
         What the engine did (the command line's --stats).
     """
 
-    def __init__(self, *, fit_intercept=True, copy_X=True, n_jobs=None, positive=False, verbose=0,
-                 mem_cap=None, spill_dir=None, timeline=None):
+    def __init__(self, *, fit_intercept=True, copy_X=True, tol=1e-6, n_jobs=None, positive=False,
+                 verbose=0, mem_cap=None, spill_dir=None, timeline=None):
         self.fit_intercept = fit_intercept
         self.copy_X = copy_X
+        self.tol = tol
         self.n_jobs = n_jobs
         self.positive = positive
         self.verbose = verbose

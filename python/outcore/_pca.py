@@ -167,6 +167,7 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         if self.svd_solver not in self._SOLVERS:
             raise ValueError(f"svd_solver must be one of {self._SOLVERS}, not {self.svd_solver!r}")
         settings = _base.settings(self)
+        dtype = _data.model_dtype(X)
         with _base.fit_data(self, X, dtype=[np.float64, np.float32]) as data:
             if data.rows < 2:
                 raise ValueError(f"n_samples={data.rows}: PCA needs at least 2 samples")
@@ -184,11 +185,12 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             k = _infer_dimension(var, data.rows)
             noise = float(var[k:].mean()) if k < len(var) else 0.0
             comps, var, ratio, sv = comps[:k], var[:k], ratio[:k], sv[:k]
-        self.components_ = comps
-        self.explained_variance_ = var
-        self.explained_variance_ratio_ = ratio
-        self.singular_values_ = sv
-        self.mean_ = np.asarray(out["mean"], dtype=np.float64)
+        # float32 data: a float32 model, as scikit-learn's.
+        self.components_ = comps.astype(dtype, copy=False)
+        self.explained_variance_ = var.astype(dtype, copy=False)
+        self.explained_variance_ratio_ = ratio.astype(dtype, copy=False)
+        self.singular_values_ = sv.astype(dtype, copy=False)
+        self.mean_ = np.asarray(out["mean"], dtype=np.float64).astype(dtype, copy=False)
         self.n_components_ = k
         self.n_samples_ = data.rows
         self.noise_variance_ = noise
@@ -218,13 +220,14 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         if self.whiten:
             # Components of (near) zero variance: no infinities.
             scale = np.maximum(np.sqrt(self.explained_variance_), np.finfo(np.float64).eps)
+        dtype = np.result_type(_data.model_dtype(X), self.components_.dtype)
         out = []
         for b in _base.finite_blocks(self, X):
             t = (b.astype(np.float64) - self.mean_) @ self.components_.T
             if scale is not None:
                 t /= scale
-            out.append(t)
-        return np.concatenate(out) if out else np.empty((0, self.n_components_))
+            out.append(t.astype(dtype, copy=False))
+        return np.concatenate(out) if out else np.empty((0, self.n_components_), dtype=dtype)
 
     def inverse_transform(self, X):
         """Data back in the original space (whitening undone).
@@ -393,7 +396,9 @@ class IncrementalPCA(PCA):
         X = np.asarray(X, dtype=np.float64)
         n_b, d = X.shape
         self._check_components(d)
-        if self.n_components is not None and self.n_components > n_b:
+        # Only the first batch (scikit-learn's rule): the moments are exact,
+        # so a later batch may be of any size.
+        if first and self.n_components is not None and self.n_components > n_b:
             raise ValueError(
                 f"n_components={self.n_components} must be less or equal to the batch number of "
                 f"samples {n_b}."

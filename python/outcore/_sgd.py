@@ -59,7 +59,11 @@ class _SGD(BaseEstimator):
             raise ValueError("alpha must be > 0 since learning_rate is 'optimal'")
         if self.learning_rate != "optimal" and not self.eta0 > 0:
             raise ValueError("eta0 must be > 0")
-        if not 0 <= self.l1_ratio <= 1:
+        if self.l1_ratio is None:
+            # scikit-learn's rule: unused unless the penalty is elasticnet.
+            if self.penalty == "elasticnet":
+                raise ValueError("l1_ratio must be set when penalty is 'elasticnet'")
+        elif not (isinstance(self.l1_ratio, numbers.Real) and 0 <= self.l1_ratio <= 1):
             raise ValueError(f"l1_ratio must be in [0, 1], not {self.l1_ratio!r}")
         if self.early_stopping and not 0 < self.validation_fraction < 1:
             raise ValueError("validation_fraction must be in range (0, 1)")
@@ -70,7 +74,7 @@ class _SGD(BaseEstimator):
         tol = None if self.tol is None else float(self.tol)
         return {
             "classes": classes, "loss": self.loss, "penalty": self.penalty, "alpha": float(self.alpha),
-            "l1_ratio": float(self.l1_ratio), "fit_intercept": bool(self.fit_intercept),
+            "l1_ratio": 0.0 if self.l1_ratio is None else float(self.l1_ratio), "fit_intercept": bool(self.fit_intercept),
             "max_iter": int(max_iter), "tol": tol, "shuffle": bool(self.shuffle),
             "seed": _seed(self.random_state), "learning_rate": self.learning_rate,
             "eta0": float(self.eta0), "power_t": float(self.power_t), "early_stopping": early_stopping,

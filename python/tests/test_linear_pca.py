@@ -112,8 +112,11 @@ def test_same_bytes_under_any_cap_and_from_a_memmap_four_times_the_cap(tmp_path)
         outcore.Ridge(alpha=2.0, mem_cap=c, n_jobs=w).fit(x, y)
         for c, w, x in [(None, 2, np.load(path)), (cap, 1, big), ("5MiB", 1, str(path))]
     ]
+    # float32 arrays give a float32 model (scikit-learn's rule), a path the
+    # engine's float64: the same model, rounded.
+    assert fits[0].coef_.dtype == np.float32 and fits[2].coef_.dtype == np.float64
     for f in fits[1:]:
-        assert f.coef_.tobytes() == fits[0].coef_.tobytes()
+        assert f.coef_.astype(np.float32).tobytes() == fits[0].coef_.tobytes()
     assert fits[1].stats_["evictions"] > 0
     pcas = [outcore.PCA(3, mem_cap=c, n_jobs=1).fit(x) for c, x in [(None, np.load(path)), (cap, big)]]
     assert pcas[0].components_.tobytes() == pcas[1].components_.tobytes()
@@ -261,3 +264,56 @@ def test_randomized_pca_finds_the_leading_components(tmp_path):
     np.save(tmp_path / "X.npy", np.ascontiguousarray(X, dtype=np.float32))
     b = outcore.PCA(5, svd_solver="randomized", random_state=0, mem_cap="1MiB", n_jobs=1).fit(tmp_path / "X.npy")
     assert b.components_.tobytes() == a.components_.tobytes()
+
+
+@pytest.mark.parametrize("X", [[[1.0, 0.0], [0.0, 1.0]], np.outer(np.arange(5.0), [1.0, 1.0, 1.0])])
+def test_randomized_pca_on_data_of_exactly_low_rank(X):
+    # Found by scikit-learn's test_pca_check_projection_list: the solver
+    # filled its subspace with unit vectors not orthogonal to the rest,
+    # and gave components of norm sqrt(2) or sqrt(3), the variance times as much.
+    X = np.asarray(X)
+    full = outcore.PCA(n_components=1, svd_solver="full").fit(X)
+    rnd = outcore.PCA(n_components=1, svd_solver="randomized", random_state=0).fit(X)
+    np.testing.assert_allclose(np.linalg.norm(rnd.components_, axis=1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(rnd.explained_variance_, full.explained_variance_, rtol=1e-6)
+    np.testing.assert_allclose(np.abs(rnd.components_), np.abs(full.components_), atol=1e-6)
+
+
+def test_scikit_learns_loose_settings_are_accepted():
+    # Each found by scikit-learn's own tests (benches/sklearn_suite.py).
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 4))
+    y = (X[:, 0] > 0).astype(int)
+    # l1_ratio=None when the penalty is not elasticnet; refused when it is.
+    outcore.SGDClassifier(penalty="l1", l1_ratio=None, max_iter=2, tol=None).fit(X, y)
+    with pytest.raises(ValueError, match="l1_ratio must be set"):
+        outcore.SGDClassifier(penalty="elasticnet", l1_ratio=None).fit(X, y)
+    # A later partial_fit batch smaller than n_components.
+    ipca = outcore.IncrementalPCA(n_components=3).partial_fit(X[:10])
+    ipca.partial_fit(X[10:12])
+    exact = decomposition.PCA(n_components=3).fit(X[:12])
+    np.testing.assert_allclose(ipca.explained_variance_, exact.explained_variance_, rtol=1e-9)
+    # A value too large for float32 is the ValueError naming it, even
+    # when numpy raises on overflow.
+    big = X.copy()
+    big[3, 1] = 1e300
+    with np.errstate(all="raise"), pytest.raises(ValueError, match="row 3, column 1"):
+        outcore.PCA(n_components=2).fit(big)
+
+
+def test_float32_arrays_give_float32_models_as_scikit_learns(tmp_path):
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(300, 5))
+    y = X @ rng.normal(size=5)
+    for dt in (np.float32, np.float64):
+        Xd = X.astype(dt)
+        sk, ours = linear_model.Ridge(alpha=1.0).fit(Xd, y.astype(dt)), outcore.Ridge(alpha=1.0).fit(Xd, y.astype(dt))
+        assert ours.coef_.dtype == sk.coef_.dtype == dt
+        assert ours.predict(Xd).dtype == sk.predict(Xd).dtype
+        skp, p = decomposition.PCA(2).fit(Xd), outcore.PCA(2).fit(Xd)
+        for attr in ("components_", "explained_variance_", "singular_values_", "mean_"):
+            assert getattr(p, attr).dtype == getattr(skp, attr).dtype == dt, attr
+        assert p.transform(Xd).dtype == skp.transform(Xd).dtype == dt
+    # A path is not scikit-learn's input: the model keeps the engine's float64.
+    np.save(tmp_path / "x.npy", X.astype(np.float32))
+    assert outcore.PCA(2).fit(tmp_path / "x.npy").components_.dtype == np.float64
