@@ -66,12 +66,16 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         Scale the transformed components to unit variance.
     svd_solver : {"auto", "full", "covariance_eigh", "arpack", "randomized"}, default="auto"
         "randomized": subspace iteration on the covariance over passes of
-        the data (Halko et al.), for an int ``n_components``; "auto" takes
-        it over more than 4,096 features; the others compute the exact
-        decomposition of the covariance.
+        the data (Halko et al.), for an int ``n_components``; the others
+        compute the exact decomposition of the covariance. "auto" picks as
+        scikit-learn's does (``_fit_svd_solver``): the covariance for tall
+        data (at most 1,000 features and 10 times as many samples),
+        randomized for a count under 80% of the smaller dimension on
+        larger data, else the exact one.
     iterated_power : int or "auto", default="auto"
-        Randomized: power passes after the first ("auto": 7 when
-        ``n_components`` is under a tenth of the smaller dimension, else 4).
+        Randomized: power iterations as scikit-learn counts them ("auto": 7
+        when ``n_components`` is under a tenth of the smaller dimension,
+        else 4), each a pass over the data, plus two.
     n_oversamples : int, default=10
         Randomized: directions beyond ``n_components``.
     random_state : int, RandomState instance or None, default=None
@@ -115,10 +119,30 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         self.spill_dir = spill_dir
         self.timeline = timeline
 
-    def _components_spec(self, rows, cols):
-        """The engine's (count, share) from ``n_components``."""
+    def _solver(self, rows, cols):
+        """The solver scikit-learn's PCA would pick (``_fit_svd_solver``):
+        "randomized" runs the engine's randomized solver, the others its
+        exact decomposition of the covariance (the same components)."""
+        if self.svd_solver != "auto":
+            return self.svd_solver
+        k = self.n_components
+        if cols <= 1000 and rows >= 10 * cols:
+            return "covariance_eigh"
+        if max(rows, cols) <= 500 or k == "mle":
+            return "full"
+        count = isinstance(k, numbers.Integral) and not isinstance(k, bool)
+        if count and 1 <= k < 0.8 * min(rows, cols):
+            return "randomized"
+        return "full"
+
+    def _components_spec(self, rows, cols, solver):
+        """The engine's (count, share) from ``n_components``, with
+        scikit-learn's rules for ``solver``."""
         k = self.n_components
         most = min(rows, cols)
+        if k is None and solver == "arpack":
+            # scikit-learn's arpack keeps one component fewer.
+            k = most - 1
         if k is None or k == "mle":
             if k == "mle" and rows < cols:
                 raise ValueError("n_components='mle' is only supported if n_samples >= n_features")
@@ -127,20 +151,22 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             if not 1 <= k <= most:
                 raise ValueError(
                     f"n_components={k} must be between 1 and min(n_samples, n_features)={most} "
-                    "with svd_solver='covariance_eigh'"
+                    f"with svd_solver='{solver}'"
+                )
+            if solver == "arpack" and k == most:
+                raise ValueError(
+                    f"n_components={k} must be strictly less than min(n_samples, n_features)={most} "
+                    "with svd_solver='arpack'"
                 )
             return int(k), None
         if isinstance(k, numbers.Real) and not isinstance(k, bool) and 0 < k < 1:
             return None, float(k)
         raise ValueError(f"n_components must be None, 'mle', an int >= 1 or a float in (0, 1), not {k!r}")
 
-    def _randomized(self, count, rows, cols):
-        """The engine's randomized settings, or None for the exact solver:
-        "randomized" asks for it; "auto" takes it for a count of components
-        over more than 4,096 columns (where a task's covariance would be
-        over 128 MiB)."""
-        solver = self.svd_solver
-        if count is None or not (solver == "randomized" or (solver == "auto" and cols > 4096)):
+    def _randomized(self, count, rows, cols, solver):
+        """The engine's randomized settings for ``solver`` "randomized" and
+        a count of components, or None for the exact solver."""
+        if count is None or solver != "randomized":
             return None
         it = self.iterated_power
         if it == "auto":
@@ -171,9 +197,10 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         with _base.fit_data(self, X, dtype=[np.float64, np.float32]) as data:
             if data.rows < 2:
                 raise ValueError(f"n_samples={data.rows}: PCA needs at least 2 samples")
-            count, share = self._components_spec(data.rows, data.cols)
+            solver = self._solver(data.rows, data.cols)
+            count, share = self._components_spec(data.rows, data.cols, solver)
             out = _core.pca_fit(settings, data.path, count, share, False,
-                                self._randomized(count, data.rows, data.cols))
+                                self._randomized(count, data.rows, data.cols, solver))
         d = data.cols
         k = int(out["n_components"])
         comps = np.frombuffer(out["components"], dtype="<f8").reshape(k, d).copy()
@@ -195,6 +222,7 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         self.n_samples_ = data.rows
         self.noise_variance_ = noise
         self.stats_ = json.loads(out["stats"])
+        self._fit_svd_solver = solver
         return self
 
     def fit_transform(self, X, y=None):

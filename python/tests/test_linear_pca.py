@@ -154,7 +154,7 @@ def test_bad_inputs_raise_scikit_learns_exceptions():
     with pytest.raises(ValueError, match="n_components=11 must be between 1"):
         outcore.PCA(11).fit(X)
     with pytest.raises(MemoryError, match="PCA on 1200 columns needs"):
-        outcore.PCA(2, mem_cap="16MiB", n_jobs=1).fit(np.zeros((10, 1200)))
+        outcore.PCA(2, svd_solver="full", mem_cap="16MiB", n_jobs=1).fit(np.zeros((10, 1200)))
 
 
 def separable(n=40_000, d=20, classes=3, seed=0):
@@ -257,9 +257,9 @@ def test_randomized_pca_finds_the_leading_components(tmp_path):
     assert np.allclose(a.explained_variance_ratio_, exact.explained_variance_ratio_, rtol=1e-6)
     ref = decomposition.PCA(5, svd_solver="randomized", random_state=0).fit(X)
     assert np.isclose(a.noise_variance_, ref.noise_variance_, rtol=1e-5)
-    # Passes: the means, the first product and 7 power passes ("auto": 5
-    # components, under a tenth of the 61 columns).
-    assert len(a.stats_["passes"]) == 1 + 1 + 7
+    # Passes: the means, then 7 power iterations ("auto": 5 components,
+    # under a tenth of the 61 columns) and two, as scikit-learn counts.
+    assert len(a.stats_["passes"]) == 1 + 7 + 2
     # The same bytes under a cap that evicts.
     np.save(tmp_path / "X.npy", np.ascontiguousarray(X, dtype=np.float32))
     b = outcore.PCA(5, svd_solver="randomized", random_state=0, mem_cap="1MiB", n_jobs=1).fit(tmp_path / "X.npy")
@@ -317,3 +317,15 @@ def test_float32_arrays_give_float32_models_as_scikit_learns(tmp_path):
     # A path is not scikit-learn's input: the model keeps the engine's float64.
     np.save(tmp_path / "x.npy", X.astype(np.float32))
     assert outcore.PCA(2).fit(tmp_path / "x.npy").components_.dtype == np.float64
+
+
+@pytest.mark.parametrize("shape, k, solver", [
+    ((1000, 50), 5, "covariance_eigh"), ((10, 50), 5, "full"),
+    ((1000, 500), 10, "randomized"), ((1000, 500), 400, "full"),
+])
+def test_auto_picks_scikit_learns_solver(shape, k, solver):
+    X = np.random.RandomState(0).uniform(size=shape)
+    ours, sk = outcore.PCA(k, random_state=0).fit(X), decomposition.PCA(k, random_state=0).fit(X)
+    assert ours._fit_svd_solver == sk._fit_svd_solver == solver
+    # arpack keeps one component fewer than min(shape) by default.
+    assert outcore.PCA(svd_solver="arpack").fit(X[:20, :8]).n_components_ == 7

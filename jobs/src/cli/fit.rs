@@ -113,8 +113,9 @@ pub(super) struct PcaArgs {
     /// Randomized: directions beyond the components kept.
     #[arg(long, default_value_t = 10)]
     n_oversamples: usize,
-    /// Randomized: power passes after the first (`auto`: 7 when fewer
-    /// components than a tenth of the columns are kept, else 4).
+    /// Randomized: power iterations, as scikit-learn counts them (`auto`:
+    /// 7 when fewer components than a tenth of the columns are kept, else
+    /// 4); each is a pass over the data, and two more follow.
     #[arg(long, value_name = "N|auto", default_value = "auto")]
     iterated_power: String,
     /// Write the components (float64, n_components x D) to this .npy

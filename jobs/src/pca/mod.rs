@@ -62,12 +62,13 @@ pub enum Solver {
     /// The eigendecomposition of the covariance (`covariance_eigh`).
     Exact,
     /// Randomized subspace iteration on the covariance: `oversamples`
-    /// extra directions, `iterations` power passes, the start from
-    /// `seed`.
+    /// extra directions, `iterations` power iterations as scikit-learn
+    /// counts them (`iterations + 2` passes after the means), the start
+    /// from `seed`.
     Randomized {
         /// Directions beyond the components kept.
         oversamples: usize,
-        /// Power passes after the first.
+        /// Power iterations (scikit-learn's `iterated_power`).
         iterations: usize,
         /// Seed of the starting subspace.
         seed: u64,
@@ -208,7 +209,11 @@ impl Algorithm for Pca {
                             mean,
                             q: randomized::start(shape.dims, width, seed),
                             width,
-                            left: iterations,
+                            // scikit-learn's count: its range finder's
+                            // subspace is `G^(iterations + 1)` of the start
+                            // (the final products with the data count once
+                            // more), one power pass beyond `iterations`.
+                            left: iterations + 1,
                         })
                     }
                 }))
