@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use outcore::{PodVec, Runtime};
+use outcore::{Handle, PodVec, Runtime};
 
 #[path = "common.rs"]
 mod common;
@@ -78,12 +78,32 @@ fn main() {
     let bytes: Vec<u8> = (0..ELEMS * 4).map(|i| i as u8).collect();
     let plain = rt.spill_dir().join("plain.bin");
     let mut g = c.benchmark_group("spill_256MiB");
+    writes(&mut g, (&rt, &h), &plain, &bytes);
+    let (load_cpu, plain_cpu) = reads(&mut g, (&rt, &h), &plain);
+    let (reused_cpu, loads, direct) = reused_loads(&mut g);
+    g.finish();
+    c.final_summary();
+    report([load_cpu, reused_cpu, plain_cpu], loads, direct);
+}
+
+type Group<'a> = criterion::BenchmarkGroup<'a, criterion::measurement::WallTime>;
+
+/// CPU seconds and loads, summed over every timed load.
+type Cpu = (f64, u64);
+
+/// Evicting (writing) the executor, against plain writes.
+fn writes(
+    g: &mut Group<'_>,
+    (rt, h): (&Runtime, &Handle<PodVec<f32>>),
+    plain: &Path,
+    bytes: &[u8],
+) {
     g.bench_function("evict_write", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 // Make it dirty (untimed), then time the eviction.
-                rt.write(&h, |v: &mut PodVec<f32>| v[0] += 0.0)
+                rt.write(h, |v: &mut PodVec<f32>| v[0] += 0.0)
                     .expect("touch");
                 let t = Instant::now();
                 rt.evict_all().expect("evict");
@@ -96,8 +116,8 @@ fn main() {
         b.iter_custom(|iters| {
             let t = Instant::now();
             for _ in 0..iters {
-                std::fs::write(&plain, &bytes).expect("write");
-                drop_cached(&File::open(&plain).expect("open"));
+                std::fs::write(plain, bytes).expect("write");
+                drop_cached(&File::open(plain).expect("open"));
             }
             t.elapsed()
         })
@@ -109,15 +129,19 @@ fn main() {
         b.iter_custom(|iters| {
             let t = Instant::now();
             for _ in 0..iters {
-                let mut f = File::create(&plain).expect("create");
-                std::io::Write::write_all(&mut f, &bytes).expect("write");
+                let mut f = File::create(plain).expect("create");
+                std::io::Write::write_all(&mut f, bytes).expect("write");
                 f.sync_data().expect("sync");
                 drop_cached(&f);
             }
             t.elapsed()
         })
     });
-    // CPU seconds and loads, summed over every timed load.
+}
+
+/// Loading (reading) the executor into fresh pages, against plain reads:
+/// the CPU time of each.
+fn reads(g: &mut Group<'_>, (rt, h): (&Runtime, &Handle<PodVec<f32>>), plain: &Path) -> (Cpu, Cpu) {
     let load_cpu = std::cell::Cell::new((0.0f64, 0u64));
     g.bench_function("load_read", |b| {
         b.iter_custom(|iters| {
@@ -128,7 +152,7 @@ fn main() {
                 uncache(rt.spill_dir());
                 let c = cpu_seconds();
                 let t = Instant::now();
-                let n = rt.read(&h, |v: &PodVec<f32>| v.len()).expect("load");
+                let n = rt.read(h, |v: &PodVec<f32>| v.len()).expect("load");
                 total += t.elapsed();
                 let (s, k) = load_cpu.get();
                 load_cpu.set((s + cpu_seconds() - c, k + 1));
@@ -145,7 +169,7 @@ fn main() {
                 uncache(rt.spill_dir());
                 let c = cpu_seconds();
                 let t = Instant::now();
-                let v = std::fs::read(&plain).expect("read");
+                let v = std::fs::read(plain).expect("read");
                 total += t.elapsed();
                 let (s, k) = plain_cpu.get();
                 plain_cpu.set((s + cpu_seconds() - c, k + 1));
@@ -154,6 +178,12 @@ fn main() {
             total
         })
     });
+    (load_cpu.get(), plain_cpu.get())
+}
+
+/// Loads into reused memory: the CPU time, the loads and their bytes read
+/// with direct I/O.
+fn reused_loads(g: &mut Group<'_>) -> (Cpu, u64, u64) {
     // Loads in a capped runtime: two executors that do not both fit take
     // turns, and each load reuses the memory the other one freed (as in a
     // capped job's steady state), where `load_read` above loads into fresh
@@ -198,10 +228,15 @@ fn main() {
             total
         })
     });
-    let loads = capped.stats().loads;
-    let direct = capped.stats().direct_bytes_read;
-    g.finish();
-    c.final_summary();
+    (
+        reused_cpu.get(),
+        capped.stats().loads,
+        capped.stats().direct_bytes_read,
+    )
+}
+
+/// The ratios to plain I/O.
+fn report([load_cpu, reused_cpu, plain_cpu]: [Cpu; 3], loads: u64, direct: u64) {
     let m = |id| common::mean_ns("spill_256MiB", id).unwrap_or(f64::NAN);
     let gb = |ns: f64| (ELEMS * 4) as f64 / ns;
     println!("\nspill 256 MiB, GB/s (ratio to plain I/O):");
@@ -230,9 +265,9 @@ fn main() {
     );
     println!(
         "  CPU seconds per GiB read: outcore load {:.3} (into reused memory {:.3}), plain read {:.3}",
-        per_gib(load_cpu.get()),
-        per_gib(reused_cpu.get()),
-        per_gib(plain_cpu.get())
+        per_gib(load_cpu),
+        per_gib(reused_cpu),
+        per_gib(plain_cpu)
     );
     println!(
         "  read with direct I/O: {:.1}% of the capped runtime's load bytes ({loads} loads)",
