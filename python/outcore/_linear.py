@@ -50,7 +50,7 @@ class _LeastSquares(MultiOutputMixin, RegressorMixin, BaseEstimator):
                     _data.vector(w, self.spill_dir, dtype=np.float64) as ws:
                 out = _core.linear_fit(
                     settings, data.path, ys.path, None if w is None else ws.path,
-                    bool(self.fit_intercept), alphas,
+                    (bool(self.fit_intercept), alphas, bool(self.positive)),
                 )
         d = data.cols
         # float32 data: a float32 model, as scikit-learn's.
@@ -111,7 +111,9 @@ class LinearRegression(_LeastSquares):
         Kept for compatibility: scikit-learn uses it for sparse input only,
         which outcore refuses; the normal equations are solved directly.
     positive : bool, default=False
-        Must be False: non-negative coefficients are not supported.
+        Coefficients constrained to be >= 0: non-negative least squares on
+        the same normal equations (Lawson and Hanson's active sets), as
+        scikit-learn's ``scipy.optimize.nnls``.
     ENGINE
     Attributes
     ----------
@@ -153,8 +155,7 @@ class LinearRegression(_LeastSquares):
         self : object
         """
         _check_flag("fit_intercept", self.fit_intercept)
-        if self.positive:
-            raise ValueError("positive=True is not supported by outcore's LinearRegression")
+        _check_flag("positive", self.positive)
         out = self._fit(X, y, sample_weight)
         self.rank_ = int(out["rank"])
         self.singular_ = np.frombuffer(out["singular"], dtype="<f8").copy()
@@ -181,7 +182,9 @@ class Ridge(_LeastSquares):
         Any of scikit-learn's names is accepted; the system is solved by
         Cholesky (the pseudo-inverse when it is singular).
     positive : bool, default=False
-        Must be False.
+        Coefficients constrained to be >= 0 (active sets on the penalised
+        normal equations: the exact solution scikit-learn's "lbfgs"
+        approaches). Needs ``solver`` "auto" or "lbfgs", as scikit-learn's.
     ENGINE
     Attributes
     ----------
@@ -248,13 +251,22 @@ class Ridge(_LeastSquares):
             raise ValueError(f"alpha must be a float >= 0 or an array of them, not {self.alpha!r}")
         if self.solver not in self._SOLVERS:
             raise ValueError(f"solver must be one of {self._SOLVERS}, not {self.solver!r}")
-        if self.positive:
-            raise ValueError("positive=True is not supported by outcore's Ridge")
+        _check_flag("positive", self.positive)
+        if self.solver == "lbfgs" and not self.positive:
+            raise ValueError(
+                "'lbfgs' solver can be used only when positive=True. Please use another solver."
+            )
+        if self.positive and self.solver not in ("auto", "lbfgs"):
+            raise ValueError(
+                f"solver='{self.solver}' does not support positive fitting. Please"
+                " set the solver to 'auto' or 'lbfgs', or set `positive=False`"
+            )
         if isinstance(sample_weight, numbers.Number):
             sample_weight = None if sample_weight == 1 else sample_weight
         out = self._fit(X, y, sample_weight)
         self.n_iter_ = None
-        self.solver_ = "cholesky" if out["solver"] == "cholesky" else "svd"
+        # scikit-learn's name of the method that gives the same solution.
+        self.solver_ = {"cholesky": "cholesky", "nnls": "lbfgs"}.get(out["solver"], "svd")
         return self
 
 

@@ -44,18 +44,19 @@ where
 /// on the rows of `path`, with the sample weights of `weights` if given:
 /// a dict of `coef` (bytes of float64, targets x dims), `intercept`
 /// (float64 per target), `rank`, `singular` (bytes of float64), `solver`
-/// and `stats` (JSON).
+/// and `stats` (JSON). `model`: `(fit_intercept, alpha, positive)`, the
+/// penalty one value or one per target, `positive` coefficients >= 0.
 #[pyfunction]
-#[pyo3(signature = (settings, path, targets, weights, fit_intercept, alpha))]
+#[pyo3(signature = (settings, path, targets, weights, model))]
 pub(crate) fn linear_fit<'py>(
     py: Python<'py>,
     settings: &Settings,
     path: PathBuf,
     targets: PathBuf,
     weights: Option<PathBuf>,
-    fit_intercept: bool,
-    alpha: Vec<f64>,
+    model: (bool, Vec<f64>, bool),
 ) -> PyResult<Bound<'py, PyDict>> {
+    let (fit_intercept, alpha, positive) = model;
     let src = Source::from_path(&path, None).map_err(crate::to_py)?;
     let ys = Source::targets(&targets).map_err(crate::to_py)?;
     let input = Input {
@@ -66,6 +67,7 @@ pub(crate) fn linear_fit<'py>(
     let alg = Linear::new(LinearConfig {
         fit_intercept,
         alpha,
+        positive,
     });
     let (f, stats) = fit(py, settings, &input, alg)?;
     let d = PyDict::new(py);

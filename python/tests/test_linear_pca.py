@@ -329,3 +329,21 @@ def test_auto_picks_scikit_learns_solver(shape, k, solver):
     assert ours._fit_svd_solver == sk._fit_svd_solver == solver
     # arpack keeps one component fewer than min(shape) by default.
     assert outcore.PCA(svd_solver="arpack").fit(X[:20, :8]).n_components_ == 7
+
+
+def test_positive_coefficients_match_scikit_learn():
+    X, y = datasets.load_diabetes(return_X_y=True)
+    X = X.astype(np.float32).astype(np.float64)
+    w = np.random.default_rng(2).uniform(0.5, 2.0, len(y))
+    for sw in (None, w):
+        sk = linear_model.LinearRegression(positive=True).fit(X, y, sample_weight=sw)
+        ours = outcore.LinearRegression(positive=True).fit(X, y, sample_weight=sw)
+        assert (ours.coef_ >= 0).all() and (sk.coef_ == 0).any()
+        np.testing.assert_allclose(ours.coef_, sk.coef_, rtol=1e-6, atol=1e-6 * np.abs(sk.coef_).max())
+        assert ours.intercept_ == pytest.approx(sk.intercept_, rel=1e-7)
+    sk = linear_model.Ridge(alpha=0.01, positive=True, tol=1e-10).fit(X, y)
+    ours = outcore.Ridge(alpha=0.01, positive=True).fit(X, y)
+    np.testing.assert_allclose(ours.coef_, sk.coef_, atol=1e-3 * np.abs(sk.coef_).max())
+    assert ours.solver_ == "lbfgs"
+    with pytest.raises(ValueError, match="does not support positive fitting"):
+        outcore.Ridge(positive=True, solver="cholesky").fit(X, y)

@@ -79,6 +79,10 @@ pub(super) struct LinearArgs {
     /// Fit no intercept (the data is not centred).
     #[arg(long)]
     no_intercept: bool,
+    /// Constrain the coefficients to be >= 0 (non-negative least
+    /// squares, by active sets on the normal equations).
+    #[arg(long)]
+    positive: bool,
     /// Synthetic data: target columns, each a noisy linear function of
     /// the rows.
     #[arg(long, value_name = "T", default_value_t = 1)]
@@ -165,6 +169,7 @@ pub(super) fn run_linear(a: LinearArgs, given: &Given, ranks: &Ranks) -> Result<
     let mut alg = Linear::new(LinearConfig {
         fit_intercept: !a.no_intercept,
         alpha: a.alpha.clone(),
+        positive: a.positive,
     });
     let (session, fit, run) = fit_job(&a.rows, &input, &mut alg, ranks, "linear")?;
     let (shape, model) = with_intercepts(&fit.coef, &fit.intercept, run.dims);

@@ -20,6 +20,8 @@ use crate::job::linalg::{cholesky, cholesky_solve, eigh};
 use crate::job::moments::{add_centred_gram, add_means, means, means_len};
 use crate::job::{Algorithm, Rows, Shape, Step};
 
+mod nnls;
+
 /// Settings of a least-squares fit.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LinearConfig {
@@ -28,6 +30,8 @@ pub struct LinearConfig {
     /// The L2 penalty: one value for every target, or one per target.
     /// 0 is plain least squares.
     pub alpha: Vec<f64>,
+    /// Coefficients constrained to be >= 0 (non-negative least squares).
+    pub positive: bool,
 }
 
 impl Default for LinearConfig {
@@ -35,6 +39,7 @@ impl Default for LinearConfig {
         LinearConfig {
             fit_intercept: true,
             alpha: vec![0.0],
+            positive: false,
         }
     }
 }
@@ -51,7 +56,8 @@ pub struct LinearFit {
     /// Singular values of the centred (weighted) data, descending
     /// (without a penalty; else empty).
     pub singular: Vec<f64>,
-    /// How the system was solved: "cholesky" or "pseudo-inverse".
+    /// How the system was solved: "cholesky", "pseudo-inverse" or "nnls"
+    /// (non-negative, by active sets).
     pub solver: &'static str,
     /// Total sample weight (the rows, without weights).
     pub weight: f64,
@@ -227,18 +233,12 @@ impl Linear {
             }
             let mut b: Vec<f64> = (0..d).map(|i| g[i * cols + d + j]).collect();
             let singular = eig.as_ref().is_some_and(|e| plain && e.rank() < d);
-            match cholesky(&a, d, (scale + alpha) * 1e-13).filter(|_| !singular) {
-                Some(l) => cholesky_solve(&l, d, &mut b),
-                None => {
-                    if eig.is_none() {
-                        eig = Some(Spectrum::of(&xx, d)?);
-                    }
-                    if let Some(e) = &eig {
-                        b = e.solve(alpha, &b);
-                    }
-                    fit.solver = "pseudo-inverse";
-                }
-            }
+            b = self.coefficients(
+                (&xx, &a, b),
+                (d, alpha, scale, singular),
+                &mut eig,
+                &mut fit,
+            )?;
             fit.r2.push(r2(g, (d, t, j), &xx, &b));
             let b0 = my_j - mx.iter().zip(&b).map(|(m, c)| m * c).sum::<f64>();
             fit.intercept
@@ -246,6 +246,38 @@ impl Linear {
             fit.coef.extend(b);
         }
         Ok(fit)
+    }
+}
+
+impl Linear {
+    /// One target's coefficients from `a = X^T X + alpha I` and
+    /// `b = X^T y` (`scale`: the largest diagonal of `xx`): by Cholesky, or (`singular`, or Cholesky failing) the
+    /// pseudo-inverse from the spectrum of `xx` (made once, into `eig`);
+    /// non-negative by active sets with `positive`. `fit.solver` says how.
+    fn coefficients(
+        &self,
+        (xx, a, mut b): (&[f64], &[f64], Vec<f64>),
+        (d, alpha, scale, singular): (usize, f64, f64, bool),
+        eig: &mut Option<Spectrum>,
+        fit: &mut LinearFit,
+    ) -> Result<Vec<f64>> {
+        if self.cfg.positive {
+            fit.solver = "nnls";
+            return Ok(nnls::nnls(a, &b, d));
+        }
+        match cholesky(a, d, (scale + alpha) * 1e-13).filter(|_| !singular) {
+            Some(l) => cholesky_solve(&l, d, &mut b),
+            None => {
+                if eig.is_none() {
+                    *eig = Some(Spectrum::of(xx, d)?);
+                }
+                if let Some(e) = eig.as_ref() {
+                    b = e.solve(alpha, &b);
+                }
+                fit.solver = "pseudo-inverse";
+            }
+        }
+        Ok(b)
     }
 }
 

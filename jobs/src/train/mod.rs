@@ -70,7 +70,7 @@ mod sgd;
 mod stats;
 
 pub use load::{load, rank_rows, Shard};
-pub use stats::{final_accuracy, IterationStats, TrainStats};
+pub use stats::{final_accuracy, TrainStats};
 
 /// Rows per L-BFGS task: the unit whose partial sums are added in order.
 /// Shards hold whole tasks (see [`aligned_shard_bytes`]).
@@ -225,10 +225,12 @@ pub struct Round {
     pub accuracy: f64,
 }
 
-/// One L-BFGS iteration's report.
-#[derive(Clone, Debug)]
+/// One L-BFGS iteration's report (one entry of the statistics'
+/// `iterations`, without its index).
+#[derive(Clone, Debug, Serialize)]
 pub struct Iteration {
     /// Iteration index (from 1).
+    #[serde(skip)]
     pub index: usize,
     /// Seconds it took.
     pub seconds: f64,

@@ -4,25 +4,8 @@
 
 use serde::Serialize;
 
-use super::{Job, Solver, TrainConfig, Trained, TASK_ROWS};
+use super::{Iteration, Job, Solver, TrainConfig, Trained, TASK_ROWS};
 use crate::ranks::Shards;
-
-/// One L-BFGS iteration.
-#[derive(Clone, Debug, Serialize)]
-pub struct IterationStats {
-    /// Seconds it took.
-    pub seconds: f64,
-    /// The scaled loss.
-    pub loss: f64,
-    /// The objective (`C * sum logloss + 0.5 |W|^2`).
-    pub objective: f64,
-    /// The largest gradient component.
-    pub grad_max: f64,
-    /// Held-out accuracy, with held-out rows.
-    pub accuracy: Option<f64>,
-    /// Passes over the data so far.
-    pub evaluations: usize,
-}
 
 /// A training run's own figures.
 #[derive(Clone, Debug, Serialize)]
@@ -49,7 +32,7 @@ pub struct TrainStats {
     /// Held-out accuracy per round (local SGD) or per iteration (L-BFGS).
     pub accuracy: Vec<f64>,
     /// L-BFGS: one entry per iteration.
-    pub iterations: Vec<IterationStats>,
+    pub iterations: Vec<Iteration>,
     /// L-BFGS: whether it converged.
     pub converged: Option<bool>,
     /// L-BFGS: why it stopped.
@@ -102,18 +85,7 @@ impl TrainStats {
             } else {
                 Vec::new()
             },
-            iterations: out
-                .iterations
-                .iter()
-                .map(|i| IterationStats {
-                    seconds: i.seconds,
-                    loss: i.loss,
-                    objective: i.objective,
-                    grad_max: i.grad_max,
-                    accuracy: i.accuracy,
-                    evaluations: i.evaluations,
-                })
-                .collect(),
+            iterations: out.iterations.clone(),
             converged: out.stop.map(|s| s.converged()),
             stop: out.stop.map(|s| s.describe()),
             objective: last.map(|i| i.objective),
