@@ -344,3 +344,46 @@ fn a_model_too_large_for_the_cap_is_refused_with_its_consumers() {
         "{line}"
     );
 }
+
+/// `--positive`: every coefficient >= 0, at least one of the unconstrained
+/// ones negative made 0, and the same bytes under a cap that evicts.
+#[test]
+fn positive_coefficients_are_non_negative_under_any_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let (x, y) = data(dir.path(), 4 << 20, 6);
+    let run = |name: &str, extra: &[&str]| {
+        let st = dir.path().join(name);
+        let mut args = vec!["linear", "--input", s(&x), "--targets", s(&y)];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--stats", s(&st)]);
+        ok(&args);
+        stats(&st)
+    };
+    let coef = |v: &serde_json::Value| -> Vec<f64> {
+        v["coef"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_f64().unwrap())
+            .collect()
+    };
+    let free = run("free.json", &[]);
+    let pos = run("pos.json", &["--positive"]);
+    let capped = run(
+        "capped.json",
+        &[
+            "--positive",
+            "--mem-cap",
+            "3MiB",
+            "--workers",
+            "1",
+            "--partitions",
+            "40",
+        ],
+    );
+    assert_eq!(pos["solver"], "nnls", "{pos}");
+    assert!(coef(&pos).iter().all(|&c| c >= 0.0), "{pos}");
+    assert!(coef(&free).iter().any(|&c| c < 0.0), "{free}");
+    assert_eq!(coef(&pos), coef(&capped));
+    assert!(capped["evictions"].as_u64().unwrap() > 0, "{capped}");
+}
