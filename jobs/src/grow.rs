@@ -24,6 +24,7 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+pub use crate::session::Growth;
 use crate::Session;
 
 /// How many ranks a job may grow to.
@@ -213,20 +214,6 @@ pub fn choose(h: Holding, universe: Option<usize>, max: MaxRanks, shards: usize)
         None if to <= h.ranks => Decision::Fits(h),
         _ => Decision::Grow { holding: h, to },
     }
-}
-
-/// One growth of the job, for its statistics.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Growth {
-    /// The epoch (or iteration) the new ranks first take part in.
-    pub epoch: usize,
-    /// Ranks before.
-    pub from: usize,
-    /// Ranks after.
-    pub to: usize,
-    /// Seconds the growth took: spawning, merging and loading the shards
-    /// again.
-    pub seconds: f64,
 }
 
 /// Spawns the ranks that make `to` and merges them in; the spawned ranks

@@ -52,7 +52,6 @@ use outcore::{Runtime, Stats};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::grow::Growth;
 use crate::input::InputReads;
 use crate::ranks::Ranks;
 use crate::timeline::{self, Timeline};
@@ -425,4 +424,19 @@ impl<J: Serialize> RunFigures<'_, J> {
         serde_json::to_value(self)
             .map_err(|e| Error::Input(format!("internal: the statistics: {e}")))
     }
+}
+
+/// One growth of the job onto more ranks (`--max-ranks`, see
+/// [`grow`](crate::grow)), for its statistics.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Growth {
+    /// The epoch (or iteration) the new ranks first take part in.
+    pub epoch: usize,
+    /// Ranks before.
+    pub from: usize,
+    /// Ranks after.
+    pub to: usize,
+    /// Seconds the growth took: spawning, merging and loading the shards
+    /// again.
+    pub seconds: f64,
 }
