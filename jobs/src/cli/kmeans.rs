@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use outcore::{format_bytes, MemoryCap};
 use outcore_jobs::grow::Growth;
 use outcore_jobs::kmeans::{
-    self, Algorithm, Config, Dataset, Event, Init, KmeansStats, Loaded, Outcome, Traffic,
+    self, Algorithm, Config, Dataset, Delta, Event, Init, KmeansStats, Loaded, Outcome, Traffic,
 };
 use outcore_jobs::ranks::Ranks;
 use outcore_jobs::{
@@ -542,6 +542,8 @@ impl<'a> Reporter<'a> {
 
     /// Shows event `ev`.
     fn on(&mut self, ev: Event) {
+        // The traffic since the last line, at the end of a phase.
+        let d = self.traffic.on(self.session, &ev).unwrap_or_default();
         match ev {
             Event::Progress { done, .. } => self.fb.progress(done),
             Event::Run { index, of } => self.run_starts(index, of),
@@ -562,12 +564,12 @@ impl<'a> Reporter<'a> {
                 },
                 why.describe()
             )),
-            Event::Initialized { seconds } => self.initialized(seconds),
+            Event::Initialized { seconds } => self.initialized(seconds, d),
             Event::Epoch {
                 index,
                 seconds,
                 inertia,
-            } => self.epoch(index, seconds, inertia),
+            } => self.epoch(index, seconds, inertia, d),
         }
     }
 
@@ -586,15 +588,11 @@ impl<'a> Reporter<'a> {
         self.session.phase(&format!("{}init", self.run_prefix));
     }
 
-    /// The initial centres are chosen, in `seconds`.
-    fn initialized(&mut self, seconds: f64) {
+    /// The initial centres are chosen, in `seconds`, with traffic `d`.
+    fn initialized(&mut self, seconds: f64, d: Delta) {
         self.show_intro();
         self.session
             .phase(&format!("{}{} 1", self.run_prefix, self.word));
-        let d = self
-            .traffic
-            .on(self.session, &Event::Initialized { seconds })
-            .unwrap_or_default();
         self.fb.line(&format!(
             "initialised in {seconds:.2}s: loads {}, read {}",
             d.loads,
@@ -602,14 +600,8 @@ impl<'a> Reporter<'a> {
         ));
     }
 
-    /// Epoch or iteration `index` finished.
-    fn epoch(&mut self, index: usize, seconds: f64, inertia: f64) {
-        let ev = Event::Epoch {
-            index,
-            seconds,
-            inertia,
-        };
-        let d = self.traffic.on(self.session, &ev).unwrap_or_default();
+    /// Epoch or iteration `index` finished, with traffic `d`.
+    fn epoch(&mut self, index: usize, seconds: f64, inertia: f64, d: Delta) {
         let (word, passes) = (self.word, self.passes);
         self.fb.line(&format!(
             "{word} {}/{passes}: {seconds:.2}s, inertia {inertia:.6e}, evictions {} (clean {}), loads {}, read {}, written {}",

@@ -87,7 +87,6 @@ fn gen_larger_than_the_free_space_is_refused_at_once() {
 fn an_address_space_limit_too_small_for_the_program_is_one_line() {
     // Under about 55 MB of `ulimit -v` the run aborted after an
     // `outcore: out of memory` line.
-    use std::os::unix::process::CommandExt;
     let t = Scratch::new();
     for (limit_mib, args) in [
         (
@@ -115,18 +114,7 @@ fn an_address_space_limit_too_small_for_the_program_is_one_line() {
     ] {
         let mut c = Command::new(env!("CARGO_BIN_EXE_outcore"));
         c.args(&args).current_dir(t.path());
-        // SAFETY: setrlimit is async-signal-safe and touches only the
-        // child.
-        unsafe {
-            c.pre_exec(move || {
-                let lim = libc::rlimit {
-                    rlim_cur: limit_mib << 20,
-                    rlim_max: libc::RLIM_INFINITY,
-                };
-                libc::setrlimit(libc::RLIMIT_AS, &lim);
-                Ok(())
-            });
-        }
+        address_space_limit(&mut c, limit_mib << 20);
         let out = c.output().unwrap();
         let e = check_bad_input(&args, &out);
         assert_mentions(&e, &format!("(ulimit -v {})", limit_mib << 10));
@@ -147,7 +135,6 @@ fn an_address_space_limit_too_small_for_the_program_is_one_line() {
 /// leaves no spill file.
 #[test]
 fn a_load_that_cannot_fit_under_the_limit_ends_instead_of_waiting() {
-    use std::os::unix::process::CommandExt;
     let t = Scratch::new();
     let args = strs(&[
         "kmeans",
@@ -176,23 +163,30 @@ fn a_load_that_cannot_fit_under_the_limit_ends_instead_of_waiting() {
         .env("TMPDIR", t.path())
         .env("RUST_BACKTRACE", "0")
         .current_dir(t.path());
-    // SAFETY: setrlimit is async-signal-safe and touches only the child.
-    unsafe {
-        c.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 250_000 << 10,
-                rlim_max: libc::RLIM_INFINITY,
-            };
-            libc::setrlimit(libc::RLIMIT_AS, &lim);
-            Ok(())
-        });
-    }
+    address_space_limit(&mut c, 250_000 << 10);
     let out = c.output().unwrap();
     let e = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(124), "hung: {e}");
     assert!(!out.status.success(), "{e}");
     assert!(e.contains("outcore: out of memory: "), "{e}");
     assert_eq!(listing(t.path()), BTreeSet::new(), "{e}");
+}
+
+/// Runs `c` under an address-space limit of `bytes` (`ulimit -v`, the
+/// soft limit), in the child only.
+fn address_space_limit(c: &mut Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        c.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            libc::setrlimit(libc::RLIMIT_AS, &lim);
+            Ok(())
+        });
+    }
 }
 
 #[test]
