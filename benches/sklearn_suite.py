@@ -125,6 +125,17 @@ FILES = {
             ("sklearn.linear_model", "SGDRegressor", "SGDRegressor"),
         ],
     ),
+    "k_means": (
+        "cluster/tests/test_k_means.py",
+        [
+            ("sklearn.cluster", "KMeans", "KMeans"),
+            ("sklearn.cluster", "MiniBatchKMeans", "MiniBatchKMeans"),
+        ],
+    ),
+    "logistic": (
+        "linear_model/tests/test_logistic.py",
+        [("sklearn.linear_model", "LogisticRegression", "LogisticRegression")],
+    ),
 }
 
 

@@ -132,10 +132,14 @@ fn lloyd_matches_an_independent_reference() {
     assert_ne!(out.centers.values, init);
 }
 
+/// A centre no point chose: Lloyd moves it onto the point farthest from
+/// its centre (as scikit-learn), mini-batch leaves it where it is.
 #[test]
-fn an_empty_cluster_keeps_its_position() {
+fn an_empty_cluster_takes_the_farthest_point_in_lloyd() {
     let d = 6;
-    let x = blobs(600, &centres(), 1.0, 3);
+    let mut x = blobs(600, &centres(), 1.0, 3);
+    // Row 321 is an outlier: the farthest point from every centre.
+    x[321 * d..322 * d].fill(40.0);
     let mut init: Vec<f32> = x[..4 * d].to_vec();
     let far = vec![1.0e6f32; d];
     init.extend_from_slice(&far);
@@ -153,12 +157,20 @@ fn an_empty_cluster_keeps_its_position() {
             ..Config::default()
         };
         let out = kmeans::run(&session, &ds, &cfg, |_| {}).unwrap();
+        assert!(out.inertia.is_finite());
+        if algorithm == Algorithm::MiniBatch {
+            assert_eq!(out.centers.row(4), &far[..], "mini-batch moved it");
+            assert_eq!(out.relocated, 0);
+            continue;
+        }
+        // The first iteration put the outlier alone in centre 4; it stays
+        // its only point.
+        assert_eq!(out.relocated, 1, "one relocation, in the first iteration");
         assert_eq!(
             out.centers.row(4),
-            &far[..],
-            "{algorithm:?}: the empty cluster moved"
+            &x[321 * d..322 * d],
+            "not on the outlier"
         );
-        assert!(out.inertia.is_finite());
     }
 }
 

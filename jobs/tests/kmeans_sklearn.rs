@@ -186,6 +186,85 @@ print(km.inertia_)
     assert!(rel(st["inertia"].as_f64().unwrap(), sk_inertia) > 1e-2);
 }
 
+/// Centres that no point chooses (far from the data) are moved onto the
+/// points farthest from their centres, as scikit-learn's Lloyd does: the
+/// same centres and inertia, weighted or not, capped or not, and no
+/// cluster left empty.
+#[test]
+fn empty_clusters_are_relocated_as_scikit_learn_does() {
+    let Some((dir, x, init, w)) = sklearn_data() else {
+        return;
+    };
+    // Three of the twelve initial centres far from every row.
+    let (mut c0, k, d) = read_matrix(&init).unwrap();
+    for (i, v) in c0[..3 * d].iter_mut().enumerate() {
+        *v = 1e4 * (1 + i % 3) as f32;
+    }
+    let far = dir.path().join("far.npy");
+    write_array(&far, &[k as u64, d as u64], &c0).unwrap();
+    for weighted in [false, true] {
+        let sk_c = dir.path().join(format!("sk-{weighted}.npy"));
+        let out = python(
+            r#"
+import sys, numpy as np
+from sklearn.cluster import KMeans
+X = np.load(sys.argv[1]); init = np.load(sys.argv[2])
+w = np.load(sys.argv[3]) if sys.argv[5] == 'true' else None
+km = KMeans(12, init=init, n_init=1, tol=0, max_iter=300, algorithm='lloyd').fit(X, sample_weight=w)
+np.save(sys.argv[4], km.cluster_centers_.astype(np.float32))
+print(km.inertia_, len(np.unique(km.labels_)))
+"#,
+            &[s(&x), s(&far), s(&w), s(&sk_c), &weighted.to_string()],
+        );
+        let mut it = out.split_whitespace();
+        let sk_inertia: f64 = it.next().unwrap().parse().unwrap();
+        assert_eq!(it.next(), Some("12"), "scikit-learn left a cluster empty");
+        let mut centres = Vec::new();
+        for cap in ["none", "1MiB"] {
+            let c = dir.path().join(format!("c-{weighted}-{cap}.npy"));
+            let mut args = vec![
+                "--input",
+                s(&x),
+                "--init",
+                s(&far),
+                "--algorithm",
+                "lloyd",
+                "--tol",
+                "0",
+                "--iterations",
+                "300",
+                "--mem-cap",
+                cap,
+                "--partitions",
+                "6",
+                "--output",
+                s(&c),
+            ];
+            if weighted {
+                args.extend(["--sample-weight", s(&w)]);
+            }
+            let st = kmeans(dir.path(), &format!("far-{weighted}-{cap}"), &args);
+            let inertia = st["inertia"].as_f64().unwrap();
+            assert!(
+                rel(inertia, sk_inertia) < 1e-4,
+                "weighted {weighted}, cap {cap}: inertia {inertia} against scikit-learn's {sk_inertia}"
+            );
+            assert!(st["relocated"].as_u64().unwrap() >= 3, "{st}");
+            centres.push(std::fs::read(&c).unwrap());
+        }
+        assert!(centres[0] == centres[1], "capped centres differ");
+        let (ours, _, _) = read_matrix(&dir.path().join(format!("c-{weighted}-none.npy"))).unwrap();
+        let (theirs, _, _) = read_matrix(&sk_c).unwrap();
+        let scale = theirs.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+        for (a, b) in ours.iter().zip(&theirs) {
+            assert!(
+                (f64::from(*a) - f64::from(*b)).abs() <= 1e-4 * scale,
+                "weighted {weighted}: centre {a} against scikit-learn's {b}"
+            );
+        }
+    }
+}
+
 /// Synthetic data written by `outcore gen`: its path and (rows, dims).
 fn gen(dir: &Path, size: &str, dims: usize, true_k: usize) -> (PathBuf, usize) {
     let x = dir.join("g.npy");

@@ -167,10 +167,15 @@ fn stats(p: &Path) -> serde_json::Value {
 /// and on 1 to 4 ranks, under a cap that evicts on every rank: every
 /// output is the same file, byte for byte, and the statistics' `exact`
 /// fields (double precision, where a different order of the additions
-/// shows in the last bits) are the same numbers.
-fn same_bytes_for_every_count(args: &[&str], outputs: &[&str], exact: &[&str]) {
+/// shows in the last bits) are the same numbers. The last run's stats.
+fn same_bytes_for_every_count(
+    args: &[&str],
+    outputs: &[&str],
+    exact: &[&str],
+) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let mut reference: Option<Vec<Vec<u8>>> = None;
+    let mut last = serde_json::Value::Null;
     for n in [0, 1, 2, 3, 4] {
         let sub = dir.path().join(format!("n{n}"));
         std::fs::create_dir(&sub).unwrap();
@@ -221,12 +226,15 @@ fn same_bytes_for_every_count(args: &[&str], outputs: &[&str], exact: &[&str]) {
                 }
             }
         }
+        last = s;
     }
+    last
 }
 
-/// A 1-D float32 `.npy` of `n` pseudo-random sample weights in [0.5, 2).
-fn weights(dir: &Path, n: usize) -> PathBuf {
-    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({n},), }}");
+/// A float32 `.npy` file `name` in `dir` of shape `shape` (`"(n,)"` or
+/// `"(k, d)"`) holding `values`.
+fn npy_f32(dir: &Path, name: &str, shape: &str, values: impl Iterator<Item = f32>) -> PathBuf {
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(' ');
     }
@@ -234,17 +242,24 @@ fn weights(dir: &Path, n: usize) -> PathBuf {
     let mut b = b"\x93NUMPY\x01\x00".to_vec();
     b.extend((header.len() as u16).to_le_bytes());
     b.extend(header.as_bytes());
+    for v in values {
+        b.extend(v.to_le_bytes());
+    }
+    let p = dir.join(name);
+    std::fs::write(&p, b).unwrap();
+    p
+}
+
+/// A 1-D float32 `.npy` of `n` pseudo-random sample weights in [0.5, 2).
+fn weights(dir: &Path, n: usize) -> PathBuf {
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    for _ in 0..n {
+    let w = (0..n).map(move |_| {
         x = x
             .wrapping_mul(6_364_136_223_846_793_005)
             .wrapping_add(1_442_695_040_888_963_407);
-        let w = 0.5 + 1.5 * ((x >> 40) as f32 / (1u64 << 24) as f32);
-        b.extend(w.to_le_bytes());
-    }
-    let p = dir.join("w.npy");
-    std::fs::write(&p, b).unwrap();
-    p
+        0.5 + 1.5 * ((x >> 40) as f32 / (1u64 << 24) as f32)
+    });
+    npy_f32(dir, "w.npy", &format!("({n},)"), w)
 }
 
 /// A `.npy` file of synthetic data written by `outcore gen`.
@@ -335,13 +350,20 @@ fn lloyd_from_a_file_is_the_same_on_any_number_of_ranks() {
     let data = tempfile::tempdir().unwrap();
     let x = gen(data.path(), "6MiB", 24);
     let w = weights(data.path(), (6 << 20) / (24 * 4));
-    same_bytes_for_every_count(
+    // Three of the eight initial centres far from every row: empty after
+    // the first assignment, they take the farthest rows (found on every
+    // rank and merged).
+    let init = (0..8 * 24).map(|i| if i < 3 * 24 { 1e4 } else { (i % 7) as f32 });
+    let init = npy_f32(data.path(), "init.npy", "(8, 24)", init);
+    let s = same_bytes_for_every_count(
         &[
             "kmeans",
             "--input",
             x.to_str().unwrap(),
             "--sample-weight",
             w.to_str().unwrap(),
+            "--init",
+            init.to_str().unwrap(),
             "--k",
             "8",
             "--algorithm",
@@ -364,8 +386,9 @@ fn lloyd_from_a_file_is_the_same_on_any_number_of_ranks() {
             "l.npy",
         ],
         &["c.npy", "l.npy"],
-        &["inertia", "epoch_inertia"],
+        &["inertia", "epoch_inertia", "relocated"],
     );
+    assert!(s["relocated"].as_u64().unwrap() >= 3, "{s}");
 }
 
 /// `--labels` of tall thin data on 2 ranks: each rank streams its rows'

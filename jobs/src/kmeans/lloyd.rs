@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::assign::{Packed, Reduced};
 use super::fold::sweep_sums;
+use super::relocate::{empty_centres, relocate};
 use super::{lend, Centers, Config, Converged, Event, Pass, Solver, Swept};
 use crate::error::Result;
 
@@ -101,7 +102,8 @@ impl Lloyd {
 
 impl Solver for Lloyd {
     /// An iteration: every row's nearest centre, then the centres moved to
-    /// the means (a centre with no point stays).
+    /// the means (a centre no point chose takes a far point, see
+    /// `relocate.rs`).
     fn pass(
         &mut self,
         pass: &mut Pass<'_>,
@@ -110,10 +112,17 @@ impl Solver for Lloyd {
     ) -> Result<Swept> {
         let (k, d) = (self.k, self.d);
         let stats = self.iterations == 0 && self.relative_tol > 0.0;
-        let (r, kernel_seconds) = self.sums(pass, centers, stats, on)?;
+        let (mut r, kernel_seconds) = self.sums(pass, centers, stats, on)?;
         if stats {
             self.tol = self.relative_tol * self.variance(&r, pass.ds.rows);
         }
+        let empty = empty_centres(&r);
+        let relocated = if empty.is_empty() {
+            0
+        } else {
+            let (rt, ds, plan) = (pass.rt, pass.ds, pass.plan);
+            lend(centers, |c| relocate(rt, ds, plan, c, &empty, &mut r))?
+        };
         // In place: the centres are held once while they move.
         let values = &mut centers.values;
         let mut shift = 0.0;
@@ -138,6 +147,7 @@ impl Solver for Lloyd {
         Ok(Swept {
             inertia,
             kernel_seconds,
+            relocated,
             converged: (shift <= self.tol).then_some(Converged::CenterShift),
         })
     }

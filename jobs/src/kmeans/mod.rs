@@ -23,8 +23,10 @@
 //! every shard (the batch spans the data, so every process has work in
 //! every step), and an epoch walks the shards side by side.
 //!
-//! **Empty clusters**: a centre that receives no point in a step (a
-//! mini-batch or a Lloyd iteration) keeps its position.
+//! **Empty clusters**: a centre that receives no point in a Lloyd
+//! iteration moves onto the point farthest from its centre, as
+//! scikit-learn's (`relocate.rs`); in a mini-batch step it keeps its
+//! position.
 //!
 //! ```text
 //!   load ─► run: validate, plan ─► for each initialisation: run_once
@@ -60,6 +62,7 @@ mod kernel;
 mod lloyd;
 mod minibatch;
 mod plan;
+mod relocate;
 mod shards;
 mod stats;
 
@@ -448,6 +451,9 @@ pub struct Outcome {
     pub combine_seconds: f64,
     /// Combines made (one per step).
     pub combines: usize,
+    /// Centres no point chose in a Lloyd iteration, moved onto the points
+    /// farthest from their centres (as scikit-learn), over the kept run.
+    pub relocated: usize,
 }
 
 /// Sum of squared differences between two sets of centres.
@@ -663,6 +669,8 @@ struct Swept {
     inertia: f64,
     /// Seconds this process's tasks spent in the distance kernel.
     kernel_seconds: f64,
+    /// Empty centres moved onto far points.
+    relocated: usize,
     /// Whether the run converged with this pass, and why.
     converged: Option<Converged>,
 }
@@ -742,6 +750,7 @@ fn run_once(
         init_inertia: Vec::new(),
         combine_seconds: pass.combine.0,
         combines: pass.combine.1,
+        relocated: history.relocated,
     })
 }
 
@@ -751,6 +760,7 @@ struct History {
     seconds: Vec<f64>,
     inertia: Vec<f64>,
     kernel: Vec<f64>,
+    relocated: usize,
     converged: Option<Converged>,
 }
 
@@ -767,6 +777,7 @@ impl History {
         self.seconds.push(seconds);
         self.inertia.push(swept.inertia);
         self.kernel.push(swept.kernel_seconds);
+        self.relocated += swept.relocated;
         on(Event::Epoch {
             index,
             seconds,

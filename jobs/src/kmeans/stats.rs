@@ -140,6 +140,8 @@ pub struct KmeansStats<'a> {
     pub best_init: usize,
     /// Every run's final inertia.
     pub init_inertia: &'a [f64],
+    /// Lloyd: empty centres moved onto far points in the kept run.
+    pub relocated: usize,
     /// Whether rows had sample weights.
     pub weighted: bool,
     /// Rank 0's seconds adding the shards' sums across processes.
@@ -205,6 +207,7 @@ impl<'a> KmeansStats<'a> {
             n_init: out.init_inertia.len(),
             best_init: out.best_init,
             init_inertia: &out.init_inertia,
+            relocated: out.relocated,
             weighted: data.weighted,
             combine_seconds: out.combine_seconds,
             combines: out.combines,
