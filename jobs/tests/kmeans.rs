@@ -174,6 +174,29 @@ fn an_empty_cluster_takes_the_farthest_point_in_lloyd() {
     }
 }
 
+/// More centres than distinct rows: every row sits on its centre, so the
+/// empty centre stays (scikit-learn's rule) and Lloyd stops at once.
+#[test]
+fn an_empty_cluster_stays_when_every_row_sits_on_its_centre() {
+    let x: Vec<f32> = vec![0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0];
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_data(dir.path(), &x, 2);
+    let session = Session::new(Runtime::builder().build().unwrap());
+    let ds = kmeans::load(&session, &Source::Npy(path), None, None, 1 << 20, |_, _| {}).unwrap();
+    let cfg = Config {
+        k: 5,
+        algorithm: Algorithm::Lloyd,
+        init: Init::Given(x.clone()),
+        iterations: 10,
+        ..Config::default()
+    };
+    let out = kmeans::run(&session, &ds, &cfg, |_| {}).unwrap();
+    assert_eq!(out.relocated, 0);
+    assert_eq!(out.iterations, 1);
+    assert_eq!(out.centers.values, x);
+    assert_eq!(out.inertia, 0.0);
+}
+
 #[test]
 fn k_larger_than_the_data_is_an_error() {
     let session = Session::new(Runtime::builder().build().unwrap());

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use outcore_jobs::kmeans::{
-    self, Algorithm, Centers, Config, Event, Init, KmeansStats, Loaded, Outcome, Traffic,
+    self, Algorithm, Centers, Config, Converged, Event, Init, KmeansStats, Loaded, Outcome, Traffic,
 };
 use outcore_jobs::{Session, Source};
 use pyo3::exceptions::PyValueError;
@@ -89,14 +89,17 @@ struct Extra {
 /// Fits K-means to the data in `path` (weights in `weights`, a 1-D
 /// `.npy`): a dict of `centers` (bytes of float32, k x dims), `labels`
 /// (bytes of uint32), `inertia`, `n_iter`, `n_steps`, `converged` and
-/// `stats` (JSON).
+/// `stats` (JSON). With `verbose`, progress goes to `echo(line, stdout)`
+/// (see [`Echo`]).
 #[pyfunction]
+#[pyo3(signature = (settings, path, weights, params, echo=None))]
 pub(crate) fn kmeans_fit<'py>(
     py: Python<'py>,
     settings: &Settings,
     path: PathBuf,
     weights: Option<PathBuf>,
     params: Params,
+    echo: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let src = Source::from_path(&path, None).map_err(crate::to_py)?;
     let (_, dims) = src.shape().map_err(crate::to_py)?;
@@ -107,15 +110,12 @@ pub(crate) fn kmeans_fit<'py>(
         kmeans::workers((rows, dims), &cfg, pb, cap, (0, 1), n)
     })?;
     let part_bytes = kmeans::aligned_partition_bytes(part_bytes, dims, cfg.task_points);
+    let echo = Echo {
+        verbose: settings.verbose > 0,
+        to: echo,
+    };
     let (out, extra) = run_job(py, &session, || {
-        fit(
-            &session,
-            settings,
-            &src,
-            weights.as_deref(),
-            &cfg,
-            part_bytes,
-        )
+        fit(&session, &echo, &src, weights.as_deref(), &cfg, part_bytes)
     })?;
     let d = PyDict::new(py);
     d.set_item(
@@ -134,10 +134,111 @@ pub(crate) fn kmeans_fit<'py>(
     Ok(d)
 }
 
+/// Where a fit's progress lines go, when `verbose`: a Python callable
+/// `to(line, stdout)`, called from the job's thread (it takes the GIL,
+/// which the caller's thread, waiting in `run_job`, does not hold). The
+/// lines in scikit-learn's words go to its standard output, as
+/// scikit-learn prints them; the engine's own (`outcore: ...`: loading,
+/// seconds per pass) to its standard error. Without a callable, the
+/// process's streams.
+struct Echo {
+    verbose: bool,
+    to: Option<Py<PyAny>>,
+}
+
+impl Echo {
+    /// A line of the engine's own.
+    fn outcore(&self, line: impl FnOnce() -> String) {
+        if self.verbose {
+            self.write(format!("outcore: {}", line()), false);
+        }
+    }
+
+    /// `line`, to standard output (scikit-learn's words) or error.
+    fn write(&self, line: String, stdout: bool) {
+        match &self.to {
+            Some(f) => Python::attach(|py| {
+                if let Err(e) = f.call1(py, (line, stdout)) {
+                    e.write_unraisable(py, None);
+                }
+            }),
+            None if stdout => println!("{line}"),
+            None => eprintln!("{line}"),
+        }
+    }
+}
+
+/// What the events of a fit say, in scikit-learn's words (its
+/// `_kmeans_single_lloyd` and `MiniBatchKMeans` verbose lines), as far
+/// as the events tell: the engine reports that the centres' squared shift
+/// was within the tolerance, not the shift itself.
+struct Narrator<'a> {
+    cfg: &'a Config,
+    /// Rows of the data (a mini-batch epoch's inertia is over all of them).
+    rows: u64,
+    /// The last pass reported in the current run.
+    last: usize,
+}
+
+impl Narrator<'_> {
+    /// The line `ev` is told in, if any.
+    fn line(&mut self, ev: &Event) -> Option<String> {
+        let lloyd = matches!(self.cfg.algorithm, Algorithm::Lloyd);
+        match *ev {
+            Event::Run { index, of } if !lloyd => Some(format!(
+                "Init {}/{of} with method {}",
+                index + 1,
+                init_name(&self.cfg.init)
+            )),
+            Event::Initialized { .. } if lloyd => Some("Initialization complete".into()),
+            Event::Epoch { index, inertia, .. } => {
+                self.last = index;
+                Some(if lloyd {
+                    format!("Iteration {index}, inertia {inertia}.")
+                } else {
+                    format!(
+                        "Minibatch epoch {}/{}: mean batch inertia: {}",
+                        index + 1,
+                        self.cfg.epochs,
+                        inertia / self.rows.max(1) as f64
+                    )
+                })
+            }
+            Event::Converged { steps, why } => Some(match (lloyd, why) {
+                (true, _) if self.cfg.tol <= 0.0 => {
+                    // Centres that did not move: the labels did not change.
+                    format!("Converged at iteration {}: strict convergence.", self.last)
+                }
+                (true, _) => format!(
+                    "Converged at iteration {}: center shift (sum of squares) within tolerance \
+                     {} x the mean variance of the features.",
+                    self.last, self.cfg.tol
+                ),
+                (false, Converged::CenterShift) => {
+                    format!("Converged (small centers change) at step {steps}")
+                }
+                (false, Converged::NoImprovement) => {
+                    format!("Converged (lack of improvement in inertia) at step {steps}")
+                }
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The name of an initialisation, as the estimators take it.
+fn init_name(init: &Init) -> &'static str {
+    match init {
+        Init::KMeansPlusPlus => "k-means++",
+        Init::Random => "random",
+        Init::Given(_) => "given centres",
+    }
+}
+
 /// The fit, on the job's thread.
 fn fit(
     session: &Session,
-    settings: &Settings,
+    echo: &Echo,
     src: &Source,
     weights: Option<&std::path::Path>,
     cfg: &Config,
@@ -152,7 +253,7 @@ fn fit(
         weighted: weights.is_some(),
         load_seconds: t.elapsed().as_secs_f64(),
     };
-    settings.say(|| {
+    echo.outcore(|| {
         format!(
             "loaded {} rows of {} in {:.1} s",
             ds.rows, ds.dims, data.load_seconds
@@ -161,15 +262,25 @@ fn fit(
     session.phase("fit");
     let mut traffic = Traffic::start(session);
     let mut labels = Vec::new();
+    let mut narrator = Narrator {
+        cfg,
+        rows: ds.rows,
+        last: 0,
+    };
     let mut on = |ev: Event| {
         traffic.on(session, &ev);
+        if echo.verbose {
+            if let Some(line) = narrator.line(&ev) {
+                echo.write(line, true);
+            }
+        }
         if let Event::Epoch {
             index,
             seconds,
             inertia,
         } = ev
         {
-            settings.say(|| format!("pass {}: {seconds:.2} s, inertia {inertia:.6e}", index + 1));
+            echo.outcore(|| format!("pass {}: {seconds:.2} s, inertia {inertia:.6e}", index + 1));
         }
     };
     let out = kmeans::run_with_labels(session, &ds, cfg, &mut on, |v| {

@@ -12,6 +12,8 @@
 //! ranks'. The order is the distance, largest first, then the row index,
 //! smallest first: it depends on nothing but the data and the centres, so
 //! the relocation is the same capped, uncapped and on any number of ranks.
+//! When every row sits on its centre (more centres than distinct rows),
+//! nothing moves, as in scikit-learn.
 
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -67,6 +69,11 @@ pub(super) fn relocate(
     let e = empty.len();
     let local = farthest(rt, ds, plan, c, e)?;
     let chosen = merge_ranks(plan, &local, e)?;
+    if chosen.first().is_none_or(|(far, _)| far.dist <= 0.0) {
+        // Every row sits on its centre (more centres than distinct rows):
+        // moving one would change nothing but the centres' order.
+        return Ok(0);
+    }
     let d = c.dims;
     for (&new, &(far, owner)) in empty.iter().zip(&chosen) {
         let mut x = vec![0f64; d + 1];
