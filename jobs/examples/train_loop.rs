@@ -33,8 +33,11 @@ fn main() -> Result<(), outcore_jobs::Error> {
     let job = train::load(
         &session,
         &src,
-        &labels,
-        Some(classes),
+        train::Targets {
+            labels: &labels,
+            weights: None,
+            classes: Some(classes),
+        },
         8 << 20,
         &cfg,
         |_, _| {},

@@ -74,8 +74,11 @@ fn library_model(dir: &Path, solver: Solver) -> (Vec<u8>, bool, bool) {
     let job = train::load(
         &session,
         &src,
-        &Labels::Blobs,
-        Some(CLASSES),
+        train::Targets {
+            labels: &Labels::Blobs,
+            weights: None,
+            classes: Some(CLASSES),
+        },
         shard_bytes,
         &cfg,
         |_, _| {},

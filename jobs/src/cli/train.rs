@@ -46,6 +46,10 @@ pub(super) struct TrainArgs {
     /// Labels for --input: a 1-D int32/int64 .npy file, one per row.
     #[arg(long, value_name = "FILE", requires = "input")]
     targets: Option<PathBuf>,
+    /// L-BFGS: sample weights for --input, a 1-D float32/float64 .npy, one
+    /// finite weight >= 0 per row (scikit-learn's sample_weight).
+    #[arg(long, value_name = "W.npy", requires = "input")]
+    sample_weight: Option<PathBuf>,
     /// Size of the synthetic data.
     #[arg(
         long,
@@ -167,6 +171,8 @@ fn spread_limit(plan: &Plan, rows: u64, dims: usize, shard_bytes: u64) -> usize 
 struct Plan {
     src: Source,
     labels: Labels,
+    /// `--sample-weight`.
+    weights: Option<PathBuf>,
     /// `--classes`, or the blobs' (none for a file without it).
     classes: Option<usize>,
     cfg: TrainConfig,
@@ -215,6 +221,7 @@ fn plan(a: &TrainArgs, given: &Given, ranks: &Ranks) -> Result<Plan> {
     Ok(Plan {
         src,
         labels,
+        weights: a.sample_weight.clone(),
         classes,
         cfg: config(a),
         default_cap,
@@ -298,6 +305,7 @@ fn config(a: &TrainArgs) -> TrainConfig {
         holdout: a.holdout,
         seed: a.seed,
         shards: a.shards,
+        ..TrainConfig::default()
     }
 }
 
@@ -309,8 +317,11 @@ fn load(session: &Session, plan: &Plan, shard_bytes: u64) -> Result<Job> {
     let job = train::load(
         session,
         &plan.src,
-        &plan.labels,
-        plan.classes,
+        train::Targets {
+            labels: &plan.labels,
+            weights: plan.weights.as_deref(),
+            classes: plan.classes,
+        },
         shard_bytes,
         &plan.cfg,
         |done, _| fb.progress(done),

@@ -25,8 +25,11 @@ use std::time::Instant;
 use outcore::{Handle, PodVec, Runtime};
 
 use super::load::Shard;
+use super::owlqn;
 use super::TASK_ROWS;
-use super::{rank_rows, training_rows, Event, Iteration, Job, Model, Share, TrainConfig, Trained};
+use super::{
+    rank_rows, training_rows, Event, Iteration, Job, Model, Penalty, Share, TrainConfig, Trained,
+};
 use crate::error::{Error, Result};
 use crate::ranks::{Ranks, ShardSums, Shards};
 use crate::session::Session;
@@ -120,26 +123,26 @@ pub struct Minimum<E> {
 }
 
 /// A curvature pair in its executors: `s`, `y` and `1 / (y . s)`.
-type Pair = (Handle<PodVec<f64>>, Handle<PodVec<f64>>, f64);
+pub(super) type Pair = (Handle<PodVec<f64>>, Handle<PodVec<f64>>, f64);
 
 /// Sufficient decrease and curvature constants of the Wolfe conditions.
-const C1: f64 = 1e-4;
+pub(super) const C1: f64 = 1e-4;
 const C2: f64 = 0.9;
 
-fn dot(a: &[f64], b: &[f64]) -> f64 {
+pub(super) fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-fn max_abs(v: &[f64]) -> f64 {
+pub(super) fn max_abs(v: &[f64]) -> f64 {
     v.iter().fold(0.0, |m, x| m.max(x.abs()))
 }
 
 /// A point, its value and gradient, and what else the objective reported.
-struct Eval<E> {
-    x: Vec<f64>,
-    f: f64,
-    g: Vec<f64>,
-    extra: E,
+pub(super) struct Eval<E> {
+    pub(super) x: Vec<f64>,
+    pub(super) f: f64,
+    pub(super) g: Vec<f64>,
+    pub(super) extra: E,
 }
 
 /// What an objective returns at a point: its value, its gradient and
@@ -226,7 +229,7 @@ pub fn minimize<E>(
 /// iteration `iteration`) in executors, dropping the oldest beyond
 /// `history`, when its curvature is positive; returns the initial
 /// Hessian's new scale, `y . s / y . y`, then.
-fn add_pair<E>(
+pub(super) fn add_pair<E>(
     rt: &Runtime,
     pairs: &mut VecDeque<Pair>,
     history: usize,
@@ -252,7 +255,12 @@ fn add_pair<E>(
 
 /// The two-loop recursion: `-H g` for the inverse-Hessian approximation of
 /// the stored pairs, each pair read from its executors.
-fn direction(rt: &Runtime, pairs: &VecDeque<Pair>, gamma: f64, g: &[f64]) -> Result<Vec<f64>> {
+pub(super) fn direction(
+    rt: &Runtime,
+    pairs: &VecDeque<Pair>,
+    gamma: f64,
+    g: &[f64],
+) -> Result<Vec<f64>> {
     let mut q = g.to_vec();
     let mut alpha = vec![0.0; pairs.len()];
     for (i, (hs, hy, rho)) in pairs.iter().enumerate().rev() {
@@ -451,7 +459,11 @@ impl<E, F: FnMut(&[f64]) -> Result<Value<E>>> Search<'_, E, F> {
 /// What one pass measures besides the objective and its gradient.
 #[derive(Clone, Copy, Debug)]
 struct Measured {
-    objective: f64,
+    /// What turns the scaled objective back into scikit-learn's: `C n`, or
+    /// `n` without a penalty.
+    scale: f64,
+    /// The sample weights added up.
+    n: f64,
     accuracy: Option<f64>,
 }
 
@@ -504,8 +516,20 @@ pub(super) fn fit(
             cfg.tol
         )));
     }
-    let n = training_rows(job, session.ranks())?;
-    let objective = Objective::new(session, job, cfg, n)?;
+    training_rows(job, session.ranks())?;
+    let objective = Objective::new(session, job, cfg)?;
+    let start = match &cfg.start {
+        Some(w) if w.len() == objective.rows * (job.dims + 1) => w.clone(),
+        Some(w) => {
+            return Err(Error::Input(format!(
+                "the start point has {} weights, not {} x {} (classes x (features + 1))",
+                w.len(),
+                objective.rows,
+                job.dims + 1
+            )))
+        }
+        None => vec![0.0; objective.rows * (job.dims + 1)],
+    };
     let settings = Settings {
         tol: cfg.tol,
         max_iter: cfg.max_iter,
@@ -513,26 +537,29 @@ pub(super) fn fit(
     };
     let mut iterations = Vec::new();
     let mut t = Instant::now();
-    let min = minimize(
-        session.runtime(),
-        vec![0.0; job.classes * (job.dims + 1)],
-        &settings,
-        |w| objective.eval(w),
-        |step, _, m: &Measured| {
-            let it = Iteration {
-                index: step.iteration,
-                seconds: t.elapsed().as_secs_f64(),
-                loss: step.value,
-                objective: m.objective,
-                grad_max: step.grad_max,
-                accuracy: m.accuracy,
-                evaluations: step.evaluations,
-            };
-            on(&Event::Iteration(it.clone()));
-            iterations.push(it);
-            t = Instant::now();
-        },
-    )?;
+    let on_step = |step: &Step, _: &[f64], m: &Measured| {
+        let it = Iteration {
+            index: step.iteration,
+            seconds: t.elapsed().as_secs_f64(),
+            loss: step.value,
+            objective: step.value * m.scale,
+            grad_max: step.grad_max,
+            accuracy: m.accuracy,
+            evaluations: step.evaluations,
+        };
+        on(&Event::Iteration(it.clone()));
+        iterations.push(it);
+        t = Instant::now();
+    };
+    let rt = session.runtime();
+    let eval = |w: &[f64]| objective.eval(w);
+    let min = match cfg.penalty {
+        Penalty::ElasticNet(r) if r > 0.0 => {
+            let l1_of = |m: &Measured| objective.l1_weights(r, m.n);
+            owlqn::minimize_l1(rt, start, &settings, l1_of, eval, on_step)?
+        }
+        _ => minimize(rt, start, &settings, eval, on_step)?,
+    };
     finish(session, job, min, iterations)
 }
 
@@ -548,14 +575,14 @@ fn finish(
         index: min.iterations,
         seconds: 0.0,
         loss: min.value,
-        objective: min.extra.objective,
+        objective: min.value * min.extra.scale,
         grad_max: min.grad_max,
         accuracy: min.extra.accuracy,
         evaluations: min.evaluations,
     };
     let w: Vec<f32> = min.x.iter().map(|&v| v as f32).collect();
     let model = Model {
-        classes: job.classes as u32,
+        classes: (min.x.len() / (job.dims + 1)) as u32,
         dims: job.dims as u32,
         w: PodVec::from(w),
     };
@@ -569,6 +596,7 @@ fn finish(
         iterations,
         stop: Some(min.stop),
         last: Some(last),
+        weights: min.x,
     })
 }
 
@@ -587,15 +615,17 @@ struct Objective<'a> {
     mine: usize,
     /// Whether to measure the held-out accuracy.
     held_out: bool,
-    /// `1 / n` for `n` training rows, the regularisation `1 / (C n)`, and
-    /// `C n` (the scaled objective back to scikit-learn's).
-    scale: f64,
-    reg: f64,
-    objective_scale: f64,
+    /// Rows of weights: the classes, or 1 for the binary model.
+    rows: usize,
+    /// `C`, or none without a penalty.
+    c: Option<f64>,
+    /// The share of the penalty that is `0.5 |W|^2` (the rest is L1).
+    l2: f64,
+    fit_intercept: bool,
 }
 
 impl<'a> Objective<'a> {
-    fn new(session: &'a Session, job: &'a Job, cfg: &TrainConfig, n: u64) -> Result<Self> {
+    fn new(session: &'a Session, job: &'a Job, cfg: &TrainConfig) -> Result<Self> {
         let ranks = session.ranks();
         let shards = Shards::new(job.rows.div_ceil(TASK_ROWS as u64), cfg.shards);
         let mine = shards.of_rank(ranks.rank(), ranks.size());
@@ -633,21 +663,39 @@ impl<'a> Objective<'a> {
             plan,
             mine: mine.len(),
             held_out: cfg.holdout > 0.0,
-            scale: 1.0 / n as f64,
-            reg: 1.0 / (cfg.c * n as f64),
-            objective_scale: cfg.c * n as f64,
+            rows: Model::rows(job.classes, cfg),
+            c: (cfg.penalty != Penalty::None).then_some(cfg.c),
+            l2: match cfg.penalty {
+                Penalty::ElasticNet(r) => 1.0 - r,
+                _ => 1.0,
+            },
+            fit_intercept: cfg.fit_intercept,
         })
     }
 
     /// The scaled objective at `w`, its gradient and what the pass
     /// measured.
+    /// The loss is divided by the sum of the sample weights `n` (the rows
+    /// without them), and the penalty by `C n`, as scikit-learn does.
     fn eval(&self, w: &[f64]) -> Result<Value<Measured>> {
-        let (classes, d) = (self.job.classes, self.job.dims);
+        let (classes, d) = (self.rows, self.job.dims);
         let stride = d + 1;
         let mut grad = self.pass(w)?;
         let held = grad.pop().unwrap_or(0.0) as u64;
         let correct = grad.pop().unwrap_or(0.0) as u64;
+        let n = grad.pop().unwrap_or(0.0);
         let loss = grad.pop().unwrap_or(0.0);
+        if n.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
+            return Err(Error::Input(
+                "the sample weights of the training rows add up to 0".into(),
+            ));
+        }
+        let scale = 1.0 / n;
+        // With no penalty the objective is scaled by n alone.
+        let (reg, objective_scale) = match self.c {
+            Some(c) => (self.l2 / (c * n), c * n),
+            None => (0.0, n),
+        };
         let mut penalty = 0.0;
         for c in 0..classes {
             for j in 0..d {
@@ -655,18 +703,32 @@ impl<'a> Objective<'a> {
                 penalty += v * v;
             }
         }
-        let f = loss * self.scale + 0.5 * self.reg * penalty;
+        let f = loss * scale + 0.5 * reg * penalty;
         for (i, g) in grad.iter_mut().enumerate() {
-            *g *= self.scale;
+            *g *= scale;
             if i % stride != d {
-                *g += self.reg * w[i];
+                *g += reg * w[i];
+            } else if !self.fit_intercept {
+                *g = 0.0;
             }
         }
         let measured = Measured {
-            objective: f * self.objective_scale,
+            scale: objective_scale,
+            n,
             accuracy: (held > 0).then(|| correct as f64 / held as f64),
         };
         Ok((f, grad, measured))
+    }
+
+    /// The L1 weight of every coordinate for the elastic net's L1 share
+    /// `r`, with `n` the sample weights added up: `r / (C n)`, 0 for the
+    /// intercepts.
+    fn l1_weights(&self, r: f64, n: f64) -> Vec<f64> {
+        let d = self.job.dims;
+        let c = self.c.unwrap_or(f64::INFINITY);
+        (0..self.rows * (d + 1))
+            .map(|i| if i % (d + 1) == d { 0.0 } else { r / (c * n) })
+            .collect()
     }
 
     /// One pass: the log-loss's gradient, the log-loss, and the held-out
@@ -674,12 +736,13 @@ impl<'a> Objective<'a> {
     /// every rank's tasks in order.
     fn pass(&self, w: &[f64]) -> Result<Vec<f64>> {
         let shared = Arc::new(w.to_vec());
-        let classes = self.job.classes;
+        let classes = self.rows;
         let held_out = self.held_out;
-        // Per reduction shard: the gradient, the loss, the held-out rows
-        // right and seen; on one process added to the total as each shard
-        // closes (two vectors the size of the model, whatever the shards).
-        let len = w.len() + 3;
+        // Per reduction shard: the gradient, the loss, the sample weights,
+        // the held-out rows right and seen; on one process added to the
+        // total as each shard closes (two vectors the size of the model,
+        // whatever the shards).
+        let len = w.len() + 4;
         let in_order = self.plan.windows(2).all(|p| p[0].2 <= p[1].2);
         let mut sums = ShardSums::new(self.ranks, self.mine.max(1), len, in_order);
         // One batch per evaluation; the partial gradients are folded as
@@ -698,7 +761,8 @@ impl<'a> Objective<'a> {
             for (a, v) in acc.iter_mut().zip(&p.grad) {
                 *a += v;
             }
-            acc[len - 3] += p.loss;
+            acc[len - 4] += p.loss;
+            acc[len - 3] += p.wsum;
             acc[len - 2] += p.correct as f64;
             acc[len - 1] += p.held as f64;
             Ok(())

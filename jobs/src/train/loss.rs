@@ -1,7 +1,12 @@
 //! What L-BFGS minimises, one task at a time: the multinomial log-loss of
-//! a task's training rows, its gradient, and the held-out rows predicted
-//! right. Row after row, in f64: a task's sums depend only on its rows and
-//! the weights, never on the shard executors or the timing.
+//! a task's training rows (each times its sample weight), its gradient,
+//! and the held-out rows predicted right. Row after row, in f64: a task's
+//! sums depend only on its rows and the weights, never on the shard
+//! executors or the timing.
+//!
+//! A model of one row is scikit-learn's binary model: the row scores
+//! class 1, class 0's score is 0 (the softmax of `[0, z]` is the
+//! logistic function of `z`).
 
 use std::ops::Range;
 
@@ -12,6 +17,8 @@ use super::load::Shard;
 pub(super) struct Part {
     /// The log-loss of the task's rows.
     pub(super) loss: f64,
+    /// The task's rows' sample weights added up (its rows without them).
+    pub(super) wsum: f64,
     /// Its gradient (`classes x (dims + 1)`).
     pub(super) grad: Vec<f64>,
     /// Held-out rows predicted right.
@@ -22,13 +29,15 @@ pub(super) struct Part {
 
 impl Shard {
     /// The log-loss of task `task`'s training rows under the weights `w`
-    /// (`classes x (dims + 1)`, f64), its gradient, and (when `held_out`)
-    /// the correct predictions over the shard's held-out rows.
+    /// (`classes x (dims + 1)`, f64; one row: the binary model), its
+    /// gradient, and (when `held_out`) the correct predictions over the
+    /// shard's held-out rows.
     pub(super) fn loss_part(&self, task: usize, w: &[f64], classes: usize, held_out: bool) -> Part {
         let stride = self.dims as usize + 1;
         let (a, b) = (self.tasks[task] as usize, self.tasks[task + 1] as usize);
         let mut part = Part {
             loss: 0.0,
+            wsum: 0.0,
             grad: crate::zeros::<f64>(classes * stride),
             correct: 0,
             held: 0,
@@ -78,16 +87,27 @@ impl Shard {
                 1,
             );
         }
+        // The binary model's row scores class 1; class 0 scores 0.
+        let first = usize::from(classes == 1);
         for (r, zr) in z.chunks_exact_mut(classes).enumerate() {
             for (c, v) in zr.iter_mut().enumerate() {
                 *v += w[c * stride + d];
             }
-            let m = zr.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let lse = m + zr.iter().map(|&v| (v - m).exp()).sum::<f64>().ln();
+            let mut m = zr.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let mut e = zr.iter().map(|&v| (v - m).exp()).sum::<f64>();
+            if first == 1 {
+                m = m.max(0.0);
+                e = (zr[0] - m).exp() + (-m).exp();
+            }
+            let lse = m + e.ln();
             let y = self.y[a + r] as usize;
-            part.loss += lse - zr[y];
+            let sw = self.w.get(a + r).map_or(1.0, |&v| f64::from(v));
+            let zy = if y >= first { zr[y - first] } else { 0.0 };
+            part.wsum += sw;
+            part.loss += sw * (lse - zy);
             for (c, v) in zr.iter_mut().enumerate() {
-                *v = (*v - lse).exp() - if c == y { 1.0 } else { 0.0 };
+                let is_y = if c + first == y { 1.0 } else { 0.0 };
+                *v = sw * ((*v - lse).exp() - is_y);
                 part.grad[c * stride + d] += *v;
             }
         }
@@ -136,6 +156,9 @@ impl Shard {
                 if z[c] > z[best] {
                     best = c;
                 }
+            }
+            if classes == 1 {
+                best = usize::from(z[0] > 0.0);
             }
             correct += u64::from(best == y as usize);
             held += 1;

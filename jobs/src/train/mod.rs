@@ -66,10 +66,11 @@ use crate::session::Session;
 pub mod lbfgs;
 mod load;
 mod loss;
+pub mod owlqn;
 mod sgd;
 mod stats;
 
-pub use load::{load, rank_rows, Shard};
+pub use load::{load, rank_rows, Shard, Targets};
 pub use stats::{final_accuracy, TrainStats};
 
 /// Rows per L-BFGS task: the unit whose partial sums are added in order.
@@ -97,6 +98,16 @@ pub struct Model {
 }
 
 impl Model {
+    /// Rows of weights a model of `classes` classes has under `cfg`: one
+    /// for scikit-learn's binary model, else one per class.
+    pub fn rows(classes: usize, cfg: &TrainConfig) -> usize {
+        if cfg.binary && classes == 2 {
+            1
+        } else {
+            classes
+        }
+    }
+
     /// A zero model.
     pub fn zeros(classes: usize, dims: usize) -> Model {
         Model {
@@ -170,6 +181,31 @@ pub struct TrainConfig {
     /// processes). The model depends on it, never on the number of
     /// processes.
     pub shards: usize,
+    /// L-BFGS: fit the intercepts (else they stay 0).
+    pub fit_intercept: bool,
+    /// L-BFGS: the penalty on the weights.
+    pub penalty: Penalty,
+    /// L-BFGS with two classes: scikit-learn's binary model, one row of
+    /// weights for class 1 (class 0's score is 0), instead of the two-row
+    /// softmax.
+    pub binary: bool,
+    /// L-BFGS: the start point (`rows x (dims + 1)` weights, the bias last;
+    /// zeros when none), as scikit-learn's `warm_start`.
+    pub start: Option<Vec<f64>>,
+}
+
+/// The penalty L-BFGS adds to the log-loss (the intercepts never
+/// penalised), scaled by `1 / C` against `sum(log-loss)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Penalty {
+    /// `0.5 * |W|^2`.
+    L2,
+    /// scikit-learn's elastic net with `l1_ratio` `r` in `[0, 1]`:
+    /// `r * |W|_1 + (1 - r) * 0.5 * |W|^2` (1 is the L1 penalty), fitted
+    /// by OWL-QN ([`owlqn`]).
+    ElasticNet(f64),
+    /// None: `C` plays no part.
+    None,
 }
 
 impl Default for TrainConfig {
@@ -186,6 +222,10 @@ impl Default for TrainConfig {
             holdout: 0.1,
             seed: 42,
             shards: 8,
+            fit_intercept: true,
+            penalty: Penalty::L2,
+            binary: false,
+            start: None,
         }
     }
 }
@@ -212,6 +252,8 @@ pub struct Job {
     pub first_row: u64,
     /// Rows in each shard.
     pub shard_rows: Vec<u32>,
+    /// Whether the rows have sample weights.
+    pub weighted: bool,
 }
 
 /// One round's report.
@@ -258,6 +300,9 @@ pub struct Trained {
     pub iterations: Vec<Iteration>,
     /// Why L-BFGS stopped (none for local SGD).
     pub stop: Option<lbfgs::Stop>,
+    /// L-BFGS: the model's weights in float64, as found (empty for local
+    /// SGD).
+    pub weights: Vec<f64>,
     /// L-BFGS: the final objective, its gradient's largest component and
     /// the held-out accuracy (at the start point when no step was taken).
     pub last: Option<Iteration>,
@@ -322,6 +367,20 @@ pub fn train(
     cfg: &TrainConfig,
     mut on: impl FnMut(&Event),
 ) -> Result<Trained> {
+    if cfg.solver == Solver::Sgd {
+        let lbfgs_only = [
+            (job.weighted, "sample weights"),
+            (!cfg.fit_intercept, "a model without intercepts"),
+            (cfg.penalty != Penalty::L2, "a penalty other than L2"),
+            (cfg.binary, "the binary model"),
+            (cfg.start.is_some(), "a start point"),
+        ];
+        if let Some((_, what)) = lbfgs_only.iter().find(|(set, _)| *set) {
+            return Err(Error::Input(format!(
+                "local SGD does not take {what}; L-BFGS does"
+            )));
+        }
+    }
     (cfg.solver.algorithm().fit)(session, job, cfg, &mut on)
 }
 

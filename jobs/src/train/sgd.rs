@@ -131,6 +131,7 @@ pub(super) fn fit(
         iterations: Vec::new(),
         stop: None,
         last: None,
+        weights: Vec::new(),
     })
 }
 
