@@ -15,7 +15,7 @@
 use std::ffi::CString;
 use std::ops::Deref;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
 use outcore::{MemoryCap, Runtime};
@@ -172,7 +172,8 @@ impl Settings {
 }
 
 /// Runs `job` on a thread of its own while this one waits without the GIL,
-/// checking for signals every 50 ms. A signal (Ctrl-C) interrupts the
+/// checking for signals every 50 ms; it returns as soon as the job ends
+/// (a small job costs no polling period). A signal (Ctrl-C) interrupts the
 /// runtime; once the job has returned, its exception (`KeyboardInterrupt`)
 /// is raised.
 pub(crate) fn run_job<T: Send>(
@@ -181,11 +182,15 @@ pub(crate) fn run_job<T: Send>(
     job: impl FnOnce() -> outcore_jobs::Result<T> + Send,
 ) -> PyResult<T> {
     let stop = session.runtime().interrupter();
+    let ended = Ended::default();
     std::thread::scope(|s| {
-        let h = s.spawn(job);
+        let h = s.spawn(|| {
+            // Set however the job ends, a panic included.
+            let _ended = ended.on_drop();
+            job()
+        });
         let mut signal = None;
-        while !h.is_finished() {
-            py.detach(|| std::thread::sleep(Duration::from_millis(50)));
+        while !py.detach(|| ended.wait(Duration::from_millis(50))) {
             if signal.is_none() {
                 if let Err(e) = py.check_signals() {
                     stop.interrupt();
@@ -202,6 +207,40 @@ pub(crate) fn run_job<T: Send>(
             )),
         }
     })
+}
+
+/// Whether a job's thread is done, and a wake-up for the thread waiting
+/// for it.
+#[derive(Default)]
+struct Ended {
+    done: Mutex<bool>,
+    woken: Condvar,
+}
+
+/// Marks the job done when dropped.
+struct OnDrop<'a>(&'a Ended);
+
+impl Drop for OnDrop<'_> {
+    fn drop(&mut self) {
+        *self.0.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.0.woken.notify_all();
+    }
+}
+
+impl Ended {
+    fn on_drop(&self) -> OnDrop<'_> {
+        OnDrop(self)
+    }
+
+    /// Whether the job is done, waiting up to `at_most` for it.
+    fn wait(&self, at_most: Duration) -> bool {
+        let done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        let (done, _) = self
+            .woken
+            .wait_timeout_while(done, at_most, |d| !*d)
+            .unwrap_or_else(|p| p.into_inner());
+        *done
+    }
 }
 
 /// `bytes` as `f32`s (little-endian, as numpy's `float32` here).

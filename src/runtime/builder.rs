@@ -94,7 +94,7 @@ pub(super) fn stop(
 ) {
     registration.take();
     shared.pool().shut_down();
-    shared.wake_prefetchers();
+    shared.stop_prefetchers();
     for t in threads.drain(..).chain(prefetchers.drain(..)) {
         let _ = t.join();
     }

@@ -121,25 +121,63 @@ pub(crate) fn worker_loop(pool: &Pool) {
 }
 
 /// A wake-up signal with a timeout (for the prefetchers: it wakes them
-/// all).
+/// all), and closed for good when they are to stop.
 #[derive(Default)]
 pub(crate) struct Signal {
-    flag: Mutex<bool>,
+    /// Woken since the last wait; closed.
+    state: Mutex<(bool, bool)>,
     cv: Condvar,
 }
 
 impl Signal {
     pub(crate) fn notify(&self) {
-        let mut f = self.flag.lock();
-        *f = true;
+        let mut s = self.state.lock();
+        s.0 = true;
+        self.cv.notify_all();
+    }
+
+    /// Wakes every waiter and makes every later wait return at once. A
+    /// notification alone is not enough to stop several waiters: the
+    /// first one it wakes clears it, and one that had not reached its
+    /// wait yet would then sleep its whole timeout (50 ms on every
+    /// runtime's drop).
+    pub(crate) fn close(&self) {
+        let mut s = self.state.lock();
+        s.1 = true;
         self.cv.notify_all();
     }
 
     pub(crate) fn wait(&self, timeout: Duration) {
-        let mut f = self.flag.lock();
-        if !*f {
-            self.cv.wait_for(&mut f, timeout);
+        let mut s = self.state.lock();
+        if !s.0 && !s.1 {
+            self.cv.wait_for(&mut s, timeout);
         }
-        *f = false;
+        s.0 = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After `close`, every wait returns at once, however many waiters
+    /// come (a notification wakes only the waits it finds). Each wait is
+    /// for an hour: the watchdog fails the test if one sleeps.
+    #[test]
+    fn a_closed_signal_never_sleeps() {
+        let s = std::sync::Arc::new(Signal::default());
+        s.close();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = s.clone();
+        std::thread::spawn(move || {
+            for _ in 0..4 {
+                waiter.wait(Duration::from_secs(3600));
+            }
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "a wait after close slept"
+        );
     }
 }

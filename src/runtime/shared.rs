@@ -401,6 +401,12 @@ impl Shared {
         self.prefetch_signal.notify();
     }
 
+    /// Wakes the prefetchers to stop: every wait returns at once from now
+    /// on.
+    pub(crate) fn stop_prefetchers(&self) {
+        self.prefetch_signal.close();
+    }
+
     /// A prefetcher waits for work, at most `timeout`.
     pub(crate) fn wait_for_prefetch_work(&self, timeout: Duration) {
         self.prefetch_signal.wait(timeout);
