@@ -35,13 +35,19 @@
 //! waiting fails, or `landed` panics, the context is destroyed, which waits
 //! for them (`io_destroy` blocks until the reads it cannot cancel complete).
 //!
-//! Each thread keeps one context ([`MAX_WINDOW`] requests) for its reads;
-//! it is destroyed when the thread exits.
+//! Each thread keeps one context ([`MAX_WINDOW`] requests) for its reads.
+//! When the thread exits, its context (with no read in flight: every call
+//! reaps its reads) goes to a small process-wide stock that the next
+//! threads take from, and is destroyed only when the stock is full:
+//! `io_destroy` waits for a kernel grace period, 30-50 ms here, which
+//! every runtime's drop used to pay while joining its worker threads (a
+//! context belongs to the process, not to the thread that made it).
 
 use std::cell::Cell;
 use std::fs::File;
 use std::io;
 use std::os::unix::io::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// Reads in flight at most: the size of each thread's context.
@@ -150,6 +156,38 @@ impl Context {
     }
 }
 
+/// Contexts of exited threads, for the next threads' reads; 0 marks an
+/// empty place. Atomics only: it is used from a pthread key's destructor,
+/// which must not allocate or lock.
+static STOCK: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+
+/// Keeps context `id` (no read in flight) in [`STOCK`], or destroys it
+/// when the stock is full.
+#[allow(clippy::unnecessary_cast)] // `c_ulong` is `u32` on 32-bit targets.
+fn stock(id: libc::c_ulong) {
+    for place in &STOCK {
+        if place
+            .compare_exchange(0, id as u64, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
+    }
+    destroy(id);
+}
+
+/// A context from [`STOCK`], if it holds one.
+#[allow(clippy::unnecessary_cast)] // `c_ulong` is `u32` on 32-bit targets.
+fn from_stock() -> Option<Context> {
+    STOCK.iter().find_map(|place| {
+        if place.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let id = place.swap(0, Ordering::AcqRel);
+        (id != 0).then_some(Context(id as libc::c_ulong))
+    })
+}
+
 /// Destroys context `id`; waits for any read still in flight on it.
 fn destroy(id: libc::c_ulong) {
     // SAFETY: io_destroy takes a context id; an id that is not one is
@@ -175,7 +213,7 @@ fn exit_key() -> Option<libc::pthread_key_t> {
         // another key's destructor) must make a new context, not submit to
         // this id, which the kernel may give to another thread's next one.
         let _ = CONTEXT.try_with(|c| c.set(0));
-        destroy(id as libc::c_ulong);
+        stock(id as libc::c_ulong);
     }
     static KEY: OnceLock<Option<libc::pthread_key_t>> = OnceLock::new();
     *KEY.get_or_init(|| {
@@ -194,7 +232,7 @@ fn take_context() -> Option<Context> {
         return Some(Context(id));
     }
     let key = exit_key()?;
-    let ctx = Context::setup()?;
+    let ctx = from_stock().or_else(Context::setup)?;
     // SAFETY: `key` was made by pthread_key_create; the value is the
     // context id, never dereferenced.
     if unsafe { libc::pthread_setspecific(key, ctx.0 as *const libc::c_void) } != 0 {
@@ -502,6 +540,44 @@ fn reap(
 mod tests {
     use super::*;
     use std::os::unix::fs::OpenOptionsExt;
+
+    /// A thread's context outlives the thread (kept for the next
+    /// threads): the kernel still knows it after the thread has exited,
+    /// where destroying it would have made the exit wait for a grace
+    /// period.
+    #[test]
+    fn an_exiting_threads_context_is_kept_not_destroyed() {
+        let id = std::thread::spawn(|| {
+            if !available() {
+                return None;
+            }
+            CONTEXT.with(|c| Some(c.get()))
+        })
+        .join()
+        .unwrap();
+        let Some(id) = id else {
+            eprintln!("no AIO context on this machine: nothing to check");
+            return;
+        };
+        let mut events = [IoEvent::default(); DEPTH];
+        // SAFETY: room for `DEPTH` events; a zero timeout; an id the kernel
+        // does not know is refused with EINVAL.
+        let r = unsafe {
+            let zero = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            libc::syscall(
+                libc::SYS_io_getevents,
+                id,
+                0 as libc::c_long,
+                DEPTH as libc::c_long,
+                events.as_mut_ptr(),
+                &zero as *const libc::timespec,
+            )
+        };
+        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+    }
 
     const PAGE: usize = crate::alloc::PAGE;
 
