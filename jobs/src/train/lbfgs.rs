@@ -6,7 +6,9 @@
 //! accepted trial's gradient is reused by the next iteration. The curvature
 //! pairs `(s, y)` live in executors of the runtime, so a large model's
 //! history can be evicted like data; the two-loop recursion reads them one
-//! at a time.
+//! at a time. A small model's pairs (up to [`HELD_PAIR_VALUES`] values
+//! each) are held in memory instead: reading forty executors per
+//! iteration cost more than the pass itself on small data.
 //!
 //! Every step is a fixed sequence of floating-point operations on the
 //! values the callback returns, so the iterates depend only on them: a
@@ -123,7 +125,53 @@ pub struct Minimum<E> {
 }
 
 /// A curvature pair in its executors: `s`, `y` and `1 / (y . s)`.
-pub(super) type Pair = (Handle<PodVec<f64>>, Handle<PodVec<f64>>, f64);
+pub(super) type Pair = (Vector, Vector, f64);
+
+/// Values of a pair's vector up to which it is held in memory rather than
+/// in an executor (64 KiB).
+pub const HELD_PAIR_VALUES: usize = 8192;
+
+/// One vector of a curvature pair: held, or in its executor.
+pub(super) enum Vector {
+    Held(Vec<f64>),
+    Stored(Handle<PodVec<f64>>),
+}
+
+impl Vector {
+    /// `v` held, or stored in an executor named `name` when large.
+    fn new(rt: &Runtime, name: &str, v: Vec<f64>) -> Result<Vector> {
+        Ok(if v.len() <= HELD_PAIR_VALUES {
+            Vector::Held(v)
+        } else {
+            Vector::Stored(rt.insert_named(Some(name), PodVec::from(v))?)
+        })
+    }
+
+    /// `self . q`.
+    fn dot(&self, rt: &Runtime, q: &[f64]) -> Result<f64> {
+        Ok(match self {
+            Vector::Held(s) => dot(s, q),
+            Vector::Stored(h) => rt.read(h, {
+                let q = q.to_vec();
+                move |s: &PodVec<f64>| dot(s, &q)
+            })?,
+        })
+    }
+
+    /// `q + a * self`.
+    fn add_to(&self, rt: &Runtime, a: f64, mut q: Vec<f64>) -> Result<Vec<f64>> {
+        let add = move |v: &[f64]| {
+            for (qi, vi) in q.iter_mut().zip(v) {
+                *qi += a * vi;
+            }
+            q
+        };
+        Ok(match self {
+            Vector::Held(v) => add(v),
+            Vector::Stored(h) => rt.read(h, move |v: &PodVec<f64>| add(v))?,
+        })
+    }
+}
 
 /// Sufficient decrease and curvature constants of the Wolfe conditions.
 pub(super) const C1: f64 = 1e-4;
@@ -247,14 +295,14 @@ pub(super) fn add_pair<E>(
     if pairs.len() == history {
         pairs.pop_front();
     }
-    let hs = rt.insert_named(Some(&format!("lbfgs s {iteration}")), PodVec::from(sv))?;
-    let hy = rt.insert_named(Some(&format!("lbfgs y {iteration}")), PodVec::from(yv))?;
+    let hs = Vector::new(rt, &format!("lbfgs s {iteration}"), sv)?;
+    let hy = Vector::new(rt, &format!("lbfgs y {iteration}"), yv)?;
     pairs.push_back((hs, hy, 1.0 / ys));
     Ok(Some(ys / yy))
 }
 
 /// The two-loop recursion: `-H g` for the inverse-Hessian approximation of
-/// the stored pairs, each pair read from its executors.
+/// the stored pairs, each pair read from where it is kept.
 pub(super) fn direction(
     rt: &Runtime,
     pairs: &VecDeque<Pair>,
@@ -263,34 +311,16 @@ pub(super) fn direction(
 ) -> Result<Vec<f64>> {
     let mut q = g.to_vec();
     let mut alpha = vec![0.0; pairs.len()];
-    for (i, (hs, hy, rho)) in pairs.iter().enumerate().rev() {
-        let a = rho
-            * rt.read(hs, {
-                let q = q.clone();
-                move |s: &PodVec<f64>| dot(s, &q)
-            })?;
+    for (i, (s, y, rho)) in pairs.iter().enumerate().rev() {
+        let a = rho * s.dot(rt, &q)?;
         alpha[i] = a;
-        q = rt.read(hy, move |y: &PodVec<f64>| {
-            for (qi, yi) in q.iter_mut().zip(y.iter()) {
-                *qi -= a * yi;
-            }
-            q
-        })?;
+        // q - a y, as q + (-a) y: the same bits.
+        q = y.add_to(rt, -a, q)?;
     }
     let mut r: Vec<f64> = q.iter().map(|v| gamma * v).collect();
-    for (i, (hs, hy, rho)) in pairs.iter().enumerate() {
-        let b = rho
-            * rt.read(hy, {
-                let r = r.clone();
-                move |y: &PodVec<f64>| dot(y, &r)
-            })?;
-        let c = alpha[i] - b;
-        r = rt.read(hs, move |s: &PodVec<f64>| {
-            for (ri, si) in r.iter_mut().zip(s.iter()) {
-                *ri += c * si;
-            }
-            r
-        })?;
+    for (i, (s, y, rho)) in pairs.iter().enumerate() {
+        let b = rho * y.dot(rt, &r)?;
+        r = s.add_to(rt, alpha[i] - b, r)?;
     }
     Ok(r.into_iter().map(|v| -v).collect())
 }
