@@ -497,6 +497,48 @@ def _short(nodeid):
     return nodeid.split("::", 1)[-1]
 
 
+_SPARSE = ("sparse", "csr", "csc", "coo", "bsr", "dok", "lil")
+
+
+def _is_sparse(nodeid):
+    """Whether a test is about sparse input (its name or parameters say so)."""
+    test = _short(nodeid).lower()
+    return any(w in test for w in _SPARSE)
+
+
+def _goals(text):
+    """``k_means=0.9,logistic=0.8`` as a dict."""
+    out = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        k, _, v = part.partition("=")
+        out[k.strip()] = float(v)
+    return out
+
+
+def _cached_baseline(path, version, short):
+    """The passing node ids of ``short``'s baseline recorded in ``path`` for
+    scikit-learn ``version``, or None."""
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        cache = json.load(f)
+    passed = cache.get(version, {}).get(short)
+    if passed is None:
+        return None
+    return {n: {"nodeid": n, "outcome": "passed"} for n in passed}
+
+
+def _record_baseline(path, version, short, runs):
+    cache = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            cache = json.load(f)
+    cache.setdefault(version, {})[short] = sorted(n for n, r in runs.items() if r["outcome"] == "passed")
+    with open(path, "w") as f:
+        json.dump(cache, f, indent=0, sort_keys=True)
+        f.write("\n")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -513,6 +555,13 @@ def main(argv=None):
                          "the baseline only, or both runs (to re-categorise)")
     ap.add_argument("--examples", type=int, default=2, help="example tests shown per failure group")
     ap.add_argument("--list", action="store_true", help="print the substitutions and exit")
+    ap.add_argument("--baseline-cache", metavar="FILE",
+                    help="JSON of the tests that pass with scikit-learn's classes, per scikit-learn "
+                         "version and file: used instead of the baseline run when it has the installed "
+                         "version's, else the baseline runs and is recorded there")
+    ap.add_argument("--goal", metavar="FILE=RATE,...",
+                    help="fail (exit 1) when a file's non-sparse rate is under its goal, "
+                         "e.g. k_means=0.9,logistic=0.8")
     args = ap.parse_args(argv)
 
     if args.list:
@@ -570,6 +619,10 @@ def main(argv=None):
         runs = {}
         for mode in ("baseline", "outcore"):
             t0 = time.monotonic()
+            cached = _cached_baseline(args.baseline_cache, versions[0], short) if mode == "baseline" else None
+            if cached is not None:
+                runs[mode], secs[mode] = cached, "cached"
+                continue
             raw = os.path.join(workdir, f"{short}.{mode}.results.jsonl")
             if (args.reuse == "all" or (args.reuse == "baseline" and mode == "baseline")) \
                     and os.path.exists(raw):
@@ -581,6 +634,8 @@ def main(argv=None):
                                      timeout, use_pt, args.max_restarts, log)
             secs[mode] = round(time.monotonic() - t0, 1)
         base, oc = runs["baseline"], runs["outcore"]
+        if args.baseline_cache and secs["baseline"] != "cached":
+            _record_baseline(args.baseline_cache, versions[0], short, base)
 
         base_pass = [n for n, r in base.items() if r["outcome"] == "passed"]
         both = [n for n in base_pass if oc.get(n, {}).get("outcome") == "passed"]
@@ -605,12 +660,16 @@ def main(argv=None):
             if len(cat_examples[fl["category"]]) < 3:
                 cat_examples[fl["category"]].append(f"{short}:{fl['test']}")
         n, m = len(base_pass), len(both)
+        dense_n = sum(1 for x in base_pass if not _is_sparse(x))
+        dense_m = sum(1 for x in both if not _is_sparse(x))
         counts_b = collections.Counter(r["outcome"] for r in base.values())
         counts_o = collections.Counter(r["outcome"] for r in oc.values())
         only_outcore = sorted(x for x, r in oc.items() if r["outcome"] == "passed" and x not in set(base_pass))
         report["files"][short] = {
             "path": f"sklearn/{rel}", "substitutions": [f"{m_}.{a} -> outcore.{o}" for m_, a, o in subs],
             "baseline_passed": n, "outcore_passed": m, "rate": (m / n) if n else None,
+            "non_sparse_baseline_passed": dense_n, "non_sparse_outcore_passed": dense_m,
+            "non_sparse_rate": (dense_m / dense_n) if dense_n else None,
             "baseline_outcomes": dict(counts_b), "outcore_outcomes": dict(counts_o),
             "passed_only_with_outcore": only_outcore, "categories": dict(cats.most_common()),
             "groups": [{"category": c, "group": g, "count": len(t), "tests": t}
@@ -620,6 +679,8 @@ def main(argv=None):
         pct = f"{100 * m / n:.1f}%" if n else "n/a"
         log(f"   passed with scikit-learn's classes N={n}; also with outcore's M={m}  ->  {pct}"
             f"   (seconds: baseline {secs['baseline']}, outcore {secs['outcore']})")
+        log(f"   non-sparse: {dense_m} of {dense_n}"
+            f"  ->  {100 * dense_m / dense_n if dense_n else 0:.1f}%")
         log(f"   baseline outcomes {dict(counts_b)}; outcore outcomes {dict(counts_o)}")
         for c, k in cats.most_common():
             log(f"   {k:5d}  {c}")
@@ -634,12 +695,23 @@ def main(argv=None):
     report["wall_seconds"] = wall
     report["categories"] = {c: {"count": k, "examples": cat_examples[c]} for c, k in all_cats.most_common()}
     log("\n== summary")
-    log(f"   {'file':18} {'N':>6} {'M':>6} {'M/N':>7}")
+    log(f"   {'file':18} {'N':>6} {'M':>6} {'M/N':>7}   {'non-sparse':>16}")
     tn = tm = 0
+    below = []
+    goals = _goals(args.goal)
     for short, d in report["files"].items():
         n, m = d["baseline_passed"], d["outcore_passed"]
+        dn, dm, rate = d["non_sparse_baseline_passed"], d["non_sparse_outcore_passed"], d["non_sparse_rate"]
         tn, tm = tn + n, tm + m
-        log(f"   {short:18} {n:6d} {m:6d} {(100 * m / n if n else 0):6.1f}%")
+        goal = goals.get(short)
+        mark = ""
+        if goal is not None:
+            ok = rate is not None and rate >= goal
+            mark = f"   goal {100 * goal:.0f}%: {'met' if ok else 'NOT MET'}"
+            if not ok:
+                below.append(short)
+        log(f"   {short:18} {n:6d} {m:6d} {(100 * m / n if n else 0):6.1f}%   "
+            f"{dm:5d}/{dn:<5d} {(100 * rate if rate else 0):5.1f}%{mark}")
     log(f"   {'total':18} {tn:6d} {tm:6d} {(100 * tm / tn if tn else 0):6.1f}%")
     log("   failure categories (all files):")
     for c, k in all_cats.most_common():
@@ -649,6 +721,13 @@ def main(argv=None):
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
         log(f"   JSON report: {args.out}")
+    unknown = sorted(set(goals) - set(report["files"]))
+    if unknown:
+        log(f"   goals for files not run: {', '.join(unknown)}")
+        return 1
+    if below:
+        log(f"   below goal: {', '.join(below)}")
+        return 1
     return 0
 
 

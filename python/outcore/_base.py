@@ -66,9 +66,13 @@ def new_data(est, X, *, dtype="numeric"):
 def finite_blocks(est, X):
     """Blocks of ``X`` for numpy work after the fit, each checked to be
     finite and as wide as the fitted data."""
+    start = 0
     for b in _data.blocks(X):
         if b.shape[1] != est.n_features_in_:
             raise wrong_width(est, b.shape[1])
         if b.dtype.kind == "f" and not np.isfinite(b).all():
-            raise ValueError("Input X contains NaN or infinity.")
+            r, c = _data._first_bad(b)
+            kind = "NaN" if np.isnan(b[r, c]) else "infinity"
+            raise ValueError(f"Input X contains {kind} at row {start + r}, column {c}")
+        start += len(b)
         yield b

@@ -373,7 +373,8 @@ class _KMeansBase(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixi
         """
         check_is_fitted(self)
         if not _data.is_file_input(X):
-            X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
+            X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False,
+                                    ensure_all_finite=False)
         out = []
         c = self.cluster_centers_.astype(np.float64)
         cn = (c * c).sum(axis=1)

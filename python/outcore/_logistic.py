@@ -295,7 +295,8 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         """
         check_is_fitted(self)
         if not _data.is_file_input(X):
-            X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
+            X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False,
+                                    ensure_all_finite=False)
         out = []
         for b in _base.finite_blocks(self, X):
             out.append(b.astype(np.float64) @ self.coef_.T + self.intercept_)

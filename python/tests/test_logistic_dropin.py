@@ -104,3 +104,16 @@ def test_each_solver_warns_in_its_own_words(solver, message):
     with pytest.warns(ConvergenceWarning, match=message):
         m = outcore.LogisticRegression(solver=solver, max_iter=1, tol=1e-15).fit(X, y)
     assert m.n_iter_[0] == 1
+
+
+def test_a_nan_in_predict_names_its_row_and_column():
+    X, y = _data("iris")
+    m = outcore.LogisticRegression().fit(X, y)
+    bad = X.copy()
+    bad[7, 2] = np.nan
+    with pytest.raises(ValueError, match="Input X contains NaN at row 7, column 2"):
+        m.predict(bad)
+    k = outcore.KMeans(3, n_init=1, random_state=0).fit(X)
+    bad[7, 2] = np.inf
+    with pytest.raises(ValueError, match="Input X contains infinity at row 7, column 2"):
+        k.transform(bad)

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Per-call cost of outcore's estimators on small data, against scikit-learn's.
+
+Each call (a fit, or a predict of one row) is timed many times, outcore's
+and scikit-learn's alternating, and the medians are reported with their
+difference: the fixed cost of going through the engine (starting a runtime,
+handing the data over, its threads' start and end). Small data is where it
+shows: cross-validation, grid searches, serving.
+
+Usage::
+
+    python benches/python_overhead.py [--repeat 30] [--rows 150,20000]
+
+The sizes are iris (150 x 4) and a few MiB of blobs (rows x 32).
+"""
+import argparse
+import statistics
+import time
+import warnings
+
+import numpy as np
+from sklearn.cluster import KMeans as SkKMeans
+from sklearn.datasets import load_iris, make_blobs
+from sklearn.linear_model import LogisticRegression as SkLogistic
+
+import outcore
+
+
+def _time(f):
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
+def _cases(rows):
+    if rows == 150:
+        X, y = load_iris(return_X_y=True)
+    else:
+        X, y = make_blobs(rows, n_features=32, centers=4, random_state=0)
+    X = X.astype(np.float64)
+    ok = outcore.KMeans(3, n_init=1, random_state=0).fit(X)
+    sk = SkKMeans(3, n_init=1, random_state=0).fit(X)
+    one = X[:1]
+    return [
+        ("KMeans.fit", lambda: outcore.KMeans(3, n_init=1, random_state=0).fit(X),
+         lambda: SkKMeans(3, n_init=1, random_state=0).fit(X)),
+        ("KMeans.predict(1 row)", lambda: ok.predict(one), lambda: sk.predict(one)),
+        ("LogisticRegression.fit", lambda: outcore.LogisticRegression().fit(X, y),
+         lambda: SkLogistic().fit(X, y)),
+    ]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--rows", default="150,20000")
+    args = ap.parse_args()
+    warnings.simplefilter("ignore")
+    print(f"{'data':>14}  {'call':24} {'outcore ms':>11} {'sklearn ms':>11} {'over ms':>8}")
+    for rows in (int(r) for r in args.rows.split(",")):
+        for name, ours, theirs in _cases(rows):
+            ours(), theirs()
+            a, b = [], []
+            for _ in range(args.repeat):
+                a.append(_time(ours))
+                b.append(_time(theirs))
+            ma, mb = statistics.median(a) * 1e3, statistics.median(b) * 1e3
+            size = f"{rows} rows"
+            print(f"{size:>14}  {name:24} {ma:11.2f} {mb:11.2f} {ma - mb:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
