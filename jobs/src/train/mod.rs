@@ -67,6 +67,7 @@ pub mod lbfgs;
 mod load;
 mod loss;
 pub mod owlqn;
+mod quasi;
 mod sgd;
 mod stats;
 

@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 
 use outcore::Runtime;
 
-use super::lbfgs::{
+use super::quasi::{
     add_pair, direction, dot, max_abs, Eval, Minimum, Pair, Settings, Step, Stop, Value, C1,
 };
 use crate::error::Result;
