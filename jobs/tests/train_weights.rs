@@ -6,6 +6,8 @@ mod bin_common;
 
 use std::path::Path;
 
+use outcore_jobs::npy::write_array;
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -96,28 +98,9 @@ fn local_sgd_refuses_sample_weights_in_one_line() {
     ]);
     assert_eq!(code, Some(0), "{err}");
     let rows: i32 = (64 << 10) / (8 * 4);
-    let npy = |name: &str, descr: &str, bytes: Vec<u8>| {
-        let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({rows},), }}");
-        while (10 + h.len() + 1) % 64 != 0 {
-            h.push(' ');
-        }
-        h.push('\n');
-        let mut b = b"\x93NUMPY\x01\x00".to_vec();
-        b.extend((h.len() as u16).to_le_bytes());
-        b.extend(h.as_bytes());
-        b.extend(bytes);
-        std::fs::write(p(name), b).unwrap();
-    };
-    npy(
-        "y.npy",
-        "<i4",
-        (0..rows).flat_map(|i| (i % 3).to_le_bytes()).collect(),
-    );
-    npy(
-        "w.npy",
-        "<f4",
-        (0..rows).flat_map(|_| 1f32.to_le_bytes()).collect(),
-    );
+    let y: Vec<i32> = (0..rows).map(|i| i % 3).collect();
+    write_array(&p("y.npy"), &[rows as u64], &y).unwrap();
+    write_array(&p("w.npy"), &[rows as u64], &vec![1f32; rows as usize]).unwrap();
     let (code, err) = bin_common::outcore_cli(&[
         "train",
         "--solver",
