@@ -31,6 +31,16 @@ pub enum Error {
         /// The underlying error.
         source: io::Error,
     },
+    /// A value of the input is NaN or infinite (found where the rows are
+    /// read, as in a model's application to new rows).
+    NotFinite {
+        /// Its row (from 0).
+        row: u64,
+        /// Its column (from 0).
+        col: usize,
+        /// NaN, not infinite.
+        nan: bool,
+    },
     /// An output file cannot be written (other than an I/O error): the path
     /// is a directory, or the data does not match what was announced.
     Output {
@@ -63,6 +73,11 @@ impl fmt::Display for Error {
                 source,
             } => write!(f, "{}: {action}: {source}", path.display()),
             Error::Output { path, reason } => write!(f, "{}: {reason}", path.display()),
+            Error::NotFinite { row, col, nan } => write!(
+                f,
+                "row {row}, column {col} is {} (the data must be finite)",
+                if *nan { "NaN" } else { "infinite" }
+            ),
         }
     }
 }

@@ -70,6 +70,8 @@
 //!   [`check_writable`] for the other outputs.
 //! - [`Session`]: what every job shares (the runtime, ranks, phases,
 //!   totals); [`Workers`]: how many worker threads a cap holds.
+//! - [`apply`]: a fitted model applied to new rows in one streamed pass
+//!   (nearest centre, distances, `X W^T + b`);
 //! - [`Error`], [`Result`].
 //!
 //! ## Source layout
@@ -85,6 +87,7 @@
 //! - `memory.rs`: a job's working memory reserved by name against the
 //!   cap;
 //! - `ranks/`: MPI ranks (feature `mpi`): `Shards`, `Ranks::ordered_sum`;
+//! - `apply.rs`: a fitted model applied to rows from a file or memory;
 //! - `par.rs`: work spread over a few scoped threads;
 //! - `npy/`: `.npy`/`.npz` reading (npyz headers, zip archives), `.npy`
 //!   writing;
@@ -103,6 +106,7 @@
 // the threshold is in clippy.toml.
 #![deny(clippy::too_many_lines)]
 
+pub mod apply;
 mod error;
 mod files;
 pub mod grow;

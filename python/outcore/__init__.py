@@ -15,6 +15,10 @@ read from its file, so its pages do not pile up in the process.
 >>> km.cluster_centers_.shape
 (4, 8)
 """
+import atexit
+import os
+
+from . import _core
 from ._kmeans import KMeans, MiniBatchKMeans
 from ._linear import LinearRegression, Ridge
 from ._logistic import LogisticRegression
@@ -26,3 +30,10 @@ __all__ = [
     "SGDClassifier", "SGDRegressor",
 ]
 __version__ = "0.1.0"
+
+# A fit's runtime ends on a thread of its own after the fit returns; the
+# interpreter's exit waits for it, so that its spill directory is gone, and
+# so does a fork (a child must not inherit an engine that no thread of its
+# own will end).
+atexit.register(_core.finish)
+os.register_at_fork(before=_core.finish)

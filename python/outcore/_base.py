@@ -32,13 +32,13 @@ def fit_data(est, X, *, dtype="numeric"):
     """Data for a fit: a file the engine reads (``X`` a path or a memmap of
     a whole ``.npy``) or a temporary copy; sets ``n_features_in_``."""
     if _data.is_file_input(X):
-        d = _data.as_data(X, est.spill_dir)
+        d = _data.as_data(X, est.spill_dir, _data.handover_limit(est.mem_cap))
         est.n_features_in_ = d.cols
         if hasattr(est, "feature_names_in_"):
             del est.feature_names_in_
         return d
     X = validate_data(est, X, dtype=dtype, ensure_all_finite=False, ensure_min_samples=1)
-    return _data.as_data(X, est.spill_dir)
+    return _data.as_data(X, est.spill_dir, _data.handover_limit(est.mem_cap))
 
 
 def wrong_width(est, cols):
@@ -54,25 +54,43 @@ def new_data(est, X, *, dtype="numeric"):
     against the fitted number of features."""
     check_is_fitted(est)
     if _data.is_file_input(X):
-        d = _data.as_data(X, est.spill_dir)
+        d = _data.as_data(X, est.spill_dir, _data.handover_limit(est.mem_cap))
         if d.cols != est.n_features_in_:
             d.close()
             raise wrong_width(est, d.cols)
         return d, None
     X = validate_data(est, X, dtype=dtype, ensure_all_finite=False, reset=False)
-    return _data.as_data(X, est.spill_dir), X
+    return _data.as_data(X, est.spill_dir, _data.handover_limit(est.mem_cap)), X
 
 
-def finite_blocks(est, X):
-    """Blocks of ``X`` for numpy work after the fit, each checked to be
-    finite and as wide as the fitted data."""
-    start = 0
-    for b in _data.blocks(X):
-        if b.shape[1] != est.n_features_in_:
-            raise wrong_width(est, b.shape[1])
-        if b.dtype.kind == "f" and not np.isfinite(b).all():
-            r, c = _data._first_bad(b)
-            kind = "NaN" if np.isnan(b[r, c]) else "infinity"
-            raise ValueError(f"Input X contains {kind} at row {start + r}, column {c}")
-        start += len(b)
-        yield b
+def apply_rows(est, X, kind, model, bias=None, dtype=None):
+    """A fitted model applied to the rows of ``X`` by the engine, in one
+    pass: ``kind`` "nearest" gives each row's nearest row of ``model`` and
+    the squared distance to it, "distances" the distances to every row of
+    ``model``, "affine" ``X @ model.T + bias``. A path or a memmap of a
+    whole ``.npy`` is read from its file in blocks; an array is read where
+    it is (no copy, no temporary file). The results are in ``dtype``
+    (``X``'s float dtype when None); a value of ``X`` that is not finite is
+    a ValueError naming its row and column."""
+    check_is_fitted(est)
+    if _data.is_file_input(X):
+        path = os.fspath(X) if isinstance(X, (str, os.PathLike)) else _data._whole_npy(X)
+        rows, cols = _core.shape(path)
+        if cols != est.n_features_in_:
+            raise wrong_width(est, cols)
+        src, xdtype = path, _data.dtype_of(X)
+    else:
+        src = validate_data(est, X, dtype=[np.float64, np.float32], order="C",
+                            ensure_all_finite=False, reset=False)
+        rows, xdtype = src.shape[0], src.dtype
+    dtype = np.dtype(dtype or (np.float32 if xdtype == np.float32 else np.float64))
+    model = np.ascontiguousarray(model, dtype=dtype)
+    width = 1 if kind == "nearest" else model.shape[0]
+    out = np.empty((rows, width) if kind != "nearest" else rows, dtype=dtype)
+    job = dict(kind=kind, model=model, out=out, labels=None, bias=None)
+    if kind == "nearest":
+        job["labels"] = np.empty(rows, dtype=np.int32)
+    if bias is not None:
+        job["bias"] = np.ascontiguousarray(np.broadcast_to(bias, (width,)), dtype=dtype)
+    _core.apply_rows(settings(est), src, job)
+    return (job["labels"], out) if kind == "nearest" else out

@@ -3,11 +3,17 @@
 A path, or a ``np.memmap`` / ``np.load(..., mmap_mode="r")`` of a whole
 ``.npy`` file, is read from the file (by name and offset), the way the
 command line reads ``--input``: the file's pages do not pile up in the
-process. Anything else is written to a temporary ``.npy`` of float32,
-converted and checked block by block (never as a whole copy), inside a
-private directory made and locked as a runtime's spill directory
-(``_core.ScratchDir``): a copy left by a process that was killed is
-removed by the next run that spills into the same directory.
+process. Anything else is converted to a ``.npy`` of float32 block by
+block (never as a whole copy) and checked:
+
+- a small array (at most ``limit`` bytes once converted: 16 MiB, and a
+  16th of the cap) goes into an anonymous file in memory (``memfd``),
+  which the engine reads as ``/proc/self/fd/N``: nothing on disk, nothing
+  to remove, and gone with the process however it ends;
+- a larger one goes to a temporary ``.npy`` inside a private directory
+  made and locked as a runtime's spill directory (``_core.ScratchDir``):
+  a copy left by a process that was killed is removed by the next run
+  that spills into the same directory.
 """
 import os
 import tempfile
@@ -18,6 +24,34 @@ from . import _core
 
 # Rows converted at a time: about 16 MiB of float32.
 _BLOCK_BYTES = 16 << 20
+
+# The largest copy kept in memory (a memfd) rather than on disk.
+SMALL_BYTES = 16 << 20
+
+
+def handover_limit(mem_cap):
+    """The largest copy handed over in memory under ``mem_cap`` (the
+    estimators' parameter): 16 MiB, and at most a 16th of the cap."""
+    if mem_cap is None or isinstance(mem_cap, str) and mem_cap == "auto":
+        return SMALL_BYTES
+    try:
+        cap = _core.parse_size(mem_cap) if isinstance(mem_cap, str) else int(mem_cap)
+    except (TypeError, ValueError):
+        return 0  # refused with its own error by the settings
+    return max(0, min(SMALL_BYTES, cap // 16))
+
+
+class _MemFile:
+    """An anonymous file in memory, closed by ``close``."""
+
+    def __init__(self):
+        self.fd = os.memfd_create("outcore-copy", os.MFD_CLOEXEC)
+        self.path = f"/proc/self/fd/{self.fd}"
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class Data:
@@ -106,15 +140,19 @@ def _first_bad(block):
     return int(r), int(c)
 
 
-def write_npy(X, directory=None, dtype=np.float32, what="X"):
+def write_npy(X, directory=None, dtype=np.float32, what="X", memfile=None):
     """``X`` (2-D, or 1-D for ``dtype`` int32/float64 vectors) into a
-    temporary ``.npy`` of ``dtype``, converted block by block; a value that
-    is not finite is a ValueError naming its row and column."""
+    temporary ``.npy`` of ``dtype`` (or into ``memfile``), converted block
+    by block; a value that is not finite is a ValueError naming its row and
+    column."""
     X = X if hasattr(X, "shape") and hasattr(X, "dtype") else np.asarray(X)
     shape = tuple(int(s) for s in X.shape)
     row_bytes = max(1, int(np.prod(shape[1:], dtype=np.int64)) * 4)
     step = max(1, _BLOCK_BYTES // row_bytes)
-    fd, path = tempfile.mkstemp(suffix=".npy", prefix="outcore-", dir=directory)
+    if memfile is not None:
+        fd, path = os.dup(memfile.fd), memfile.path
+    else:
+        fd, path = tempfile.mkstemp(suffix=".npy", prefix="outcore-", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             header = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": shape}
@@ -137,14 +175,23 @@ def write_npy(X, directory=None, dtype=np.float32, what="X"):
                     )
                 f.write(block.tobytes())
     except BaseException:
-        os.unlink(path)
+        if memfile is None:
+            os.unlink(path)
         raise
     return path
 
 
-def _copy(X, spill_dir, rows, cols, **kw):
+def _copy(X, spill_dir, rows, cols, limit=0, **kw):
     """A :class:`Data` for a temporary copy of ``X`` (``write_npy``'s
-    ``kw``), in a scratch directory of its own inside ``spill_dir``."""
+    ``kw``): in memory when it takes at most ``limit`` bytes, else in a
+    scratch directory of its own inside ``spill_dir``."""
+    if rows * max(cols, 1) * 8 <= limit:
+        scratch = _MemFile()
+        try:
+            return Data(write_npy(X, memfile=scratch, **kw), rows, cols, scratch)
+        except BaseException:
+            scratch.close()
+            raise
     scratch = _core.ScratchDir(None if spill_dir is None else os.fspath(spill_dir))
     try:
         path = write_npy(X, scratch.path, **kw)
@@ -154,45 +201,22 @@ def _copy(X, spill_dir, rows, cols, **kw):
     return Data(path, rows, cols, scratch)
 
 
-def vector(v, directory=None, dtype=np.float64, what="sample_weight"):
+def vector(v, directory=None, dtype=np.float64, what="sample_weight", limit=0):
     """A :class:`Data` for the 1-D array ``v`` (weights, class indices):
-    a temporary ``.npy`` of ``dtype``, removed by ``close``. None for
-    None."""
+    a temporary ``.npy`` of ``dtype`` (in memory up to ``limit`` bytes),
+    removed by ``close``. None for None."""
     if v is None:
         return Data(os.devnull, 0, 0)
-    return _copy(v, directory, len(v), 1, dtype=dtype, what=what)
+    return _copy(v, directory, len(v), 1, limit=limit, dtype=dtype, what=what)
 
 
-def as_data(X, directory=None):
+def as_data(X, directory=None, limit=0):
     """A :class:`Data` for ``X``: its own file when the engine can read it,
-    else a temporary copy (float32)."""
+    else a temporary copy (float32; in memory up to ``limit`` bytes)."""
     if isinstance(X, (str, os.PathLike)):
         rows, cols = _core.shape(os.fspath(X))
         return Data(X, rows, cols)
     whole = _whole_npy(X)
     if whole is not None:
         return Data(whole, X.shape[0], X.shape[1])
-    return _copy(X, directory, X.shape[0], X.shape[1])
-
-
-def blocks(X, rows=None):
-    """``X`` in blocks of rows (arrays), for work done in numpy. A path or a
-    memmap of a whole ``.npy`` is read from the file, block by block (not
-    through a mapping, whose pages would pile up in the process)."""
-    path = os.fspath(X) if isinstance(X, (str, os.PathLike)) else _whole_npy(X)
-    if path is None:
-        n, d = X.shape
-        step = rows or max(1, _BLOCK_BYTES // max(1, 8 * d))
-        for start in range(0, n, step):
-            yield np.asarray(X[start:start + step])
-        return
-    h = _npy_header(path)
-    if h is None or h[1] or len(h[0]) != 2:
-        raise ValueError(f"{path}: a 2-D .npy file in C order is needed here")
-    (n, d), _, dtype, offset = h
-    step = rows or max(1, _BLOCK_BYTES // max(1, 8 * d))
-    with open(path, "rb") as f:
-        for start in range(0, n, step):
-            count = min(step, n - start)
-            f.seek(offset + start * d * dtype.itemsize)
-            yield np.fromfile(f, dtype=dtype, count=count * d).reshape(count, d)
+    return _copy(X, directory, X.shape[0], X.shape[1], limit=limit)

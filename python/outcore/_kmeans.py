@@ -299,7 +299,7 @@ class _KMeansBase(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixi
             if sample_weight is not None:
                 sample_weight = _check_sample_weight(sample_weight, np.empty((data.rows, 0)), dtype=np.float64)
             params.update(k=k, seed=int(random_state.randint(np.iinfo(np.int32).max)), shards=8)
-            with _data.vector(sample_weight, self.spill_dir) as weights:
+            with _data.vector(sample_weight, self.spill_dir, limit=_data.handover_limit(self.mem_cap)) as weights:
                 path = None if sample_weight is None else weights.path
                 for init, centers, n_init in self._starts(X, data.cols, sample_weight, random_state):
                     if centers is not None:
@@ -319,14 +319,8 @@ class _KMeansBase(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixi
 
     def _nearest(self, X):
         """Labels and squared distances of the nearest centres."""
-        data, _ = _base.new_data(self, X)
-        with data:
-            labels, d2 = _core.kmeans_predict(
-                _base.settings(self), data.path,
-                np.ascontiguousarray(self.cluster_centers_, dtype="<f4").tobytes(),
-                self.n_clusters,
-            )
-        return (np.frombuffer(labels, dtype="<u4").astype(np.int32), np.frombuffer(d2, dtype="<f4"))
+        check_is_fitted(self)
+        return _base.apply_rows(self, X, "nearest", self.cluster_centers_)
 
     def predict(self, X):
         """Predict the closest cluster each sample in X belongs to.
@@ -372,18 +366,7 @@ class _KMeansBase(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixi
             Euclidean distances to each centre.
         """
         check_is_fitted(self)
-        if not _data.is_file_input(X):
-            X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False,
-                                    ensure_all_finite=False)
-        out = []
-        c = self.cluster_centers_.astype(np.float64)
-        cn = (c * c).sum(axis=1)
-        for b in _base.finite_blocks(self, X):
-            b64 = b.astype(np.float64)
-            d2 = (b64 * b64).sum(axis=1)[:, None] - 2 * b64 @ c.T + cn[None, :]
-            out.append(np.sqrt(np.maximum(d2, 0)))
-        res = np.concatenate(out) if out else np.empty((0, self.n_clusters))
-        return res.astype(np.float32 if _data.dtype_of(X) == np.float32 else np.float64)
+        return _base.apply_rows(self, X, "distances", self.cluster_centers_)
 
     def fit_transform(self, X, y=None, sample_weight=None):
         """Compute clustering and transform X to cluster-distance space."""

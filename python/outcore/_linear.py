@@ -30,7 +30,7 @@ class _LeastSquares(MultiOutputMixin, RegressorMixin, BaseEstimator):
                 ensure_all_finite=False,
             )
             dtype = _data.model_dtype(X)
-            data = _data.as_data(X, self.spill_dir)
+            data = _data.as_data(X, self.spill_dir, _data.handover_limit(self.mem_cap))
         with data:
             y = np.asarray(y, dtype=np.float64)
             if y.ndim not in (1, 2):
@@ -46,8 +46,8 @@ class _LeastSquares(MultiOutputMixin, RegressorMixin, BaseEstimator):
             w = None
             if sample_weight is not None:
                 w = _check_sample_weight(sample_weight, np.empty((data.rows, 0)), dtype=np.float64)
-            with _data.vector(y, self.spill_dir, dtype=np.float32, what="y") as ys, \
-                    _data.vector(w, self.spill_dir, dtype=np.float64) as ws:
+            with _data.vector(y, self.spill_dir, limit=_data.handover_limit(self.mem_cap), dtype=np.float32, what="y") as ys, \
+                    _data.vector(w, self.spill_dir, limit=_data.handover_limit(self.mem_cap), dtype=np.float64) as ws:
                 out = _core.linear_fit(
                     settings, data.path, ys.path, None if w is None else ws.path,
                     (bool(self.fit_intercept), alphas, bool(self.positive)),
@@ -78,13 +78,13 @@ class _LeastSquares(MultiOutputMixin, RegressorMixin, BaseEstimator):
         """
         check_is_fitted(self)
         if not _data.is_file_input(X):
-            X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
+            X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False,
+                                    ensure_all_finite=False)
         dtype = np.result_type(_data.model_dtype(X), self.coef_.dtype)
-        out = [(b.astype(np.float64) @ self.coef_.T + self.intercept_).astype(dtype, copy=False)
-               for b in _base.finite_blocks(self, X)]
-        if out:
-            return np.concatenate(out)
-        return np.empty((0,) + np.shape(self.coef_)[:-1])
+        coef = np.atleast_2d(self.coef_)
+        out = _base.apply_rows(self, X, "affine", coef, self.intercept_, dtype=np.float64)
+        out = out.astype(dtype, copy=False)
+        return out.reshape((-1,) + np.shape(self.coef_)[:-1])
 
 
 def _check_flag(name, v):

@@ -243,7 +243,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
             )
         weights = self._weights(sample_weight, classes, y, codes)
         binary = len(classes) == 2
-        with _base.fit_data(self, X) if _data.is_file_input(X) else _data.as_data(X, self.spill_dir) as data:
+        with _base.fit_data(self, X) if _data.is_file_input(X) else _data.as_data(X, self.spill_dir, _data.handover_limit(self.mem_cap)) as data:
             if len(codes) != data.rows:
                 raise ValueError(f"Found input variables with inconsistent numbers of samples: [{data.rows}, {len(codes)}]")
             d = data.cols
@@ -254,8 +254,8 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
                 max_iter=int(self.max_iter), shards=8, fit_intercept=bool(self.fit_intercept),
                 binary=binary, start=self._start(classes, d, dtype),
             )
-            with _data.vector(codes, self.spill_dir, dtype=np.int32, what="y") as lab, \
-                    _data.vector(weights, self.spill_dir) as sw:
+            with _data.vector(codes, self.spill_dir, limit=_data.handover_limit(self.mem_cap), dtype=np.int32, what="y") as lab, \
+                    _data.vector(weights, self.spill_dir, limit=_data.handover_limit(self.mem_cap)) as sw:
                 out = _core.logistic_fit(settings, data.path, lab.path,
                                          None if weights is None else sw.path, params)
         w = np.frombuffer(out["w"], dtype="<f8").reshape(-1, d + 1)
@@ -294,13 +294,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         scores : ndarray of shape (n_samples,) or (n_samples, n_classes)
         """
         check_is_fitted(self)
-        if not _data.is_file_input(X):
-            X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False,
-                                    ensure_all_finite=False)
-        out = []
-        for b in _base.finite_blocks(self, X):
-            out.append(b.astype(np.float64) @ self.coef_.T + self.intercept_)
-        s = np.concatenate(out) if out else np.empty((0, len(self.coef_)))
+        s = _base.apply_rows(self, X, "affine", self.coef_, self.intercept_, dtype=np.float64)
         return s.ravel() if s.shape[1] == 1 else s
 
     def predict_proba(self, X):

@@ -243,19 +243,22 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         """
         check_is_fitted(self)
         if not _data.is_file_input(X):
-            X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
+            X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False,
+                                    ensure_all_finite=False)
         scale = None
         if self.whiten:
             # Components of (near) zero variance: no infinities.
             scale = np.maximum(np.sqrt(self.explained_variance_), np.finfo(np.float64).eps)
         dtype = np.result_type(_data.model_dtype(X), self.components_.dtype)
-        out = []
-        for b in _base.finite_blocks(self, X):
-            t = (b.astype(np.float64) - self.mean_) @ self.components_.T
-            if scale is not None:
-                t /= scale
-            out.append(t.astype(dtype, copy=False))
-        return np.concatenate(out) if out else np.empty((0, self.n_components_), dtype=dtype)
+        if self.n_components_ == 0:
+            rows = _base.new_data(self, X)[0].rows if _data.is_file_input(X) else len(X)
+            return np.empty((rows, 0), dtype=dtype)
+        # As scikit-learn's: X @ C.T - mean @ C.T (divided by the
+        # deviations when whitening), in one pass.
+        comps = self.components_ if scale is None else self.components_ / scale[:, None]
+        shift = -(self.mean_ @ comps.T)
+        out = _base.apply_rows(self, X, "affine", comps, shift, dtype=np.float64)
+        return out.astype(dtype, copy=False)
 
     def inverse_transform(self, X):
         """Data back in the original space (whitening undone).

@@ -89,7 +89,7 @@ class _SGD(BaseEstimator):
         if _data.is_file_input(X):
             data = _base.fit_data(self, X) if reset else _base.new_data(self, X)[0]
         else:
-            data = _data.as_data(X, self.spill_dir)
+            data = _data.as_data(X, self.spill_dir, _data.handover_limit(self.mem_cap))
         with data:
             if len(codes) != data.rows:
                 raise ValueError(
@@ -98,8 +98,8 @@ class _SGD(BaseEstimator):
             w = None
             if sample_weight is not None:
                 w = _check_sample_weight(sample_weight, np.empty((data.rows, 0)), dtype=np.float64)
-            with _data.vector(codes, self.spill_dir, dtype=np.float32, what="y") as ys, \
-                    _data.vector(w, self.spill_dir, dtype=np.float64) as ws:
+            with _data.vector(codes, self.spill_dir, limit=_data.handover_limit(self.mem_cap), dtype=np.float32, what="y") as ys, \
+                    _data.vector(w, self.spill_dir, limit=_data.handover_limit(self.mem_cap), dtype=np.float64) as ws:
                 out = _core.sgd_fit(settings, data.path, ys.path, None if w is None else ws.path,
                                     params, warm)
         d = data.cols
@@ -137,10 +137,10 @@ class _SGD(BaseEstimator):
     def _decision(self, X):
         check_is_fitted(self)
         if not _data.is_file_input(X):
-            X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
+            X = _base.validate_data(self, X, dtype=[np.float64, np.float32], reset=False,
+                                    ensure_all_finite=False)
         coef = np.atleast_2d(self.coef_)
-        out = [b.astype(np.float64) @ coef.T + self.intercept_ for b in _base.finite_blocks(self, X)]
-        return np.concatenate(out) if out else np.empty((0, len(coef)))
+        return _base.apply_rows(self, X, "affine", coef, np.atleast_1d(self.intercept_), dtype=np.float64)
 
 
 _PARAMS_DOC = """

@@ -1,11 +1,11 @@
 //! K-means (Lloyd and mini-batch) on a data file: fit, with the labels of
-//! the final pass, and predict.
+//! the final pass (`apply.rs` labels new rows).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use outcore_jobs::kmeans::{
-    self, Algorithm, Centers, Config, Converged, Event, Init, KmeansStats, Loaded, Outcome, Traffic,
+    self, Algorithm, Config, Converged, Event, Init, KmeansStats, Loaded, Outcome, Traffic,
 };
 use outcore_jobs::{Session, Source};
 use pyo3::exceptions::PyValueError;
@@ -13,9 +13,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::run::{f32s, le_bytes, run_job, session_figures, Settings};
-
-/// The rows a `predict` task labels at a time.
-const PREDICT_POINTS: usize = 1024;
 
 /// The K-means settings, as the estimators name them.
 #[derive(FromPyObject)]
@@ -301,38 +298,4 @@ fn stats(session: &Session, cfg: &Config, out: &Outcome, extra: &Extra) -> serde
     let job = KmeansStats::new(cfg, extra.data, out, t, &t.epoch_read);
     let v = serde_json::to_value(job).unwrap_or_default();
     session_figures(session, v)
-}
-
-/// Labels every row of `path` with its nearest of the `k` centres (bytes
-/// of float32): bytes of the labels (uint32) and of the squared distances
-/// (float32).
-#[pyfunction]
-pub(crate) fn kmeans_predict<'py>(
-    py: Python<'py>,
-    settings: &Settings,
-    path: PathBuf,
-    centers: Vec<u8>,
-    k: usize,
-) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-    let src = Source::from_path(&path, None).map_err(crate::to_py)?;
-    let values = f32s(&centers);
-    let dims = values.len() / k.max(1);
-    let centers = Centers::new(k, dims, values);
-    let (session, part_bytes) = settings.session(py, |cap, pb, n| {
-        kmeans::predict_workers((k, dims), pb, PREDICT_POINTS, cap, n)
-    })?;
-    let (labels, dists) = run_job(py, &session, || {
-        let ds = kmeans::load(&session, &src, None, None, part_bytes, |_, _| {})?;
-        let (mut labels, mut dists) = (Vec::new(), Vec::new());
-        kmeans::predict(&session, &ds, &centers, true, PREDICT_POINTS, |l, d| {
-            labels.extend_from_slice(l);
-            dists.extend_from_slice(d);
-            Ok(())
-        })?;
-        Ok((labels, dists))
-    })?;
-    Ok((
-        PyBytes::new(py, &le_bytes(&labels, u32::to_le_bytes)),
-        PyBytes::new(py, &le_bytes(&dists, f32::to_le_bytes)),
-    ))
 }

@@ -6,6 +6,7 @@
 use pyo3::exceptions::{PyMemoryError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+mod apply;
 mod fit;
 mod kmeans;
 mod run;
@@ -24,6 +25,10 @@ pub(crate) fn to_py(e: outcore_jobs::Error) -> PyErr {
     use outcore_jobs::Error;
     let msg = e.to_string();
     match e {
+        Error::NotFinite { row, col, nan } => PyValueError::new_err(format!(
+            "Input X contains {} at row {row}, column {col}",
+            if nan { "NaN" } else { "infinity" }
+        )),
         Error::Memory(_) => PyMemoryError::new_err(msg),
         Error::Input(_) | Error::Collective(_) => PyValueError::new_err(msg),
         Error::Io { .. } | Error::Output { .. } => PyOSError::new_err(msg),
@@ -52,9 +57,10 @@ fn parse_size(s: &str) -> PyResult<u64> {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shape, m)?)?;
+    m.add_function(wrap_pyfunction!(apply::apply_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(run::finish, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(kmeans::kmeans_fit, m)?)?;
-    m.add_function(wrap_pyfunction!(kmeans::kmeans_predict, m)?)?;
     m.add_function(wrap_pyfunction!(train::logistic_fit, m)?)?;
     m.add_function(wrap_pyfunction!(fit::linear_fit, m)?)?;
     m.add_function(wrap_pyfunction!(fit::pca_fit, m)?)?;

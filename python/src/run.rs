@@ -2,20 +2,22 @@
 //! progress, timeline), the session built from them, and a job run on a
 //! thread of its own while the caller's thread, without the GIL, waits
 //! and polls for signals: Ctrl-C interrupts the runtime and raises
-//! `KeyboardInterrupt` once the job has stopped and its spill directory
-//! is gone.
+//! `KeyboardInterrupt` once the job has stopped. The runtime then ends
+//! (its spill directory removed) on a thread of its own ([`Engine`]).
 //!
 //! One engine runs at a time in a process: the allocator counts the bytes
 //! of the whole process against each runtime's cap, and the smallest cap
 //! of the runtimes alive is the one its trap enforces, so a small fit
 //! beside a large one would evict (its own executors and the large one's)
 //! for the large one's memory. A call waits, without the GIL and
-//! answering Ctrl-C, until the engine before it is dropped.
+//! answering Ctrl-C, until the engine before it has ended; so do the
+//! interpreter's exit and `fork` ([`finish`]).
 
 use std::ffi::CString;
+use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::path::PathBuf;
-use std::sync::{Condvar, Mutex, MutexGuard, TryLockError};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use outcore::{MemoryCap, Runtime};
@@ -23,15 +25,30 @@ use outcore_jobs::{RunFigures, Session, Workers};
 use pyo3::exceptions::{PyRuntimeError, PyUserWarning, PyValueError};
 use pyo3::prelude::*;
 
-/// Held by the call whose engine (runtime) is alive in this process.
-static ENGINE: Mutex<()> = Mutex::new(());
+/// Whether an engine (a runtime) is alive in this process, and the
+/// wake-up of the calls waiting for their turn.
+static BUSY: Mutex<bool> = Mutex::new(false);
+static FREED: Condvar = Condvar::new();
 
-/// A session and this process's turn to run an engine: the session (its
-/// runtime, registered with the allocator) is dropped before the turn
-/// passes on.
+/// This process's turn to run an engine, given back when dropped.
+pub(crate) struct Turn(());
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        // The flag guards no other data: a poisoned lock is still good.
+        *BUSY.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        FREED.notify_all();
+    }
+}
+
+/// A session and this process's turn to run an engine. Dropped, it ends on
+/// a thread of its own: the runtime's end (its workers joined, its spill
+/// directory removed: 1-3 ms) does not hold up the call that used it, and
+/// the turn passes on once it is over, so the next call still waits for
+/// it, and so does the interpreter's exit ([`finish`], run at exit).
 pub(crate) struct Engine {
-    session: Session,
-    _turn: MutexGuard<'static, ()>,
+    session: ManuallyDrop<Session>,
+    turn: ManuallyDrop<Turn>,
 }
 
 impl Deref for Engine {
@@ -42,25 +59,65 @@ impl Deref for Engine {
     }
 }
 
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // SAFETY: both fields are taken here, once, and never used again
+        // (this is the last use of `self`).
+        let (session, turn) = unsafe {
+            (
+                ManuallyDrop::take(&mut self.session),
+                ManuallyDrop::take(&mut self.turn),
+            )
+        };
+        let end = move || {
+            drop(session);
+            drop(turn);
+        };
+        // Where no thread can start, `spawn` drops the closure, and with it
+        // the session and the turn, here.
+        let _ = std::thread::Builder::new()
+            .name("outcore-end".into())
+            .spawn(end);
+    }
+}
+
 /// Waits, without the GIL and checking for signals every 10 ms, until no
 /// other engine is alive in this process.
-fn take_turn(py: Python<'_>, settings: &Settings) -> PyResult<MutexGuard<'static, ()>> {
+fn take_turn(py: Python<'_>, settings: &Settings) -> PyResult<Turn> {
     let mut said = false;
     loop {
-        match ENGINE.try_lock() {
-            Ok(g) => return Ok(g),
-            // A panic on a job's thread is caught (`run_job`); the lock
-            // guards no data.
-            Err(TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
-            Err(TryLockError::WouldBlock) => {}
+        let got = py.detach(|| {
+            let mut busy = BUSY.lock().unwrap_or_else(|p| p.into_inner());
+            if *busy {
+                busy = FREED
+                    .wait_timeout(busy, Duration::from_millis(10))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            !std::mem::replace(&mut *busy, true)
+        });
+        if got {
+            return Ok(Turn(()));
         }
         if !said {
             settings.say(|| "waiting for another fit in this process to finish".into());
             said = true;
         }
-        py.detach(|| std::thread::sleep(Duration::from_millis(10)));
         py.check_signals()?;
     }
+}
+
+/// Waits, without the GIL, until the engine alive in this process (if
+/// any) has ended: its spill directory is removed. Registered to run at
+/// the interpreter's exit.
+#[pyfunction]
+pub(crate) fn finish(py: Python<'_>) {
+    py.detach(|| {
+        let mut busy = BUSY.lock().unwrap_or_else(|p| p.into_inner());
+        while *busy {
+            busy = FREED.wait(busy).unwrap_or_else(|p| p.into_inner());
+        }
+    });
 }
 
 /// The estimators' engine settings (`mem_cap`, `spill_dir`, `n_jobs`,
@@ -123,11 +180,7 @@ impl Settings {
         let cap = self.cap.resolve();
         // The command line's partitions.
         let part_bytes = outcore_jobs::partition_bytes(cap, 1 << 20);
-        let wanted = self.workers.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .min(outcore::MAX_WORKERS)
-        });
+        let wanted = self.workers();
         let planned = workers(cap, part_bytes, wanted);
         planned.check_descriptors().map_err(crate::to_py)?;
         if let Some(w) = planned.warning() {
@@ -156,11 +209,26 @@ impl Settings {
         }
         Ok((
             Engine {
-                session,
-                _turn: turn,
+                session: ManuallyDrop::new(session),
+                turn: ManuallyDrop::new(turn),
             },
             part_bytes,
         ))
+    }
+
+    /// The workers asked for (`n_jobs`), or one per core.
+    pub(crate) fn workers(&self) -> usize {
+        self.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(outcore::MAX_WORKERS)
+        })
+    }
+
+    /// What a pass outside the engine (see `apply.rs`) may hold: a quarter
+    /// of the cap, when there is one.
+    pub(crate) fn pass_budget(&self) -> Option<u64> {
+        self.cap.resolve().map(|c| c / 4)
     }
 
     /// A progress line on standard error, when `verbose`.
@@ -240,6 +308,25 @@ impl Ended {
             .wait_timeout_while(done, at_most, |d| !*d)
             .unwrap_or_else(|p| p.into_inner());
         *done
+    }
+}
+
+/// Returns the memory jemalloc keeps freed to the system now (all arenas,
+/// and this thread's cache), so that a pass leaves the process's resident
+/// set as it found it.
+pub(crate) fn release_memory() {
+    // SAFETY: NUL-terminated names of controls that take and give nothing
+    // (null pointers and zero lengths are what they expect).
+    unsafe {
+        for name in [c"thread.tcache.flush", c"arena.4096.purge"] {
+            tikv_jemalloc_sys::mallctl(
+                name.as_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            );
+        }
     }
 }
 

@@ -69,6 +69,73 @@ def test_a_memmap_four_times_the_cap_keeps_the_resident_set_within_the_cap(tmp_p
         assert evictions > 0
 
 
+MEMMAP_APPLY = """
+import numpy as np, outcore
+from sklearn.datasets import make_blobs
+def kib(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1])
+X = np.load({path!r}, mmap_mode="r")
+sample = np.asarray(X[:4096])
+km = outcore.KMeans(8, n_init=1, random_state=0, mem_cap="64MiB", n_jobs=2).fit(sample)
+lr = outcore.LogisticRegression(mem_cap="64MiB", n_jobs=2).fit(sample, km.labels_ % 3)
+base = kib("VmRSS")
+out = [km.predict(X), km.transform(X), km.score(X), lr.decision_function(X), lr.predict_proba(X)]
+assert (out[0][:4096] == km.predict(sample)).all()
+assert np.allclose(out[1][:4096], km.transform(sample), rtol=1e-5, atol=1e-4)
+outputs = sum(getattr(o, "nbytes", 0) for o in out)
+peak = kib("VmHWM")
+del out
+print(base, peak, kib("VmRSS"), outputs // 1024, flush=True)
+"""
+
+
+def test_predict_and_transform_on_a_memmap_hold_the_cap_and_nothing_after(tmp_path):
+    """predict, transform, score, decision_function and predict_proba on a
+    memmap four times the cap: the resident set grows by at most the cap
+    and the results, and is back where it was once they are dropped."""
+    path = tmp_path / "X.npy"
+    write_npy(path, 1 << 20, 64)  # 256 MiB
+    p = child(MEMMAP_APPLY.format(path=str(path)))
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    base, peak, after, outputs = (int(v) * 1024 for v in out.split())
+    grew = peak - base
+    assert grew <= 64 * MiB + outputs + 24 * MiB, f"grew by {grew / MiB:.0f} MiB ({outputs / MiB:.0f} MiB of results)"
+    assert after - base <= 16 * MiB, f"{(after - base) / MiB:.0f} MiB still held"
+
+
+FORK_AFTER_FIT = """
+import os, signal, sys, numpy as np, outcore
+X = np.arange(40000, dtype=np.float32).reshape(10000, 4) % 97
+codes = []
+for _ in range(6):
+    outcore.KMeans(2, n_init=1, random_state=0, spill_dir={spill!r}, mem_cap="64MiB").fit(X)
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(10)  # a child that waits for ever dies here
+        outcore.KMeans(2, n_init=1, random_state=0, spill_dir={spill!r}, mem_cap="64MiB").fit(X[:100])
+        sys.exit(0)
+    codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+print(*codes, flush=True)
+"""
+
+
+def test_a_fork_after_a_fit_and_the_exit_wait_for_its_runtime_to_end(tmp_path):
+    """A fit's runtime ends on a thread of its own after the fit returns:
+    a child forked right after must still be able to fit (it would wait
+    for ever for an engine no thread of its own ends), and the exit of
+    either process leaves nothing in the spill directory."""
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    p = child(FORK_AFTER_FIT.format(spill=str(spill)))
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    assert out.split() == ["0"] * 6, (out, err)
+    assert os.listdir(spill) == []
+
+
 INTERRUPTED_FIT = """
 import time, outcore
 print("ready", flush=True)

@@ -1,0 +1,422 @@
+//! A fitted model applied to rows, in one streamed pass: each row's
+//! nearest centre, its distances to every centre, or an affine map
+//! (`X W^T + b`: a linear model's decision values, a projection).
+//!
+//! The rows come from a file, read block by block with large direct reads
+//! (nothing of the file is mapped into the process), or from memory; the
+//! workers take blocks in turn, so reading one block overlaps computing
+//! another. What the pass holds is one block of rows and its results per
+//! worker (see [`Plan`]); the results go straight into the caller's
+//! output. Products are matrix products (`matrixmultiply`), in the
+//! precision of `T`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use crate::input::BlockReader;
+use crate::{Error, Result};
+
+/// The element types a pass computes in: `f32` and `f64`.
+pub trait Real: Copy + Default + PartialOrd + Send + Sync + 'static {
+    /// `c = a b^T` for `a` (`m x k`) and `b` (`n x k`), row-major, `c`
+    /// `m x n`.
+    fn gemm_nt(m: usize, n: usize, k: usize, a: &[Self], b: &[Self], c: &mut [Self]);
+    /// The value of `x`.
+    fn of_f32(x: f32) -> Self;
+    /// `x` as `f64`.
+    fn to_f64(self) -> f64;
+    /// `self * b + c`.
+    fn mul_add(self, b: Self, c: Self) -> Self;
+    /// The square root of `max(self, 0)`.
+    fn sqrt0(self) -> Self;
+    /// Zero.
+    const ZERO: Self;
+}
+
+macro_rules! real {
+    ($t:ty, $gemm:path) => {
+        impl Real for $t {
+            fn gemm_nt(m: usize, n: usize, k: usize, a: &[$t], b: &[$t], c: &mut [$t]) {
+                assert!(a.len() >= m * k && b.len() >= n * k && c.len() >= m * n);
+                let (n_, k_) = (n as isize, k as isize);
+                // SAFETY: the assert above bounds every index the product
+                // touches: `a` is read at `i * k + p` (i < m, p < k), `b` at
+                // `j * k + p` (j < n) through the transposed strides
+                // (1, k), and `c` written at `i * n + j`; `c` is borrowed
+                // mutably, so it overlaps neither input.
+                unsafe {
+                    $gemm(
+                        m,
+                        k,
+                        n,
+                        1.0,
+                        a.as_ptr(),
+                        k_,
+                        1,
+                        b.as_ptr(),
+                        1,
+                        k_,
+                        0.0,
+                        c.as_mut_ptr(),
+                        n_,
+                        1,
+                    );
+                }
+            }
+            fn of_f32(x: f32) -> $t {
+                x as $t
+            }
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn mul_add(self, b: $t, c: $t) -> $t {
+                self * b + c
+            }
+            fn sqrt0(self) -> $t {
+                if self > 0.0 {
+                    self.sqrt()
+                } else {
+                    0.0
+                }
+            }
+            const ZERO: $t = 0.0;
+        }
+    };
+}
+
+real!(f32, matrixmultiply::sgemm);
+real!(f64, matrixmultiply::dgemm);
+
+/// Where the rows come from.
+pub trait Rows<T>: Sync {
+    /// Number of rows.
+    fn rows(&self) -> u64;
+    /// Values per row.
+    fn cols(&self) -> usize;
+    /// Rows `first..first + n` into `out` (cleared first), row-major.
+    fn read(&self, first: u64, n: usize, out: &mut Vec<T>) -> Result<()>;
+}
+
+/// A file's rows (read as float32, the engine's precision, and widened
+/// to `T`).
+#[derive(Debug)]
+pub struct FileRows {
+    reader: BlockReader,
+    cols: usize,
+}
+
+impl FileRows {
+    /// The rows of `reader`, `cols` values each.
+    pub fn new(reader: BlockReader, cols: usize) -> FileRows {
+        FileRows { reader, cols }
+    }
+}
+
+impl<T: Real> Rows<T> for FileRows {
+    fn rows(&self) -> u64 {
+        self.reader.rows()
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn read(&self, first: u64, n: usize, out: &mut Vec<T>) -> Result<()> {
+        let v = self.reader.read(first, n)?;
+        out.clear();
+        out.extend(v.iter().map(|x| T::of_f32(*x)));
+        Ok(())
+    }
+}
+
+/// What the pass computes, and where it goes (one entry per row, or
+/// `width` per row, row-major).
+#[derive(Debug)]
+pub enum Task<'a, T> {
+    /// The nearest of the centres (`k x cols`, row-major; the lowest index
+    /// on ties) and the squared distance to it.
+    Nearest {
+        /// The centres.
+        centers: &'a [T],
+        /// Each row's nearest centre.
+        labels: &'a mut [i32],
+        /// Each row's squared distance to it (at least 0).
+        d2: &'a mut [T],
+    },
+    /// The Euclidean distance to every centre: `k` per row.
+    Distances {
+        /// The centres.
+        centers: &'a [T],
+        /// `rows x k` distances.
+        out: &'a mut [T],
+    },
+    /// `x W^T + b` for `weights` (`outputs x cols`) and `bias` (`outputs`).
+    Affine {
+        /// The weights.
+        weights: &'a [T],
+        /// The bias.
+        bias: &'a [T],
+        /// `rows x outputs` values.
+        out: &'a mut [T],
+    },
+}
+
+/// How a pass runs: its workers and the rows a block holds.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    /// Worker threads (at least 1); the caller's thread is one of them.
+    pub workers: usize,
+    /// Rows per block.
+    pub block_rows: usize,
+}
+
+impl Plan {
+    /// `workers` workers and blocks of about `block_bytes` of input each
+    /// (at least 1 row, at most `rows`), with their results, so that the
+    /// pass holds about `workers * block_bytes`: 8 MiB blocks unless
+    /// `budget` (bytes) is smaller than `workers` of them.
+    pub fn new(
+        workers: usize,
+        (rows, cols, width): (u64, usize, usize),
+        elem: usize,
+        budget: Option<u64>,
+    ) -> Plan {
+        let workers = workers.max(1);
+        let mut block_bytes = 8u64 << 20;
+        if let Some(b) = budget {
+            block_bytes = block_bytes.min(b / workers as u64);
+        }
+        let row_bytes = ((cols + width + 1) * elem) as u64;
+        // A block for every worker, where there are rows for them.
+        let per_worker = rows.div_ceil(workers as u64).max(1);
+        let block_rows = (block_bytes / row_bytes).clamp(1, per_worker);
+        Plan {
+            workers,
+            block_rows: usize::try_from(block_rows).unwrap_or(usize::MAX),
+        }
+    }
+}
+
+/// One block's share of the output.
+enum Out<'a, T> {
+    Nearest(&'a mut [i32], &'a mut [T]),
+    Values(&'a mut [T]),
+}
+
+/// Applies `task` to every row of `rows` under `plan`. A value that is
+/// not finite stops the pass with [`Error::NotFinite`] (the first such
+/// row a worker met); the outputs are then partly written.
+pub fn apply<T: Real>(rows: &dyn Rows<T>, task: Task<'_, T>, plan: Plan) -> Result<()> {
+    let (n, cols) = (rows.rows(), rows.cols());
+    let n_usize =
+        usize::try_from(n).map_err(|_| Error::Input(format!("{n} rows do not fit in memory")))?;
+    let b = plan.block_rows.max(1);
+    let (model, width, blocks) = split(task, n_usize, cols, b)?;
+    let failed = AtomicBool::new(false);
+    let first_error: Mutex<Option<(u64, Error)>> = Mutex::new(None);
+    let items: Vec<_> = blocks.into_iter().enumerate().collect();
+    crate::par::for_each(items, plan.workers, |(i, out)| {
+        if failed.load(Ordering::Relaxed) {
+            return;
+        }
+        let first = (i * b) as u64;
+        let count = b.min(n_usize - i * b);
+        let mut buf = Vec::new();
+        let r = rows
+            .read(first, count, &mut buf)
+            .and_then(|()| check_finite(&buf, first, cols))
+            .map(|()| block(&model, &buf, count, cols, width, out));
+        if let Err(e) = r {
+            failed.store(true, Ordering::Relaxed);
+            let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
+            // The lowest block's error, whichever worker saw it first.
+            if slot.as_ref().is_none_or(|(f, _)| first < *f) {
+                *slot = Some((first, e));
+            }
+        }
+    });
+    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some((_, e)) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The model's rows and norms.
+struct Model<'a, T> {
+    /// `m x cols`.
+    w: &'a [T],
+    /// Nearest and distances: the centres' squared norms; affine: the
+    /// bias.
+    extra: Vec<T>,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Nearest,
+    Distances,
+    Affine,
+}
+
+type Split<'a, T> = (Model<'a, T>, usize, Vec<Out<'a, T>>);
+
+/// The task's model, its output width and its output cut into blocks.
+fn split<T: Real>(task: Task<'_, T>, n: usize, cols: usize, b: usize) -> Result<Split<'_, T>> {
+    let wrong = |what: &str, len: usize, want: usize| {
+        Error::Input(format!("{what} holds {len} values where {want} are needed"))
+    };
+    let norms = |c: &[T]| -> Vec<T> {
+        c.chunks(cols.max(1))
+            .map(|r| r.iter().fold(T::ZERO, |s, x| x.mul_add(*x, s)))
+            .collect()
+    };
+    match task {
+        Task::Nearest {
+            centers,
+            labels,
+            d2,
+        } => {
+            let k = centers.len() / cols.max(1);
+            if k == 0 || centers.len() != k * cols {
+                return Err(wrong("the centres", centers.len(), k.max(1) * cols));
+            }
+            if labels.len() != n || d2.len() != n {
+                return Err(wrong("the output", labels.len().min(d2.len()), n));
+            }
+            let outs = labels
+                .chunks_mut(b)
+                .zip(d2.chunks_mut(b))
+                .map(|(l, d)| Out::Nearest(l, d));
+            let model = Model {
+                w: centers,
+                extra: norms(centers),
+                kind: Kind::Nearest,
+            };
+            Ok((model, k, outs.collect()))
+        }
+        Task::Distances { centers, out } => {
+            let k = centers.len() / cols.max(1);
+            if k == 0 || centers.len() != k * cols {
+                return Err(wrong("the centres", centers.len(), k.max(1) * cols));
+            }
+            if out.len() != n * k {
+                return Err(wrong("the output", out.len(), n * k));
+            }
+            let outs = out.chunks_mut(b * k).map(Out::Values).collect();
+            Ok((
+                Model {
+                    w: centers,
+                    extra: norms(centers),
+                    kind: Kind::Distances,
+                },
+                k,
+                outs,
+            ))
+        }
+        Task::Affine { weights, bias, out } => {
+            let m = bias.len();
+            if m == 0 || weights.len() != m * cols {
+                return Err(wrong("the weights", weights.len(), m.max(1) * cols));
+            }
+            if out.len() != n * m {
+                return Err(wrong("the output", out.len(), n * m));
+            }
+            let outs = out.chunks_mut(b * m).map(Out::Values).collect();
+            Ok((
+                Model {
+                    w: weights,
+                    extra: bias.to_vec(),
+                    kind: Kind::Affine,
+                },
+                m,
+                outs,
+            ))
+        }
+    }
+}
+
+/// The first value of `x` (rows of `cols`, the first `first`) that is not
+/// finite, as an error.
+fn check_finite<T: Real>(x: &[T], first: u64, cols: usize) -> Result<()> {
+    // A sum of squares is finite exactly when every value is finite and
+    // not too large; the rare block where it is not is searched.
+    let ok = x.iter().all(|v| v.to_f64().is_finite());
+    if ok {
+        return Ok(());
+    }
+    let i = x.iter().position(|v| !v.to_f64().is_finite()).unwrap_or(0);
+    Err(Error::NotFinite {
+        row: first + (i / cols.max(1)) as u64,
+        col: i % cols.max(1),
+        nan: x[i].to_f64().is_nan(),
+    })
+}
+
+/// One block: `count` rows of `x` through the model into `out`.
+fn block<T: Real>(
+    model: &Model<'_, T>,
+    x: &[T],
+    count: usize,
+    cols: usize,
+    width: usize,
+    out: Out<'_, T>,
+) {
+    let mut tile = vec![T::ZERO; count * width];
+    T::gemm_nt(count, width, cols, x, model.w, &mut tile);
+    match (model.kind, out) {
+        (Kind::Affine, Out::Values(o)) => {
+            for (dst, src) in o.chunks_mut(width).zip(tile.chunks(width)) {
+                for ((d, s), b) in dst.iter_mut().zip(src).zip(&model.extra) {
+                    *d = s.mul_add(T::of_f32(1.0), *b);
+                }
+            }
+        }
+        (kind, out) => {
+            let xn: Vec<T> = x[..count * cols]
+                .chunks(cols.max(1))
+                .map(|r| r.iter().fold(T::ZERO, |s, v| v.mul_add(*v, s)))
+                .collect();
+            distances(kind, &xn, &model.extra, &tile, width, out);
+        }
+    }
+}
+
+/// Squared distances `|x|^2 - 2 x.c + |c|^2` from the products in `tile`,
+/// reduced to the nearest centre or written as distances.
+fn distances<T: Real>(kind: Kind, xn: &[T], cn: &[T], tile: &[T], k: usize, out: Out<'_, T>) {
+    let d2 = |i: usize, j: usize| {
+        let p = tile[i * k + j];
+        let v = p
+            .mul_add(T::of_f32(-2.0), xn[i])
+            .mul_add(T::of_f32(1.0), cn[j]);
+        if v > T::ZERO {
+            v
+        } else {
+            T::ZERO
+        }
+    };
+    match (kind, out) {
+        (Kind::Nearest, Out::Nearest(labels, best)) => {
+            for i in 0..labels.len() {
+                let (mut arg, mut min) = (0, d2(i, 0));
+                for j in 1..k {
+                    let v = d2(i, j);
+                    if v < min {
+                        (arg, min) = (j, v);
+                    }
+                }
+                labels[i] = arg as i32;
+                best[i] = min;
+            }
+        }
+        (_, Out::Values(o)) => {
+            for (i, row) in o.chunks_mut(k).enumerate() {
+                for (j, d) in row.iter_mut().enumerate() {
+                    *d = d2(i, j).sqrt0();
+                }
+            }
+        }
+        (_, Out::Nearest(..)) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests;
