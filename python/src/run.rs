@@ -231,11 +231,26 @@ impl Settings {
         self.cap.resolve().map(|c| c / 4)
     }
 
-    /// A progress line on standard error, when `verbose`.
+    /// A progress line on Python's `sys.stderr`, when `verbose`.
     pub(crate) fn say(&self, line: impl FnOnce() -> String) {
         if self.verbose > 0 {
-            eprintln!("outcore: {}", line());
+            write_stderr(&format!("outcore: {}\n", line()));
         }
+    }
+}
+
+/// `text` on Python's `sys.stderr`, which `contextlib.redirect_stderr`
+/// and notebooks capture (a write to file descriptor 2 escapes both), or
+/// on descriptor 2 where that fails. From any thread: it takes the GIL.
+pub(crate) fn write_stderr(text: &str) {
+    let written = Python::attach(|py| -> PyResult<()> {
+        let err = py.import("sys")?.getattr("stderr")?;
+        err.call_method1("write", (text,))?;
+        err.call_method0("flush")?;
+        Ok(())
+    });
+    if written.is_err() {
+        eprint!("{text}");
     }
 }
 

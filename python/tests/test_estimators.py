@@ -169,6 +169,30 @@ def test_timeline_and_verbose(blobs, tmp_path, capfd):
     assert "outcore: pass 2:" in err, err
 
 
+def test_verbose_lines_go_through_pythons_streams(blobs):
+    """Every estimator's progress lines reach ``sys.stderr`` (and
+    scikit-learn's own wording ``sys.stdout``), so that
+    ``contextlib.redirect_stderr`` and notebooks capture them: they used to
+    be written to descriptor 2, which neither sees."""
+    import contextlib
+    import io
+
+    X = np.load(blobs[0])
+    y = (X[:, 0] > np.median(X[:, 0])).astype(int)
+    fits = [
+        (lambda: outcore.LogisticRegression(verbose=1, max_iter=3).fit(X, y), "err", "outcore: iteration 1"),
+        (lambda: outcore.Ridge(verbose=1).fit(X, X[:, 0]), "err", "outcore: pass"),
+        (lambda: outcore.KMeans(3, n_init=1, max_iter=2, verbose=1).fit(X), "out", "Initialization complete"),
+    ]
+    for fit, stream, text in fits:
+        err, out = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fit()
+        got = {"err": err.getvalue(), "out": out.getvalue()}
+        assert text in got[stream], got
+
+
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
 def test_a_spill_directory_in_memory_is_warned_about(tmp_path):
     # A capped fit spilling to tmpfs keeps what it evicts in memory; it
