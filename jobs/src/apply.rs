@@ -2,8 +2,9 @@
 //! nearest centre, its distances to every centre, or an affine map
 //! (`X W^T + b`: a linear model's decision values, a projection).
 //!
-//! The rows come from a file, read block by block with large direct reads
-//! (nothing of the file is mapped into the process), or from memory; the
+//! The rows come from a file, read block by block (copied from the page
+//! cache where they are all there, else by large direct reads; nothing of
+//! the file stays mapped into the process), or from memory; the
 //! workers take blocks in turn, so reading one block overlaps computing
 //! another. What the pass holds is one block of rows and its results per
 //! worker (see [`Plan`]); the results go straight into the caller's
@@ -25,6 +26,8 @@ pub trait Real: Copy + Default + PartialOrd + Send + Sync + 'static {
     fn of_f32(x: f32) -> Self;
     /// `x` as `f64`.
     fn to_f64(self) -> f64;
+    /// `v`'s values appended to `out` (moved where `Self` is `f32`).
+    fn extend_f32(out: &mut Vec<Self>, v: Vec<f32>);
     /// `self * b + c`.
     fn mul_add(self, b: Self, c: Self) -> Self;
     /// The square root of `max(self, 0)`.
@@ -34,7 +37,7 @@ pub trait Real: Copy + Default + PartialOrd + Send + Sync + 'static {
 }
 
 macro_rules! real {
-    ($t:ty, $gemm:path) => {
+    ($t:ty, $gemm:path, $extend:expr) => {
         impl Real for $t {
             fn gemm_nt(m: usize, n: usize, k: usize, a: &[$t], b: &[$t], c: &mut [$t]) {
                 assert!(a.len() >= m * k && b.len() >= n * k && c.len() >= m * n);
@@ -69,6 +72,9 @@ macro_rules! real {
             fn to_f64(self) -> f64 {
                 self as f64
             }
+            fn extend_f32(out: &mut Vec<$t>, v: Vec<f32>) {
+                $extend(out, v)
+            }
             fn mul_add(self, b: $t, c: $t) -> $t {
                 self * b + c
             }
@@ -84,8 +90,22 @@ macro_rules! real {
     };
 }
 
-real!(f32, matrixmultiply::sgemm);
-real!(f64, matrixmultiply::dgemm);
+real!(
+    f32,
+    matrixmultiply::sgemm,
+    |out: &mut Vec<f32>, v: Vec<f32>| {
+        if out.is_empty() {
+            *out = v;
+        } else {
+            out.extend_from_slice(&v);
+        }
+    }
+);
+real!(
+    f64,
+    matrixmultiply::dgemm,
+    |out: &mut Vec<f64>, v: Vec<f32>| out.extend(v.iter().map(|x| f64::from(*x)))
+);
 
 /// Where the rows come from.
 pub trait Rows<T>: Sync {
@@ -120,9 +140,14 @@ impl<T: Real> Rows<T> for FileRows {
         self.cols
     }
     fn read(&self, first: u64, n: usize, out: &mut Vec<T>) -> Result<()> {
-        let v = self.reader.read(first, n)?;
+        // From the page cache where the rows are there (as a mapping
+        // would give them), else read again by direct reads.
+        let v = match self.reader.read_cached(first, n)? {
+            Some(v) => v,
+            None => self.reader.read(first, n)?,
+        };
         out.clear();
-        out.extend(v.iter().map(|x| T::of_f32(*x)));
+        T::extend_f32(out, v);
         Ok(())
     }
 }
@@ -211,6 +236,7 @@ pub fn apply<T: Real>(rows: &dyn Rows<T>, task: Task<'_, T>, plan: Plan) -> Resu
     let b = plan.block_rows.max(1);
     let (model, width, blocks) = split(task, n_usize, cols, b)?;
     let failed = AtomicBool::new(false);
+    let spare: Mutex<Vec<Vec<T>>> = Mutex::new(Vec::new());
     let first_error: Mutex<Option<(u64, Error)>> = Mutex::new(None);
     let items: Vec<_> = blocks.into_iter().enumerate().collect();
     crate::par::for_each(items, plan.workers, |(i, out)| {
@@ -219,11 +245,18 @@ pub fn apply<T: Real>(rows: &dyn Rows<T>, task: Task<'_, T>, plan: Plan) -> Resu
         }
         let first = (i * b) as u64;
         let count = b.min(n_usize - i * b);
-        let mut buf = Vec::new();
+        // Blocks' buffers are used again (fresh memory costs a page fault
+        // per page).
+        let mut buf = spare
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .unwrap_or_default();
         let r = rows
             .read(first, count, &mut buf)
             .and_then(|()| check_finite(&buf, first, cols))
             .map(|()| block(&model, &buf, count, cols, width, out));
+        spare.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
         if let Err(e) = r {
             failed.store(true, Ordering::Relaxed);
             let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
@@ -338,7 +371,17 @@ fn split<T: Real>(task: Task<'_, T>, n: usize, cols: usize, b: usize) -> Result<
 fn check_finite<T: Real>(x: &[T], first: u64, cols: usize) -> Result<()> {
     // A sum of squares is finite exactly when every value is finite and
     // not too large; the rare block where it is not is searched.
-    let ok = x.iter().all(|v| v.to_f64().is_finite());
+    // `v * 0` is 0 for a finite value and NaN otherwise; eight
+    // independent sums let the loop use vector registers.
+    let mut lanes = [T::ZERO; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l = v.mul_add(T::ZERO, *l);
+        }
+    }
+    let ok = lanes.iter().chain(tail).all(|v| v.to_f64().is_finite());
     if ok {
         return Ok(());
     }
@@ -348,6 +391,24 @@ fn check_finite<T: Real>(x: &[T], first: u64, cols: usize) -> Result<()> {
         col: i % cols.max(1),
         nan: x[i].to_f64().is_nan(),
     })
+}
+
+/// The sum of the squares of `r`, in eight lanes (vector registers).
+fn sum_sq<T: Real>(r: &[T]) -> T {
+    let mut lanes = [T::ZERO; 8];
+    let chunks = r.chunks_exact(8);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(T::ZERO, |s, v| v.mul_add(*v, s));
+    for c in chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l = v.mul_add(*v, *l);
+        }
+    }
+    lanes
+        .iter()
+        .fold(tail, |s, l| s.mul_add(T::of_f32(1.0), *l))
 }
 
 /// One block: `count` rows of `x` through the model into `out`.
@@ -370,10 +431,7 @@ fn block<T: Real>(
             }
         }
         (kind, out) => {
-            let xn: Vec<T> = x[..count * cols]
-                .chunks(cols.max(1))
-                .map(|r| r.iter().fold(T::ZERO, |s, v| v.mul_add(*v, s)))
-                .collect();
+            let xn: Vec<T> = x[..count * cols].chunks(cols.max(1)).map(sum_sq).collect();
             distances(kind, &xn, &model.extra, &tile, width, out);
         }
     }

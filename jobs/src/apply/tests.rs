@@ -246,3 +246,31 @@ fn a_plan_holds_blocks_within_the_budget() {
     let small = Plan::new(4, (10, 3, 2), 8, None);
     assert_eq!(small.block_rows, 3);
 }
+
+#[test]
+fn cached_reads_give_the_direct_reads_values_and_only_for_float32() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("x.npy");
+    let x: Vec<f32> = values(3000 * 5, 8).iter().map(|v| *v as f32).collect();
+    crate::npy::write_array(&p, &[3000, 5], &x).unwrap();
+    let reader = BlockReader::open(&crate::Source::from_path(&p, None).unwrap()).unwrap();
+    // Just written: its pages are in the page cache.
+    let cached = reader
+        .read_cached(1000, 777)
+        .unwrap()
+        .expect("in the page cache");
+    assert_eq!(cached, reader.read(1000, 777).unwrap());
+    assert_eq!(cached, &x[1000 * 5..1777 * 5]);
+    assert!(
+        reader.read_cached(2900, 200).unwrap().is_none(),
+        "past the end"
+    );
+    let q = dir.path().join("x64.npy");
+    let x64: Vec<f64> = values(100 * 5, 9);
+    crate::npy::write_array(&q, &[100, 5], &x64).unwrap();
+    let wide = BlockReader::open(&crate::Source::from_path(&q, None).unwrap()).unwrap();
+    assert!(
+        wide.read_cached(0, 100).unwrap().is_none(),
+        "float64 is converted, not copied"
+    );
+}

@@ -274,6 +274,18 @@ impl BlockReader {
         self.rows
     }
 
+    /// Rows `first..first + n` as row-major float32 values, copied from
+    /// the page cache when the file stores float32 and they are all there
+    /// (not validated then: see [`read`](Self::read)), else `None`.
+    pub fn read_cached(&self, first: u64, n: usize) -> Result<Option<Vec<f32>>> {
+        if first.saturating_add(n as u64) > self.rows {
+            return Ok(None);
+        }
+        self.region
+            .read_cached(first, n)
+            .map_err(|e| Error::Input(e.to_string()))
+    }
+
     /// Rows `first..first + n` as row-major float32 values.
     pub fn read(&self, first: u64, n: usize) -> Result<Vec<f32>> {
         if first.saturating_add(n as u64) > self.rows {

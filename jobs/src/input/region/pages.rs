@@ -56,3 +56,47 @@ pub(super) fn uninit_bytes(v: &mut [MaybeUninit<f32>]) -> &mut [MaybeUninit<u8>]
     // (alignment 1), for as long as the borrow of `v`.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<MaybeUninit<u8>>(), len) }
 }
+
+/// Whether every page of bytes `pos..pos + len` of `file` is in the page
+/// cache now (`mincore` on a mapping of them that is never touched, so
+/// mapping them reads nothing and adds nothing to the resident set).
+/// `false` where it cannot tell.
+pub(crate) fn cached(file: &std::fs::File, pos: u64, len: usize) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: sysconf has no memory effects.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        p if p > 0 => p as u64,
+        _ => return false,
+    };
+    let start = pos - pos % page;
+    let span = (pos + len as u64 - start) as usize;
+    if len == 0 {
+        return true;
+    }
+    let Ok(offset) = libc::off_t::try_from(start) else {
+        return false;
+    };
+    // SAFETY: a fresh shared read-only mapping of the file's pages: it
+    // aliases no Rust memory, is never read through, and is unmapped
+    // below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            offset,
+        )
+    };
+    if map == libc::MAP_FAILED {
+        return false;
+    }
+    let mut resident = vec![0u8; span.div_ceil(page as usize)];
+    // SAFETY: `map` is a mapping of `span` bytes; `resident` has a byte
+    // per page of it.
+    let ok = unsafe { libc::mincore(map, span, resident.as_mut_ptr()) } == 0;
+    // SAFETY: the mapping made above, of `span` bytes, used no more.
+    unsafe { libc::munmap(map, span) };
+    ok && resident.iter().all(|r| r & 1 == 1)
+}
