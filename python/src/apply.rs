@@ -9,7 +9,7 @@
 //! aligned, of `float32` or `float64` (`int32` labels).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use outcore_jobs::apply::{self, FileRows, Plan, Real, Rows, Task};
 use outcore_jobs::{BlockReader, Source};
@@ -204,6 +204,27 @@ impl<T: Real + Element> Rows<T> for MemRows {
     }
 }
 
+/// Rows whose reads fail once `stop` is set (the caller's signal).
+struct Stoppable<'a, T> {
+    rows: &'a dyn Rows<T>,
+    stop: &'a AtomicBool,
+}
+
+impl<T> Rows<T> for Stoppable<'_, T> {
+    fn rows(&self) -> u64 {
+        self.rows.rows()
+    }
+    fn cols(&self) -> usize {
+        self.rows.cols()
+    }
+    fn read(&self, first: u64, n: usize, out: &mut Vec<T>) -> outcore_jobs::Result<()> {
+        if self.stop.load(Ordering::Relaxed) {
+            return Err(outcore_jobs::Error::Input("interrupted".into()));
+        }
+        self.rows.read(first, n, out)
+    }
+}
+
 /// What a pass is asked to do, as the estimators name it.
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
@@ -331,6 +352,12 @@ fn run<T: Real + Element>(
             )))
         }
     };
-    py.detach(|| apply::apply(rows, task, plan))
-        .map_err(crate::to_py)
+    // Ctrl-C stops the pass at its next block, and raises KeyboardInterrupt.
+    let stop = AtomicBool::new(false);
+    let rows = Stoppable { rows, stop: &stop };
+    crate::run::run_interruptible(
+        py,
+        || apply::apply(&rows, task, plan),
+        || stop.store(true, Ordering::Relaxed),
+    )
 }

@@ -265,6 +265,16 @@ pub(crate) fn run_job<T: Send>(
     job: impl FnOnce() -> outcore_jobs::Result<T> + Send,
 ) -> PyResult<T> {
     let stop = session.runtime().interrupter();
+    run_interruptible(py, job, || stop.interrupt())
+}
+
+/// [`run_job`] for work outside a session: `interrupt` is called once on
+/// a signal, and the work must then end soon.
+pub(crate) fn run_interruptible<T: Send>(
+    py: Python<'_>,
+    job: impl FnOnce() -> outcore_jobs::Result<T> + Send,
+    interrupt: impl Fn(),
+) -> PyResult<T> {
     let ended = Ended::default();
     std::thread::scope(|s| {
         let h = s.spawn(|| {
@@ -276,7 +286,7 @@ pub(crate) fn run_job<T: Send>(
         while !py.detach(|| ended.wait(Duration::from_millis(50))) {
             if signal.is_none() {
                 if let Err(e) = py.check_signals() {
-                    stop.interrupt();
+                    interrupt();
                     signal = Some(e);
                 }
             }

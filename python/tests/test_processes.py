@@ -170,6 +170,40 @@ def test_ctrl_c_raises_keyboard_interrupt_within_a_second_and_removes_the_spill(
     assert os.listdir(spill) == [], "the spill directory was left behind"
 
 
+INTERRUPTED_PREDICT = """
+import time, numpy as np, outcore
+X = np.load({path!r}, mmap_mode="r")
+km = outcore.KMeans(2, n_init=1, random_state=0, mem_cap="64MiB", n_jobs=2).fit(np.asarray(X[:1000]))
+km.cluster_centers_ = np.random.default_rng(0).normal(size=(4096, X.shape[1])).astype(np.float32)
+print("ready", flush=True)
+try:
+    t = time.monotonic()
+    km.predict(X)  # tens of seconds: 4,096 centres
+    print("finished", time.monotonic() - t, flush=True)
+except KeyboardInterrupt:
+    print("interrupted", time.monotonic(), flush=True)
+"""
+
+
+def test_ctrl_c_stops_a_long_predict_within_a_second(tmp_path):
+    """predict, transform and the other passes after the fit answer Ctrl-C
+    as a fit does: they used to run to their end with the GIL released."""
+    path = tmp_path / "X.npy"
+    write_npy(path, 1 << 20, 64)  # 256 MiB
+    p = child(INTERRUPTED_PREDICT.format(path=str(path)))
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(1.5)  # into the pass
+        sent = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=300)
+    finally:
+        p.kill()
+    word, at = out.split()
+    assert word == "interrupted", out + err
+    assert float(at) - sent < 1.0, f"KeyboardInterrupt came {float(at) - sent:.2f} s after the signal"
+
+
 KILLED_FIT = """
 import numpy as np, outcore
 X = np.random.default_rng(0).normal(size=(1 << 18, 64)).astype(np.float32)  # 64 MiB, in memory
