@@ -296,74 +296,45 @@ fn split<T: Real>(task: Task<'_, T>, n: usize, cols: usize, b: usize) -> Result<
     let wrong = |what: &str, len: usize, want: usize| {
         Error::Input(format!("{what} holds {len} values where {want} are needed"))
     };
-    let norms = |c: &[T]| -> Vec<T> {
-        c.chunks(cols.max(1))
-            .map(|r| r.iter().fold(T::ZERO, |s, x| x.mul_add(*x, s)))
-            .collect()
-    };
-    match task {
-        Task::Nearest {
-            centers,
-            labels,
-            d2,
-        } => {
+    // The model's rows, their number (the output's width) and what goes
+    // with them: the centres' squared norms, or the bias.
+    let (w, width, extra, kind) = match &task {
+        Task::Nearest { centers, .. } | Task::Distances { centers, .. } => {
             let k = centers.len() / cols.max(1);
             if k == 0 || centers.len() != k * cols {
                 return Err(wrong("the centres", centers.len(), k.max(1) * cols));
             }
-            if labels.len() != n || d2.len() != n {
-                return Err(wrong("the output", labels.len().min(d2.len()), n));
-            }
-            let outs = labels
-                .chunks_mut(b)
-                .zip(d2.chunks_mut(b))
-                .map(|(l, d)| Out::Nearest(l, d));
-            let model = Model {
-                w: centers,
-                extra: norms(centers),
-                kind: Kind::Nearest,
+            let kind = match task {
+                Task::Nearest { .. } => Kind::Nearest,
+                _ => Kind::Distances,
             };
-            Ok((model, k, outs.collect()))
+            let norms = centers.chunks(cols.max(1)).map(sum_sq).collect();
+            (*centers, k, norms, kind)
         }
-        Task::Distances { centers, out } => {
-            let k = centers.len() / cols.max(1);
-            if k == 0 || centers.len() != k * cols {
-                return Err(wrong("the centres", centers.len(), k.max(1) * cols));
-            }
-            if out.len() != n * k {
-                return Err(wrong("the output", out.len(), n * k));
-            }
-            let outs = out.chunks_mut(b * k).map(Out::Values).collect();
-            Ok((
-                Model {
-                    w: centers,
-                    extra: norms(centers),
-                    kind: Kind::Distances,
-                },
-                k,
-                outs,
-            ))
-        }
-        Task::Affine { weights, bias, out } => {
+        Task::Affine { weights, bias, .. } => {
             let m = bias.len();
             if m == 0 || weights.len() != m * cols {
                 return Err(wrong("the weights", weights.len(), m.max(1) * cols));
             }
-            if out.len() != n * m {
-                return Err(wrong("the output", out.len(), n * m));
-            }
-            let outs = out.chunks_mut(b * m).map(Out::Values).collect();
-            Ok((
-                Model {
-                    w: weights,
-                    extra: bias.to_vec(),
-                    kind: Kind::Affine,
-                },
-                m,
-                outs,
-            ))
+            (*weights, m, bias.to_vec(), Kind::Affine)
         }
-    }
+    };
+    let outs = match task {
+        Task::Nearest { labels, d2, .. } => {
+            if labels.len() != n || d2.len() != n {
+                return Err(wrong("the output", labels.len().min(d2.len()), n));
+            }
+            let outs = labels.chunks_mut(b).zip(d2.chunks_mut(b));
+            outs.map(|(l, d)| Out::Nearest(l, d)).collect()
+        }
+        Task::Distances { out, .. } | Task::Affine { out, .. } => {
+            if out.len() != n * width {
+                return Err(wrong("the output", out.len(), n * width));
+            }
+            out.chunks_mut(b * width).map(Out::Values).collect()
+        }
+    };
+    Ok((Model { w, extra, kind }, width, outs))
 }
 
 /// The first value of `x` (rows of `cols`, the first `first`) that is not

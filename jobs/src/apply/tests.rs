@@ -21,6 +21,19 @@ impl<T: Real> Rows<T> for Mem<T> {
     }
 }
 
+/// Each row's nearest centre and squared distance to it.
+fn nearest<T: Real>(rows: &dyn Rows<T>, centers: &[T], plan: Plan) -> Result<(Vec<i32>, Vec<T>)> {
+    let n = rows.rows() as usize;
+    let (mut labels, mut d2) = (vec![-1i32; n], vec![T::ZERO; n]);
+    let task = Task::Nearest {
+        centers,
+        labels: &mut labels,
+        d2: &mut d2,
+    };
+    apply(rows, task, plan)?;
+    Ok((labels, d2))
+}
+
 /// Deterministic values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f64> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -65,17 +78,7 @@ fn nearest_distances_and_affine_match_a_plain_loop_for_any_plan() {
         },
         Plan::new(2, (n as u64, d, k), 8, None),
     ] {
-        let (mut labels, mut d2) = (vec![0i32; n], vec![0f64; n]);
-        apply(
-            &rows,
-            Task::Nearest {
-                centers: &c,
-                labels: &mut labels,
-                d2: &mut d2,
-            },
-            plan,
-        )
-        .unwrap();
+        let (labels, d2) = nearest(&rows, &c, plan).unwrap();
         let mut dist = vec![0f64; n * k];
         apply(
             &rows,
@@ -130,17 +133,7 @@ fn ties_go_to_the_lowest_centre_in_f32() {
         cols: 2,
     };
     let c = [1f32, 1.0, 1.0, 1.0, 5.0, 5.0];
-    let (mut labels, mut d2) = (vec![9i32; 2], vec![0f32; 2]);
-    apply(
-        &rows,
-        Task::Nearest {
-            centers: &c,
-            labels: &mut labels,
-            d2: &mut d2,
-        },
-        Plan::new(2, (2, 2, 3), 4, None),
-    )
-    .unwrap();
+    let (labels, d2) = nearest(&rows, &c, Plan::new(2, (2, 2, 3), 4, None)).unwrap();
     assert_eq!(labels, [0, 0]);
     assert_eq!(d2, [2.0, 2.0]);
 }
@@ -153,20 +146,11 @@ fn a_value_not_finite_is_named_by_its_row_and_column() {
     let rows = Mem { x, cols: 3 };
     let c = values(6, 5);
     for workers in [1, 2, 4] {
-        let (mut labels, mut d2) = (vec![0i32; 300], vec![0f64; 300]);
         let plan = Plan {
             workers,
             block_rows: 16,
         };
-        match apply(
-            &rows,
-            Task::Nearest {
-                centers: &c,
-                labels: &mut labels,
-                d2: &mut d2,
-            },
-            plan,
-        ) {
+        match nearest(&rows, &c, plan) {
             Err(Error::NotFinite {
                 row: 120,
                 col: 1,
