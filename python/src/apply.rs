@@ -114,56 +114,65 @@ impl Array {
 /// The element types arrays are read as.
 trait Element: Copy + Send + Sync + 'static {
     const TYPESTR: &'static str;
-    /// `float64` (or `float32`).
-    const WIDE: bool;
     /// `x` rounded to this type.
     fn of_f64(x: f64) -> Self;
-    /// Appends `n` values from `addr`, starting `first` values in.
+    /// Value `i` of the array at `addr`.
     ///
     /// # Safety
-    /// `addr` must point at `first + n` aligned values of `Self` that stay
-    /// allocated during the call.
-    unsafe fn copy(addr: usize, first: usize, n: usize, out: &mut Vec<Self>);
+    /// `addr` must point at more than `i` aligned values of `Self` that
+    /// stay allocated during the call.
+    unsafe fn load(addr: usize, i: usize) -> Self;
+    /// Appends values `first..first + n` of the array at `addr`.
+    ///
+    /// # Safety
+    /// As [`load`](Element::load), for every value appended.
+    unsafe fn copy(addr: usize, first: usize, n: usize, out: &mut Vec<Self>) {
+        // SAFETY: the caller's promise.
+        unsafe { extend_converted(out, addr, first..first + n, |v: Self| v) }
+    }
 }
 
 // The values are read with relaxed atomic loads: another Python thread
 // may write the array while numpy's GIL is released, and the loads then
 // give some value, never a torn read the compiler assumed away.
 macro_rules! element {
-    ($t:ty, $atomic:ty, $s:literal, $from:expr) => {
+    ($t:ty, $atomic:ty, $bits:ty, $s:literal, $from:expr) => {
         impl Element for $t {
             const TYPESTR: &'static str = $s;
-            const WIDE: bool = $s.as_bytes()[2] == b'8';
             fn of_f64(x: f64) -> $t {
                 x as $t
             }
-            unsafe fn copy(addr: usize, first: usize, n: usize, out: &mut Vec<$t>) {
-                out.reserve(n);
-                let base = addr as *mut <$atomic as AtomicBits>::Bits;
-                for i in first..first + n {
-                    // SAFETY: in bounds and aligned (the caller's promise);
-                    // the atomic type has the size and alignment of `$t`.
-                    let a = unsafe { <$atomic>::from_ptr(base.add(i)) };
-                    out.push($from(a.load(Ordering::Relaxed)));
-                }
+            unsafe fn load(addr: usize, i: usize) -> $t {
+                // SAFETY: in bounds and aligned (the caller's promise);
+                // the atomic type has the size and alignment of `$t`.
+                let a = unsafe { <$atomic>::from_ptr((addr as *mut $bits).add(i)) };
+                $from(a.load(Ordering::Relaxed))
             }
         }
     };
 }
 
-trait AtomicBits {
-    type Bits;
-}
-impl AtomicBits for AtomicU32 {
-    type Bits = u32;
-}
-impl AtomicBits for AtomicU64 {
-    type Bits = u64;
-}
+element!(f32, AtomicU32, u32, "<f4", f32::from_bits);
+element!(f64, AtomicU64, u64, "<f8", f64::from_bits);
+element!(i32, AtomicU32, u32, "<i4", |b: u32| b as i32);
 
-element!(f32, AtomicU32, "<f4", f32::from_bits);
-element!(f64, AtomicU64, "<f8", f64::from_bits);
-element!(i32, AtomicU32, "<i4", |b: u32| b as i32);
+/// Appends values `range` of the array of `S` at `addr` to `out`, each
+/// converted by `to` as it is loaded (no copy in between).
+///
+/// # Safety
+/// As [`Element::load`], for every value of `range`.
+unsafe fn extend_converted<S: Element, T>(
+    out: &mut Vec<T>,
+    addr: usize,
+    range: std::ops::Range<usize>,
+    to: impl Fn(S) -> T,
+) {
+    out.reserve(range.len());
+    for i in range {
+        // SAFETY: the caller's promise.
+        out.push(to(unsafe { S::load(addr, i) }));
+    }
+}
 
 /// Rows of a numpy array in memory, of `float32` or `float64` (`wide`),
 /// converted to the pass's precision as they are read.
@@ -184,20 +193,15 @@ impl<T: Real + Element> Rows<T> for MemRows {
     fn read(&self, first: u64, n: usize, out: &mut Vec<T>) -> outcore_jobs::Result<()> {
         out.clear();
         let (first, n) = (first as usize * self.cols, n * self.cols);
+        let range = first..first + n;
         // SAFETY: `apply` reads rows below `rows`; the array (checked to
         // hold `rows x cols` aligned values of its dtype) is held by the
         // caller for the whole pass.
         unsafe {
-            if T::WIDE == self.wide {
-                T::copy(self.addr, first, n, out);
-            } else if self.wide {
-                let mut v = Vec::new();
-                f64::copy(self.addr, first, n, &mut v);
-                out.extend(v.iter().map(|x| T::of_f64(*x)));
+            if self.wide {
+                extend_converted(out, self.addr, range, T::of_f64);
             } else {
-                let mut v = Vec::new();
-                f32::copy(self.addr, first, n, &mut v);
-                out.extend(v.iter().map(|x| T::of_f32(*x)));
+                extend_converted(out, self.addr, range, T::of_f32);
             }
         }
         Ok(())

@@ -147,26 +147,37 @@ except KeyboardInterrupt:
 """
 
 
-def test_ctrl_c_raises_keyboard_interrupt_within_a_second_and_removes_the_spill(tmp_path):
-    path, spill = tmp_path / "X.npy", tmp_path / "spill"
-    spill.mkdir()
-    write_npy(path, 1 << 18, 64)  # 64 MiB
-    p = child(INTERRUPTED_FIT.format(path=str(path), spill=str(spill)))
+def interrupt(p, started, timeout):
+    """Sends SIGINT to the child `p` once it has said "ready" and
+    `started()` has returned, and checks that it raised
+    KeyboardInterrupt within a second."""
     try:
         assert p.stdout.readline().strip() == "ready"
-        deadline = time.monotonic() + 60
-        while not os.listdir(spill) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert os.listdir(spill), "the fit never started"
-        time.sleep(2)  # into the iterations
+        started()
         sent = time.monotonic()
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=60)
+        out, err = p.communicate(timeout=timeout)
     finally:
         p.kill()
     word, at = out.split()
     assert word == "interrupted", out + err
     assert float(at) - sent < 1.0, f"KeyboardInterrupt came {float(at) - sent:.2f} s after the signal"
+
+
+def test_ctrl_c_raises_keyboard_interrupt_within_a_second_and_removes_the_spill(tmp_path):
+    path, spill = tmp_path / "X.npy", tmp_path / "spill"
+    spill.mkdir()
+    write_npy(path, 1 << 18, 64)  # 64 MiB
+    p = child(INTERRUPTED_FIT.format(path=str(path), spill=str(spill)))
+
+    def started():
+        deadline = time.monotonic() + 60
+        while not os.listdir(spill) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.listdir(spill), "the fit never started"
+        time.sleep(2)  # into the iterations
+
+    interrupt(p, started, timeout=60)
     assert os.listdir(spill) == [], "the spill directory was left behind"
 
 
@@ -191,17 +202,7 @@ def test_ctrl_c_stops_a_long_predict_within_a_second(tmp_path):
     path = tmp_path / "X.npy"
     write_npy(path, 1 << 20, 64)  # 256 MiB
     p = child(INTERRUPTED_PREDICT.format(path=str(path)))
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        time.sleep(1.5)  # into the pass
-        sent = time.monotonic()
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=300)
-    finally:
-        p.kill()
-    word, at = out.split()
-    assert word == "interrupted", out + err
-    assert float(at) - sent < 1.0, f"KeyboardInterrupt came {float(at) - sent:.2f} s after the signal"
+    interrupt(p, lambda: time.sleep(1.5), timeout=300)  # into the pass
 
 
 KILLED_FIT = """
