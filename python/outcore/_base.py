@@ -28,17 +28,29 @@ def settings(est):
     return _core.Settings(cap, spill, n_jobs, int(est.verbose), timeline)
 
 
+def copy_of(est, X):
+    """``X`` handed to the engine under ``est``'s settings: its own file,
+    or a copy in memory or in ``spill_dir`` (see ``_data``)."""
+    return _data.as_data(X, est.spill_dir, _data.handover_limit(est.mem_cap))
+
+
+def vector_of(est, v, **kw):
+    """The 1-D array ``v`` handed to the engine under ``est``'s settings
+    (``_data.vector``'s ``kw``)."""
+    return _data.vector(v, est.spill_dir, limit=_data.handover_limit(est.mem_cap), **kw)
+
+
 def fit_data(est, X, *, dtype="numeric"):
     """Data for a fit: a file the engine reads (``X`` a path or a memmap of
     a whole ``.npy``) or a temporary copy; sets ``n_features_in_``."""
     if _data.is_file_input(X):
-        d = _data.as_data(X, est.spill_dir, _data.handover_limit(est.mem_cap))
+        d = copy_of(est, X)
         est.n_features_in_ = d.cols
         if hasattr(est, "feature_names_in_"):
             del est.feature_names_in_
         return d
     X = validate_data(est, X, dtype=dtype, ensure_all_finite=False, ensure_min_samples=1)
-    return _data.as_data(X, est.spill_dir, _data.handover_limit(est.mem_cap))
+    return copy_of(est, X)
 
 
 def wrong_width(est, cols):
@@ -54,13 +66,13 @@ def new_data(est, X, *, dtype="numeric"):
     against the fitted number of features."""
     check_is_fitted(est)
     if _data.is_file_input(X):
-        d = _data.as_data(X, est.spill_dir, _data.handover_limit(est.mem_cap))
+        d = copy_of(est, X)
         if d.cols != est.n_features_in_:
             d.close()
             raise wrong_width(est, d.cols)
         return d, None
     X = validate_data(est, X, dtype=dtype, ensure_all_finite=False, reset=False)
-    return _data.as_data(X, est.spill_dir, _data.handover_limit(est.mem_cap)), X
+    return copy_of(est, X), X
 
 
 def apply_rows(est, X, kind, model, bias=None, dtype=None):

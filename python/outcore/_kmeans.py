@@ -299,7 +299,7 @@ class _KMeansBase(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixi
             if sample_weight is not None:
                 sample_weight = _check_sample_weight(sample_weight, np.empty((data.rows, 0)), dtype=np.float64)
             params.update(k=k, seed=int(random_state.randint(np.iinfo(np.int32).max)), shards=8)
-            with _data.vector(sample_weight, self.spill_dir, limit=_data.handover_limit(self.mem_cap)) as weights:
+            with _base.vector_of(self, sample_weight) as weights:
                 path = None if sample_weight is None else weights.path
                 for init, centers, n_init in self._starts(X, data.cols, sample_weight, random_state):
                     if centers is not None:

@@ -30,7 +30,7 @@ class _LeastSquares(MultiOutputMixin, RegressorMixin, BaseEstimator):
                 ensure_all_finite=False,
             )
             dtype = _data.model_dtype(X)
-            data = _data.as_data(X, self.spill_dir, _data.handover_limit(self.mem_cap))
+            data = _base.copy_of(self, X)
         with data:
             y = np.asarray(y, dtype=np.float64)
             if y.ndim not in (1, 2):
@@ -46,8 +46,8 @@ class _LeastSquares(MultiOutputMixin, RegressorMixin, BaseEstimator):
             w = None
             if sample_weight is not None:
                 w = _check_sample_weight(sample_weight, np.empty((data.rows, 0)), dtype=np.float64)
-            with _data.vector(y, self.spill_dir, limit=_data.handover_limit(self.mem_cap), dtype=np.float32, what="y") as ys, \
-                    _data.vector(w, self.spill_dir, limit=_data.handover_limit(self.mem_cap), dtype=np.float64) as ws:
+            with _base.vector_of(self, y, dtype=np.float32, what="y") as ys, \
+                    _base.vector_of(self, w, dtype=np.float64) as ws:
                 out = _core.linear_fit(
                     settings, data.path, ys.path, None if w is None else ws.path,
                     (bool(self.fit_intercept), alphas, bool(self.positive)),

@@ -243,7 +243,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
             )
         weights = self._weights(sample_weight, classes, y, codes)
         binary = len(classes) == 2
-        with _base.fit_data(self, X) if _data.is_file_input(X) else _data.as_data(X, self.spill_dir, _data.handover_limit(self.mem_cap)) as data:
+        with _base.fit_data(self, X) if _data.is_file_input(X) else _base.copy_of(self, X) as data:
             if len(codes) != data.rows:
                 raise ValueError(f"Found input variables with inconsistent numbers of samples: [{data.rows}, {len(codes)}]")
             d = data.cols
@@ -254,8 +254,8 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
                 max_iter=int(self.max_iter), shards=8, fit_intercept=bool(self.fit_intercept),
                 binary=binary, start=self._start(classes, d, dtype),
             )
-            with _data.vector(codes, self.spill_dir, limit=_data.handover_limit(self.mem_cap), dtype=np.int32, what="y") as lab, \
-                    _data.vector(weights, self.spill_dir, limit=_data.handover_limit(self.mem_cap)) as sw:
+            with _base.vector_of(self, codes, dtype=np.int32, what="y") as lab, \
+                    _base.vector_of(self, weights) as sw:
                 out = _core.logistic_fit(settings, data.path, lab.path,
                                          None if weights is None else sw.path, params)
         w = np.frombuffer(out["w"], dtype="<f8").reshape(-1, d + 1)

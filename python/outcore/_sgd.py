@@ -89,7 +89,7 @@ class _SGD(BaseEstimator):
         if _data.is_file_input(X):
             data = _base.fit_data(self, X) if reset else _base.new_data(self, X)[0]
         else:
-            data = _data.as_data(X, self.spill_dir, _data.handover_limit(self.mem_cap))
+            data = _base.copy_of(self, X)
         with data:
             if len(codes) != data.rows:
                 raise ValueError(
@@ -98,8 +98,8 @@ class _SGD(BaseEstimator):
             w = None
             if sample_weight is not None:
                 w = _check_sample_weight(sample_weight, np.empty((data.rows, 0)), dtype=np.float64)
-            with _data.vector(codes, self.spill_dir, limit=_data.handover_limit(self.mem_cap), dtype=np.float32, what="y") as ys, \
-                    _data.vector(w, self.spill_dir, limit=_data.handover_limit(self.mem_cap), dtype=np.float64) as ws:
+            with _base.vector_of(self, codes, dtype=np.float32, what="y") as ys, \
+                    _base.vector_of(self, w, dtype=np.float64) as ws:
                 out = _core.sgd_fit(settings, data.path, ys.path, None if w is None else ws.path,
                                     params, warm)
         d = data.cols
