@@ -39,12 +39,16 @@ def child(code):
     )
 
 
-MEMMAP_FIT = """
-import numpy as np, outcore
+# In the children: a field of /proc/self/status, in KiB.
+KIB = """
 def kib(field):
     for line in open("/proc/self/status"):
         if line.startswith(field):
             return int(line.split()[1])
+"""
+
+MEMMAP_FIT = KIB + """
+import numpy as np, outcore
 X = np.load({path!r}, mmap_mode="r")
 est = outcore.{est}(8, max_iter=1, random_state=0, mem_cap="64MiB", n_jobs=2)
 est.fit(np.zeros((64, X.shape[1]), np.float32) + np.arange(64)[:, None])  # warm up the engine
@@ -69,13 +73,8 @@ def test_a_memmap_four_times_the_cap_keeps_the_resident_set_within_the_cap(tmp_p
         assert evictions > 0
 
 
-MEMMAP_APPLY = """
+MEMMAP_APPLY = KIB + """
 import numpy as np, outcore
-from sklearn.datasets import make_blobs
-def kib(field):
-    for line in open("/proc/self/status"):
-        if line.startswith(field):
-            return int(line.split()[1])
 X = np.load({path!r}, mmap_mode="r")
 sample = np.asarray(X[:4096])
 km = outcore.KMeans(8, n_init=1, random_state=0, mem_cap="64MiB", n_jobs=2).fit(sample)
