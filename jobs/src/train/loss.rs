@@ -10,6 +10,7 @@
 
 use std::ops::Range;
 
+use super::kernel::{self, BLOCK};
 use super::load::Shard;
 
 /// One L-BFGS task's partial sums.
@@ -52,90 +53,37 @@ impl Shard {
     }
 
     /// Adds the log-loss of the training rows `rows` under `w` and its
-    /// gradient to `part` (whose gradient is zero).
+    /// gradient to `part` (whose gradient is zero), [`BLOCK`] rows at a
+    /// time: their scores, then each row's loss and the coefficients of
+    /// its gradient, then the gradient's update by those rows.
     fn add_task_loss(&self, rows: Range<usize>, w: &[f64], classes: usize, part: &mut Part) {
         let d = self.dims as usize;
         let stride = d + 1;
-        let (a, b) = (rows.start, rows.end);
-        let n = b - a;
-        // The task's rows in f64, then two GEMMs: the scores
-        // Z = X . W^T, and, once Z holds P - Y, the gradient P^T . X.
-        let xd: Vec<f64> = self.x[a * d..b * d].iter().map(|&v| f64::from(v)).collect();
-        let mut z = crate::zeros::<f64>(n * classes);
-        // SAFETY:
-        // - `xd` holds n*d values, row stride d, column stride 1;
-        // - W^T (d x classes) is read from `w` (classes*(d+1) values)
-        //   with row stride 1 and column stride d+1: element (j, c)
-        //   is w[c*(d+1) + j], j < d, never the bias column;
-        // - `z` holds n*classes values, row stride classes; beta = 0,
-        //   so its prior contents are not read; nothing aliases.
-        unsafe {
-            matrixmultiply::dgemm(
-                n,
-                d,
-                classes,
-                1.0,
-                xd.as_ptr(),
-                d as isize,
-                1,
-                w.as_ptr(),
-                1,
-                stride as isize,
-                0.0,
-                z.as_mut_ptr(),
-                classes as isize,
-                1,
-            );
-        }
-        // The binary model's row scores class 1; class 0 scores 0.
-        let first = usize::from(classes == 1);
-        for (r, zr) in z.chunks_exact_mut(classes).enumerate() {
-            for (c, v) in zr.iter_mut().enumerate() {
-                *v += w[c * stride + d];
+        // The block's rows in f64 (zeros past the task's last row, whose
+        // coefficients are zero too), their scores and their coefficients.
+        let mut xb = crate::zeros::<f64>(BLOCK * d);
+        let mut z = crate::zeros::<f64>(BLOCK * classes);
+        let mut g = crate::zeros::<f64>(BLOCK * classes);
+        let fma = kernel::fma();
+        for a in rows.clone().step_by(BLOCK) {
+            let n = BLOCK.min(rows.end - a);
+            for (o, &v) in xb.iter_mut().zip(&self.x[a * d..(a + n) * d]) {
+                *o = f64::from(v);
             }
-            let mut m = zr.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let mut e = zr.iter().map(|&v| (v - m).exp()).sum::<f64>();
-            if first == 1 {
-                m = m.max(0.0);
-                e = (zr[0] - m).exp() + (-m).exp();
+            xb[n * d..].fill(0.0);
+            kernel::scores(fma, &xb, w, classes, &mut z);
+            g.fill(0.0);
+            for r in 0..n {
+                let zr = &z[r * classes..(r + 1) * classes];
+                let y = self.y[a + r] as usize;
+                let sw = self.w.get(a + r).map_or(1.0, |&v| f64::from(v));
+                part.wsum += sw;
+                part.loss += sw * row_loss(zr, y, &mut g[r * classes..(r + 1) * classes], sw);
             }
-            let lse = m + e.ln();
-            let y = self.y[a + r] as usize;
-            let sw = self.w.get(a + r).map_or(1.0, |&v| f64::from(v));
-            let zy = if y >= first { zr[y - first] } else { 0.0 };
-            part.wsum += sw;
-            part.loss += sw * (lse - zy);
-            for (c, v) in zr.iter_mut().enumerate() {
-                let is_y = if c + first == y { 1.0 } else { 0.0 };
-                *v = sw * ((*v - lse).exp() - is_y);
-                part.grad[c * stride + d] += *v;
+            for c in 0..classes {
+                part.grad[c * stride + d] += (0..n).map(|r| g[r * classes + c]).sum::<f64>();
             }
-        }
-        // SAFETY:
-        // - P^T (classes x n) is read from `z` (n*classes values) with
-        //   row stride 1 and column stride classes;
-        // - `xd` holds n*d values, row stride d, column stride 1;
-        // - the gradient's weight columns (classes x d) are written
-        //   in `part.grad` with row stride d+1 and column stride 1,
-        //   never touching the bias column; beta = 0 (they are all
-        //   zero), and `part.grad` aliases neither input.
-        unsafe {
-            matrixmultiply::dgemm(
-                classes,
-                n,
-                d,
-                1.0,
-                z.as_ptr(),
-                1,
-                classes as isize,
-                xd.as_ptr(),
-                d as isize,
-                1,
-                0.0,
-                part.grad.as_mut_ptr(),
-                stride as isize,
-                1,
-            );
+            kernel::add_outer(fma, &xb, &g, classes, &mut part.grad);
         }
     }
 
@@ -165,6 +113,37 @@ impl Shard {
         }
         (correct, held)
     }
+}
+
+/// One row's log-loss from its scores `z` (with the bias) and its label
+/// `y`, and its gradient coefficients `sw * (p_c - [c = y])` in `g`.
+/// One score is scikit-learn's binary model: class 1's score against
+/// class 0's 0.
+fn row_loss(z: &[f64], y: usize, g: &mut [f64], sw: f64) -> f64 {
+    if let [z1] = *z {
+        // log(1 + e^z) and the logistic function, from e^-|z|.
+        let e = (-z1.abs()).exp();
+        let lse = z1.max(0.0) + e.ln_1p();
+        let p = if z1 >= 0.0 {
+            1.0 / (1.0 + e)
+        } else {
+            e / (1.0 + e)
+        };
+        let is_y = if y == 1 { 1.0 } else { 0.0 };
+        g[0] = sw * (p - is_y);
+        return lse - is_y * z1;
+    }
+    let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let mut s = 0.0;
+    for (gc, &zc) in g.iter_mut().zip(z) {
+        *gc = (zc - m).exp();
+        s += *gc;
+    }
+    for (c, gc) in g.iter_mut().enumerate() {
+        let is_y = if c == y { 1.0 } else { 0.0 };
+        *gc = sw * (*gc / s - is_y);
+    }
+    m + s.ln() - z[y]
 }
 
 /// Class scores `w_c . x + b_c` in f64 (`w` is `classes x (dims + 1)`),

@@ -63,6 +63,7 @@ use crate::error::{Error, Result};
 use crate::ranks::Ranks;
 use crate::session::Session;
 
+mod kernel;
 pub mod lbfgs;
 mod load;
 mod loss;
