@@ -8,8 +8,10 @@
 //! workers take blocks in turn, so reading one block overlaps computing
 //! another. What the pass holds is one block of rows and its results per
 //! worker (see [`Plan`]); the results go straight into the caller's
-//! output. Products are matrix products (`matrixmultiply`), in the
-//! precision of `T`.
+//! output. A block is taken through the finite check, the norms and the
+//! product a piece at a time, while the piece is in the core's cache.
+//! Products are matrix products (`matrixmultiply`), or dot products for
+//! an affine map of at most four outputs, in the precision of `T`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -254,8 +256,7 @@ pub fn apply<T: Real>(rows: &dyn Rows<T>, task: Task<'_, T>, plan: Plan) -> Resu
             .unwrap_or_default();
         let r = rows
             .read(first, count, &mut buf)
-            .and_then(|()| check_finite(&buf, first, cols))
-            .map(|()| block(&model, &buf, count, cols, width, out));
+            .and_then(|()| block(&model, &buf, first, cols, width, out));
         spare.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
         if let Err(e) = r {
             failed.store(true, Ordering::Relaxed);
@@ -382,17 +383,82 @@ fn sum_sq<T: Real>(r: &[T]) -> T {
         .fold(tail, |s, l| s.mul_add(T::of_f32(1.0), *l))
 }
 
-/// One block: `count` rows of `x` through the model into `out`.
+impl<'a, T> Out<'a, T> {
+    /// This output cut into pieces of `rows` rows (`width` values each).
+    fn pieces(self, rows: usize, width: usize) -> Vec<Out<'a, T>> {
+        match self {
+            Out::Nearest(l, d) => l
+                .chunks_mut(rows)
+                .zip(d.chunks_mut(rows))
+                .map(|(l, d)| Out::Nearest(l, d))
+                .collect(),
+            Out::Values(o) => o.chunks_mut(rows * width).map(Out::Values).collect(),
+        }
+    }
+
+    /// Its rows.
+    fn rows(&self, width: usize) -> usize {
+        match self {
+            Out::Nearest(l, _) => l.len(),
+            Out::Values(o) => o.len() / width.max(1),
+        }
+    }
+}
+
+/// Rows of a block taken through the check, the norms and the product
+/// together, so that they stay in the core's cache: about 256 KiB of
+/// them, and at least four per model row (the product packs the model
+/// once per piece).
+fn piece_rows(cols: usize, width: usize, elem: usize) -> usize {
+    ((256usize << 10) / (cols.max(1) * elem))
+        .max(4 * width)
+        .max(1)
+}
+
+/// One block: the rows of `x` (the first is row `first`) through the
+/// model into `out`, a piece at a time; a value that is not finite stops
+/// it.
 fn block<T: Real>(
     model: &Model<'_, T>,
     x: &[T],
-    count: usize,
+    first: u64,
     cols: usize,
     width: usize,
     out: Out<'_, T>,
+) -> Result<()> {
+    let p = piece_rows(cols, width, std::mem::size_of::<T>());
+    let (mut tile, mut xn) = (Vec::new(), Vec::new());
+    for (i, o) in out.pieces(p, width).into_iter().enumerate() {
+        let n = o.rows(width);
+        let xs = &x[i * p * cols..(i * p + n) * cols];
+        check_finite(xs, first + (i * p) as u64, cols)?;
+        piece(model, xs, (n, cols, width), o, (&mut tile, &mut xn));
+    }
+    Ok(())
+}
+
+/// Outputs this narrow or narrower are dot products, not a matrix
+/// product (which would pad them to its kernel's width).
+const NARROW: usize = 4;
+
+/// One piece: `n` rows of `x` through the model into `out`, with `tile`
+/// and `xn` as room for the products and the rows' norms.
+fn piece<T: Real>(
+    model: &Model<'_, T>,
+    x: &[T],
+    (n, cols, width): (usize, usize, usize),
+    out: Out<'_, T>,
+    (tile, xn): (&mut Vec<T>, &mut Vec<T>),
 ) {
-    let mut tile = vec![T::ZERO; count * width];
-    T::gemm_nt(count, width, cols, x, model.w, &mut tile);
+    let out = match (model.kind, out) {
+        (Kind::Affine, Out::Values(o)) if width <= NARROW && cols > 0 => {
+            return affine_narrow(model, x, cols, width, o);
+        }
+        (_, out) => out,
+    };
+    tile.clear();
+    tile.resize(n * width, T::ZERO);
+    T::gemm_nt(n, width, cols, x, model.w, tile);
     match (model.kind, out) {
         (Kind::Affine, Out::Values(o)) => {
             for (dst, src) in o.chunks_mut(width).zip(tile.chunks(width)) {
@@ -402,8 +468,31 @@ fn block<T: Real>(
             }
         }
         (kind, out) => {
-            let xn: Vec<T> = x[..count * cols].chunks(cols.max(1)).map(sum_sq).collect();
-            distances(kind, &xn, &model.extra, &tile, width, out);
+            xn.clear();
+            xn.extend(x[..n * cols].chunks(cols.max(1)).map(sum_sq));
+            distances(kind, xn, &model.extra, tile, width, out);
+        }
+    }
+}
+
+/// `x W^T + b` for a narrow `W`: each output a dot product in eight
+/// lanes.
+fn affine_narrow<T: Real>(model: &Model<'_, T>, x: &[T], cols: usize, width: usize, o: &mut [T]) {
+    for (dst, xr) in o.chunks_mut(width).zip(x.chunks_exact(cols)) {
+        let outputs = model.w.chunks_exact(cols).zip(&model.extra);
+        for (d, (wr, b)) in dst.iter_mut().zip(outputs) {
+            let mut lanes = [T::ZERO; 8];
+            let (xc, wc) = (xr.chunks_exact(8), wr.chunks_exact(8));
+            let tail = xc.remainder().iter().zip(wc.remainder());
+            let tail = tail.fold(*b, |s, (a, w)| a.mul_add(*w, s));
+            for (a, w) in xc.zip(wc) {
+                for t in 0..8 {
+                    lanes[t] = a[t].mul_add(w[t], lanes[t]);
+                }
+            }
+            *d = lanes
+                .iter()
+                .fold(tail, |s, l| s.mul_add(T::of_f32(1.0), *l));
         }
     }
 }

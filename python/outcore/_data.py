@@ -173,7 +173,8 @@ def write_npy(X, directory=None, dtype=np.float32, what="X", memfile=None):
                     raise ValueError(
                         f"Input {what} contains {kind} at row {start + r}, column {c}"
                     )
-                f.write(block.tobytes())
+                # The block's own buffer: no copy of it as bytes first.
+                f.write(memoryview(block.reshape(-1)).cast("B"))
     except BaseException:
         if memfile is None:
             os.unlink(path)
