@@ -133,9 +133,10 @@ fn lloyd_matches_an_independent_reference() {
 }
 
 /// A centre no point chose: Lloyd moves it onto the point farthest from
-/// its centre (as scikit-learn), mini-batch leaves it where it is.
+/// its centre (as scikit-learn); mini-batch reassigns it onto a row of the
+/// batch, the same whatever the partitions and workers, unless told not to.
 #[test]
-fn an_empty_cluster_takes_the_farthest_point_in_lloyd() {
+fn an_empty_cluster_moves_in_lloyd_and_in_mini_batch() {
     let d = 6;
     let mut x = blobs(600, &centres(), 1.0, 3);
     // Row 321 is an outlier: the farthest point from every centre.
@@ -146,7 +147,15 @@ fn an_empty_cluster_takes_the_farthest_point_in_lloyd() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_data(dir.path(), &x, d);
     let session = Session::new(Runtime::builder().build().unwrap());
-    let ds = kmeans::load(&session, &Source::Npy(path), None, None, 1 << 20, |_, _| {}).unwrap();
+    let ds = kmeans::load(
+        &session,
+        &Source::Npy(path.clone()),
+        None,
+        None,
+        1 << 20,
+        |_, _| {},
+    );
+    let ds = ds.unwrap();
     for algorithm in [Algorithm::Lloyd, Algorithm::MiniBatch] {
         let cfg = Config {
             k: 5,
@@ -159,7 +168,30 @@ fn an_empty_cluster_takes_the_farthest_point_in_lloyd() {
         let out = kmeans::run(&session, &ds, &cfg, |_| {}).unwrap();
         assert!(out.inertia.is_finite());
         if algorithm == Algorithm::MiniBatch {
-            assert_eq!(out.centers.row(4), &far[..], "mini-batch moved it");
+            assert!(
+                out.centers.row(4).iter().all(|v| v.abs() < 100.0),
+                "not reassigned"
+            );
+            assert!(out.relocated >= 1);
+            // Other partitions and one worker: the same bytes.
+            let small = Session::new(Runtime::builder().workers(1).build().unwrap());
+            let parts = kmeans::load(
+                &small,
+                &Source::Npy(path.clone()),
+                None,
+                None,
+                16 << 10,
+                |_, _| {},
+            );
+            let again = kmeans::run(&small, &parts.unwrap(), &cfg, |_| {}).unwrap();
+            assert_eq!(again.centers.values, out.centers.values);
+            assert_eq!(again.relocated, out.relocated);
+            let off = Config {
+                reassignment_ratio: 0.0,
+                ..cfg
+            };
+            let out = kmeans::run(&session, &ds, &off, |_| {}).unwrap();
+            assert_eq!(out.centers.row(4), &far[..], "reassignment off moved it");
             assert_eq!(out.relocated, 0);
             continue;
         }

@@ -391,6 +391,48 @@ fn lloyd_from_a_file_is_the_same_on_any_number_of_ranks() {
     assert!(s["relocated"].as_u64().unwrap() >= 3, "{s}");
 }
 
+#[test]
+fn minibatch_reassignment_is_the_same_on_any_number_of_ranks() {
+    if !have_mpirun() {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let x = gen(data.path(), "6MiB", 24);
+    // Three of the eight initial centres far from every row: empty after
+    // the first step, they move onto rows of the batch (drawn by hash on
+    // every rank, sent by the rank holding them).
+    let init = (0..8 * 24).map(|i| if i < 3 * 24 { 1e4 } else { (i % 7) as f32 });
+    let init = npy_f32(data.path(), "init.npy", "(8, 24)", init);
+    let s = same_bytes_for_every_count(
+        &[
+            "kmeans",
+            "--input",
+            x.to_str().unwrap(),
+            "--init",
+            init.to_str().unwrap(),
+            "--k",
+            "8",
+            "--epochs",
+            "2",
+            "--shards",
+            "4",
+            "--batch-tasks",
+            "10",
+            "--task-points",
+            "500",
+            "--mem-cap",
+            "2MiB",
+            "--partitions",
+            "24",
+            "--output",
+            "c.npy",
+        ],
+        &["c.npy"],
+        &["inertia", "epoch_inertia", "relocated"],
+    );
+    assert!(s["relocated"].as_u64().unwrap() >= 3, "{s}");
+}
+
 /// `--labels` of tall thin data on 2 ranks: each rank streams its rows'
 /// labels (rank 0 into the file, rank 1 to rank 0 a piece at a time once
 /// the run is done), so no rank's accounted peak grows by the labels (4

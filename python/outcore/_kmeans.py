@@ -499,7 +499,7 @@ class KMeans(_KMeansBase):
             raise _bad(self, "algorithm", "a str among {'elkan', 'lloyd'}", self.algorithm)
         _bool_param(self, "copy_x")
         params = dict(lloyd=True, max_iter=int(self.max_iter), tol=float(self.tol), batch_tasks=1,
-                      task_points=1100, max_no_improvement=None)
+                      task_points=1100, max_no_improvement=None, reassignment_ratio=0.0)
         _, self.labels_ = self._fit(X, sample_weight, params)
         distinct = len(np.unique(self.labels_))
         if distinct < self.n_clusters:
@@ -551,9 +551,13 @@ class MiniBatchKMeans(_KMeansBase):
         (the best final inertia is kept); callable inits are compared on
         ``init_size`` rows before one run, as scikit-learn's.
     reassignment_ratio : float, default=0.01
-        ``partial_fit``: centres whose accumulated weight is below this
-        fraction of the largest are moved onto random rows of the batch,
-        as scikit-learn's. ``fit`` (the engine) does not reassign.
+        Centres whose accumulated weight is below this fraction of the
+        largest are moved onto rows of the batch, checked every
+        ``10 * n_clusters`` rows and after every step while a centre has
+        no weight, as scikit-learn's. ``partial_fit`` draws the rows at
+        random; ``fit`` (the engine) takes the rows whose hash of the
+        seed, the step and the row index is smallest, so the centres are
+        the same under any cap and on any number of processes.
     mem_cap, spill_dir, n_jobs, timeline
         As :class:`outcore.KMeans`.
 
@@ -650,7 +654,8 @@ class MiniBatchKMeans(_KMeansBase):
         mni = self.max_no_improvement
         params = dict(lloyd=False, max_iter=int(self.max_iter), tol=float(self.tol),
                       batch_tasks=-(-batch // task), task_points=task,
-                      max_no_improvement=None if mni is None else int(mni))
+                      max_no_improvement=None if mni is None else int(mni),
+                      reassignment_ratio=float(self.reassignment_ratio))
         out, labels = self._fit(X, sample_weight, params)
         self.n_steps_ = int(out["n_steps"])
         if self.compute_labels:

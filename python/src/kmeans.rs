@@ -31,6 +31,7 @@ pub(crate) struct Params {
     batch_tasks: usize,
     task_points: usize,
     max_no_improvement: Option<usize>,
+    reassignment_ratio: f64,
     shards: usize,
 }
 
@@ -68,6 +69,7 @@ impl Params {
             seed: self.seed,
             tol: self.tol,
             max_no_improvement: self.max_no_improvement,
+            reassignment_ratio: self.reassignment_ratio,
             n_init: self.n_init.max(1),
             shards: self.shards.max(1),
         })
@@ -201,6 +203,9 @@ impl Narrator<'_> {
                     )
                 })
             }
+            Event::Reassigned { centres } => Some(format!(
+                "[MiniBatchKMeans] Reassigning {centres} cluster centers."
+            )),
             Event::Converged { steps, why } => Some(match (lloyd, why) {
                 (true, _) if self.cfg.tol <= 0.0 => {
                     // Centres that did not move: the labels did not change.

@@ -78,6 +78,11 @@ pub(super) struct KmeansArgs {
     /// never).
     #[arg(long, value_name = "N")]
     max_no_improvement: Option<usize>,
+    /// Mini-batch: after a step, centres whose accumulated weight is
+    /// under R times the largest move onto rows of the batch
+    /// (scikit-learn's reassignment_ratio; 0: never).
+    #[arg(long, value_name = "R", default_value_t = 0.01)]
+    reassignment_ratio: f64,
     /// Runs from N initialisations (the first from --seed); the lowest
     /// final inertia is kept.
     #[arg(long, value_name = "N", default_value_t = 1)]
@@ -224,6 +229,7 @@ fn warn_unused(a: &KmeansArgs, given: &Given) {
                 ("epochs", "--epochs"),
                 ("batch_tasks", "--batch-tasks"),
                 ("max_no_improvement", "--max-no-improvement"),
+                ("reassignment_ratio", "--reassignment-ratio"),
             ],
             "applies to --algorithm minibatch",
         ),
@@ -433,6 +439,12 @@ fn check_numbers(a: &KmeansArgs) -> Result<usize> {
                     "--max-no-improvement must be at least 1".into(),
                 ));
             }
+            let r = a.reassignment_ratio;
+            if !(r.is_finite() && r >= 0.0) {
+                return Err(Error::Input(format!(
+                    "--reassignment-ratio must be a number >= 0, not {r}"
+                )));
+            }
         }
         AlgorithmArg::Lloyd => {
             positive("--iterations", a.iterations)?;
@@ -500,6 +512,7 @@ fn config(a: &KmeansArgs, init: Init, k: usize, shards: usize) -> Config {
             AlgorithmArg::Lloyd => 1e-4,
         }),
         max_no_improvement: a.max_no_improvement,
+        reassignment_ratio: a.reassignment_ratio,
         n_init: a.n_init,
         shards,
     }
@@ -553,6 +566,7 @@ impl<'a> Reporter<'a> {
                 self.fb
                     .stage(&format!("{} 1/{}", self.word, self.passes), self.rows);
             }
+            Event::Reassigned { .. } => {}
             Event::FinalPass => self
                 .session
                 .phase(&format!("{}final pass", self.run_prefix)),

@@ -4,6 +4,7 @@
 
 use super::assign::{Packed, Reduced};
 use super::fold::sweep_sums;
+use super::reassign::Reassign;
 use super::{lend, squared_shift, Centers, Config, Converged, Event, Pass, Solver, Swept};
 use crate::error::Result;
 
@@ -29,12 +30,14 @@ pub(super) struct MiniBatch {
     batches: u64,
     /// Steps (batches) made.
     steps: usize,
+    reassign: Reassign,
 }
 
 impl MiniBatch {
     /// A run under `cfg` on `pass`'s data, whose mean per-feature variance
     /// is about `variance`.
-    pub(super) fn new(cfg: &Config, pass: &Pass<'_>, variance: f64) -> MiniBatch {
+    /// `seed`: the run's.
+    pub(super) fn new(cfg: &Config, pass: &Pass<'_>, variance: f64, seed: u64) -> MiniBatch {
         let (k, d) = (cfg.k, pass.ds.dims);
         MiniBatch {
             tol: cfg.tol * variance,
@@ -49,6 +52,7 @@ impl MiniBatch {
             packed: Packed { k, d, stats: false },
             batches: pass.plan.batches(cfg.batch_tasks),
             steps: 0,
+            reassign: Reassign::new(cfg.reassignment_ratio, seed),
         }
     }
 
@@ -143,8 +147,26 @@ impl Solver for MiniBatch {
             out.inertia += r.inertia;
             out.kernel_seconds += kernel;
             let before = self.shift.then(|| centers.values.clone());
+            let rows = self.batch_rows(pass, b);
+            let due = self.reassign.due(&self.totals, rows);
             update(centers, &mut self.totals, &r.sums, &r.wsum);
             pass.spare.push(r.sums);
+            if due {
+                let at = (pass.rt, pass.ds, pass.plan);
+                let batch = (b, self.batch_tasks);
+                let n = (self.reassign).apply(
+                    at,
+                    centers,
+                    &mut self.totals,
+                    batch,
+                    rows,
+                    self.steps,
+                )?;
+                if n > 0 {
+                    on(Event::Reassigned { centres: n });
+                }
+                out.relocated += n;
+            }
             done += local;
             self.steps += 1;
             on(Event::Progress {
@@ -155,7 +177,6 @@ impl Solver for MiniBatch {
             if !self.watch || self.steps == 1 {
                 continue;
             }
-            let rows = self.batch_rows(pass, b);
             out.converged = self.stop(r.inertia, rows, pass.ds.rows, before, centers);
             if out.converged.is_some() {
                 break;

@@ -62,6 +62,7 @@ mod kernel;
 mod lloyd;
 mod minibatch;
 mod plan;
+mod reassign;
 mod relocate;
 mod shards;
 mod stats;
@@ -314,6 +315,10 @@ pub struct Config {
     /// the smoothed batch inertia (scikit-learn's `max_no_improvement`);
     /// `None`: never.
     pub max_no_improvement: Option<usize>,
+    /// Mini-batch: centres whose accumulated weight falls under this
+    /// share of the largest move onto rows of the batch (scikit-learn's
+    /// `reassignment_ratio`; 0: never). See `reassign.rs`.
+    pub reassignment_ratio: f64,
     /// Runs from different initialisations (the first from `seed`); the
     /// one with the lowest final inertia is kept.
     pub n_init: usize,
@@ -342,6 +347,7 @@ impl Default for Config {
             seed: 0,
             tol: 0.0,
             max_no_improvement: None,
+            reassignment_ratio: 0.01,
             n_init: 1,
             shards: 8,
         }
@@ -406,6 +412,11 @@ pub enum Event {
         /// Why.
         why: Converged,
     },
+    /// Mini-batch: light centres moved onto rows of the batch just made.
+    Reassigned {
+        /// How many.
+        centres: usize,
+    },
     /// The last pass over the data starts: the final inertia (and the
     /// labels, with [`run_with_labels`]).
     FinalPass,
@@ -451,8 +462,10 @@ pub struct Outcome {
     pub combine_seconds: f64,
     /// Combines made (one per step).
     pub combines: usize,
-    /// Centres no point chose in a Lloyd iteration, moved onto the points
-    /// farthest from their centres (as scikit-learn), over the kept run.
+    /// Centres moved, over the kept run: in a Lloyd iteration the ones
+    /// no point chose, onto the points farthest from their centres; in a
+    /// mini-batch step the light ones, onto rows of the batch (both as
+    /// scikit-learn).
     pub relocated: usize,
 }
 
@@ -720,7 +733,10 @@ fn run_once(
         combine: (0.0, 0),
     };
     let (mut solver, passes): (Box<dyn Solver>, usize) = match cfg.algorithm {
-        Algorithm::MiniBatch => (Box::new(MiniBatch::new(cfg, &pass, variance)), cfg.epochs),
+        Algorithm::MiniBatch => (
+            Box::new(MiniBatch::new(cfg, &pass, variance, seed)),
+            cfg.epochs,
+        ),
         Algorithm::Lloyd => (Box::new(Lloyd::new(cfg, &pass, &centers)), cfg.iterations),
     };
     let mut history = History::default();

@@ -118,6 +118,19 @@ impl<'a> Plan<'a> {
         (self.rows - t * self.tp).min(self.tp)
     }
 
+    /// First global row of task `t`.
+    pub(super) fn task_start(&self, t: u64) -> u64 {
+        t * self.tp
+    }
+
+    /// The rank that holds global row `r`.
+    pub(super) fn rank_of_row(&self, r: u64) -> usize {
+        let (t, size) = (r / self.tp, self.ranks.size());
+        (0..size)
+            .find(|&k| self.shards.tasks_of_rank(k, size).contains(&t))
+            .unwrap_or(0)
+    }
+
     /// Mini-batch: the tasks shard `s` gives to batch `b`.
     pub(super) fn batch_tasks(&self, s: usize, b: u64, batch_tasks: usize) -> Range<u64> {
         let r = self.shards.tasks(s);

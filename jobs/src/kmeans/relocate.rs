@@ -167,7 +167,7 @@ fn merge_ranks(plan: &Plan<'_>, local: &[Far], m: usize) -> Result<Vec<(Far, usi
 }
 
 /// Global row `row` of this rank's data, in f64, and its sample weight.
-fn read_row(rt: &Runtime, ds: &Dataset, row: u64) -> Result<(Vec<f64>, f64)> {
+pub(super) fn read_row(rt: &Runtime, ds: &Dataset, row: u64) -> Result<(Vec<f64>, f64)> {
     let mut first = ds.first_row;
     for (part, &rows) in ds.part_rows.iter().enumerate() {
         let end = first + u64::from(rows);

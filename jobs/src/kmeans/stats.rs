@@ -134,13 +134,16 @@ pub struct KmeansStats<'a> {
     pub tol: f64,
     /// Mini-batch: steps without improvement that stop the run.
     pub max_no_improvement: Option<usize>,
+    /// Mini-batch: `reassignment_ratio` (0: off).
+    pub reassignment_ratio: f64,
     /// Runs from different initialisations.
     pub n_init: usize,
     /// The run kept (from 0).
     pub best_init: usize,
     /// Every run's final inertia.
     pub init_inertia: &'a [f64],
-    /// Lloyd: empty centres moved onto far points in the kept run.
+    /// Centres moved in the kept run: Lloyd's empty ones onto far points,
+    /// mini-batch's light ones onto rows of a batch.
     pub relocated: usize,
     /// Whether rows had sample weights.
     pub weighted: bool,
@@ -204,6 +207,7 @@ impl<'a> KmeansStats<'a> {
             stop: out.converged.map(|c| c.describe()),
             tol: cfg.tol,
             max_no_improvement: cfg.max_no_improvement,
+            reassignment_ratio: cfg.reassignment_ratio,
             n_init: out.init_inertia.len(),
             best_init: out.best_init,
             init_inertia: &out.init_inertia,
