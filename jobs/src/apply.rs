@@ -362,6 +362,7 @@ fn check_finite<T: Real>(x: &[T], first: u64, cols: usize) -> Result<()> {
         row: first + (i / cols.max(1)) as u64,
         col: i % cols.max(1),
         nan: x[i].to_f64().is_nan(),
+        path: None,
     })
 }
 

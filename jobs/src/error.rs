@@ -40,6 +40,8 @@ pub enum Error {
         col: usize,
         /// NaN, not infinite.
         nan: bool,
+        /// The file it is in, when it comes from one.
+        path: Option<PathBuf>,
     },
     /// An output file cannot be written (other than an I/O error): the path
     /// is a directory, or the data does not match what was announced.
@@ -73,11 +75,21 @@ impl fmt::Display for Error {
                 source,
             } => write!(f, "{}: {action}: {source}", path.display()),
             Error::Output { path, reason } => write!(f, "{}: {reason}", path.display()),
-            Error::NotFinite { row, col, nan } => write!(
-                f,
-                "row {row}, column {col} is {} (the data must be finite)",
-                if *nan { "NaN" } else { "infinite" }
-            ),
+            Error::NotFinite {
+                row,
+                col,
+                nan,
+                path,
+            } => {
+                if let Some(p) = path {
+                    write!(f, "{}: ", p.display())?;
+                }
+                let what = if *nan { "NaN" } else { "infinite" };
+                write!(
+                    f,
+                    "row {row}, column {col} is {what} (the data must be finite)"
+                )
+            }
         }
     }
 }
@@ -104,7 +116,7 @@ impl From<outcore::Error> for Error {
                     io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
                 ) =>
             {
-                Error::Input(source.to_string())
+                crate::npy::BadValue::of_read(&source)
             }
             e => Error::Runtime(e),
         }

@@ -25,7 +25,7 @@ pub(crate) fn to_py(e: outcore_jobs::Error) -> PyErr {
     use outcore_jobs::Error;
     let msg = e.to_string();
     match e {
-        Error::NotFinite { row, col, nan } => PyValueError::new_err(format!(
+        Error::NotFinite { row, col, nan, .. } => PyValueError::new_err(format!(
             "Input X contains {} at row {row}, column {col}",
             if nan { "NaN" } else { "infinity" }
         )),

@@ -120,14 +120,24 @@ def test_logistic_regression_matches_scikit_learn(classes):
 
 
 def test_a_nan_is_a_value_error_naming_its_row_and_column(blobs):
+    """In scikit-learn's words, whether the rows come from an array, a
+    path or a memmap, in a fit or after it."""
     X = np.load(blobs[0])
     X[1234, 5] = np.nan
-    with pytest.raises(ValueError, match="row 1234, column 5"):
-        outcore.KMeans(3).fit(X)
     bad = blobs[0].parent / "bad.npy"
     np.save(bad, X)
-    with pytest.raises(ValueError, match="row 1234, column 5 is NaN"):
-        outcore.KMeans(3).fit(bad)
+    words = "Input X contains NaN at row 1234, column 5"
+    y = np.arange(len(X)) % 2
+    fitted = outcore.KMeans(3, n_init=1).fit(np.load(blobs[0]))
+    for data in (X, bad, np.load(bad, mmap_mode="r")):
+        with pytest.raises(ValueError, match=words):
+            outcore.KMeans(3).fit(data)
+        with pytest.raises(ValueError, match=words):
+            outcore.MiniBatchKMeans(3).fit(data)
+        with pytest.raises(ValueError, match=words):
+            outcore.LogisticRegression().fit(data, y)
+        with pytest.raises(ValueError, match=words):
+            fitted.predict(data)
 
 
 def test_bad_inputs_raise_scikit_learns_exceptions(blobs):

@@ -28,6 +28,38 @@ use serde::Serialize;
 pub use state::State;
 pub(crate) use state::{EvictStep, PinStep};
 
+/// A failed load's error, shared by every error that reports it: the
+/// tasks that come after the load get the error itself (its kind, its
+/// message, and its payload for a caller that downcasts it), not a copy
+/// of its text.
+#[derive(Clone, Debug)]
+pub(crate) struct Damage(std::sync::Arc<io::Error>);
+
+impl Damage {
+    /// Keeps `e`.
+    pub(crate) fn new(e: io::Error) -> Damage {
+        Damage(std::sync::Arc::new(e))
+    }
+
+    /// An `io::Error` of the same kind and message, whose source is the
+    /// kept error.
+    pub(crate) fn error(&self) -> io::Error {
+        io::Error::new(self.0.kind(), self.clone())
+    }
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Damage {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
 use crate::alloc::BypassGuard;
 use crate::spill::{self, FileKey};
 
@@ -112,7 +144,7 @@ pub(crate) struct Inner {
     /// Dispatch sequence numbers of pending tasks, in order.
     pub pending: std::collections::VecDeque<u64>,
     /// Why the executor is damaged (a failed load), when it is.
-    pub damage: Option<(io::ErrorKind, String)>,
+    pub damage: Option<Damage>,
     /// Removed while pinned by the task that dropped its last handle: the
     /// value is dropped when that task releases it.
     pub drop_on_release: bool,

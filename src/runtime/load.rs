@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use super::shared::{drop_user_value, panic_message, pinned_here, Shared};
 use crate::alloc;
 use crate::error::{Error, Result};
-use crate::executor::{PinStep, Slot, SlotGuard, State, FROM_LINEAGE};
+use crate::executor::{Damage, PinStep, Slot, SlotGuard, State, FROM_LINEAGE};
 use crate::spill::Loaded;
 use crate::stats::Counters;
 
@@ -90,9 +90,11 @@ impl Shared {
                 Ok(())
             }
             Err(source) => {
-                g.damage = Some((source.kind(), source.to_string()));
+                let damage = Damage::new(source);
+                let e = damage.error();
+                g.damage = Some(damage);
                 slot.set_state(&mut g, State::Damaged);
-                Err(self.load_error(slot, file_gen, source))
+                Err(self.load_error(slot, file_gen, e))
             }
         }
     }
@@ -370,11 +372,11 @@ impl Shared {
                 executor: slot.label.clone(),
             },
             State::Damaged => {
-                let (kind, msg) = g
-                    .damage
-                    .clone()
-                    .unwrap_or((io::ErrorKind::InvalidData, String::new()));
-                self.load_error(slot, g.file_gen, io::Error::new(kind, msg))
+                let e = match &g.damage {
+                    Some(d) => d.error(),
+                    None => io::Error::from(io::ErrorKind::InvalidData),
+                };
+                self.load_error(slot, g.file_gen, e)
             }
             _ => Error::UnknownExecutor {
                 executor: slot.label.clone(),

@@ -155,6 +155,7 @@ fn a_value_not_finite_is_named_by_its_row_and_column() {
                 row: 120,
                 col: 1,
                 nan: true,
+                path: None,
             }) => {}
             other => panic!("{other:?}"),
         }

@@ -208,7 +208,7 @@ impl Rows {
             Rows::Plain { path, .. } => path.clone(),
         };
         crate::npy::check_finite(&out[start..], self.dims(), first)
-            .map_err(|bad| Error::Input(format!("{}: {bad}", path.display())))
+            .map_err(|bad| bad.at(&path).into_error())
     }
 
     fn read_any(&mut self, first: u64, n: usize, out: &mut Vec<f32>) -> Result<()> {

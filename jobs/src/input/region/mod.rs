@@ -307,7 +307,7 @@ impl Region {
         if let Err(bad) = crate::npy::check_finite(values, self.dims, first) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("{}: {bad}", self.path.display()),
+                bad.at(&self.path),
             ));
         }
         Ok(())
@@ -390,7 +390,7 @@ impl Region {
             if let Err(bad) = crate::npy::check_finite(&out[at..], self.dims, r) {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
-                    format!("{}: {bad}", self.path.display()),
+                    bad.at(&self.path),
                 ));
             }
         }
