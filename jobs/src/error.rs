@@ -31,8 +31,9 @@ pub enum Error {
         /// The underlying error.
         source: io::Error,
     },
-    /// A value of the input is NaN or infinite (found where the rows are
-    /// read, as in a model's application to new rows).
+    /// A value of the input is NaN or infinite, found where the rows are
+    /// read: loading, rebuilding an evicted partition, or applying a model
+    /// to new rows.
     NotFinite {
         /// Its row (from 0).
         row: u64,
@@ -109,7 +110,8 @@ impl From<outcore::Error> for Error {
     fn from(e: outcore::Error) -> Error {
         match e {
             // The input read again by an executor's lineage is malformed
-            // or changed: bad input, named by the reader's message.
+            // or changed: bad input, named by the reader's message (a value
+            // that is not finite as such).
             outcore::Error::Rebuild { source, .. }
                 if matches!(
                     source.kind(),

@@ -82,7 +82,7 @@ impl Reassign {
             }
         }
         let rest = (0..totals.len())
-            .filter(|j| !light.contains(j))
+            .filter(|j| light.binary_search(j).is_err())
             .map(|j| totals[j])
             .fold(f64::INFINITY, f64::min);
         for &j in &light[..picks.len()] {
@@ -94,11 +94,14 @@ impl Reassign {
 }
 
 /// The centres whose weight is under `ratio` times the largest, at most
-/// half the batch's `rows` of them (the lightest, then the lowest index).
+/// half the batch's `rows` of them (the lightest, then the lowest index),
+/// and never the heaviest (the first of them): with a ratio over 1 every
+/// centre would be light, and none left to give the light ones a weight.
 fn light_centres(totals: &[f64], ratio: f64, rows: u64) -> Vec<usize> {
-    let max = totals.iter().copied().fold(0.0, f64::max);
+    let heaviest = (0..totals.len()).fold(0, |h, j| if totals[j] > totals[h] { j } else { h });
+    let max = totals.get(heaviest).copied().unwrap_or(0.0);
     let mut light: Vec<usize> = (0..totals.len())
-        .filter(|&j| totals[j] < ratio * max)
+        .filter(|&j| j != heaviest && totals[j] < ratio * max)
         .collect();
     let most = (rows / 2) as usize;
     if light.len() > most {
@@ -144,6 +147,11 @@ mod tests {
         assert!(
             light_centres(&[0.0, 0.0], 0.01, 100).is_empty(),
             "no weight anywhere"
+        );
+        // A ratio over 1: all but the heaviest (the first of two).
+        assert_eq!(
+            light_centres(&[3.0, 5.0, 5.0, 1.0], 2.0, 1000),
+            vec![0, 2, 3]
         );
     }
 

@@ -11,42 +11,58 @@
 /// Rows per block.
 pub(super) const BLOCK: usize = 4;
 
-/// Whether this CPU runs the AVX2 and FMA build of the kernels.
-pub(super) fn fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+/// Which build of the kernels runs: the AVX2 and FMA one only where the
+/// CPU has them (a value that says so comes from [`Isa::detect`] alone),
+/// else the plain one.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Isa {
+    fma: bool,
+}
+
+impl Isa {
+    /// The best build this CPU runs.
+    pub(super) fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        let fma = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma");
+        #[cfg(not(target_arch = "x86_64"))]
+        let fma = false;
+        Isa { fma }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+
+    /// The plain build.
+    #[cfg(test)]
+    fn plain() -> Isa {
+        Isa { fma: false }
     }
 }
 
 /// `z[r * classes + c] = w_c . x_r + b_c` for the [`BLOCK`] rows of `x`
 /// (`d` values each, f64), with `w` holding `classes` rows of `d + 1`
-/// (the weights, then the bias). `fma`: [`fma()`]'s answer.
-pub(super) fn scores(fma: bool, x: &[f64], w: &[f64], classes: usize, z: &mut [f64]) {
+/// (the weights, then the bias).
+pub(super) fn scores(isa: Isa, x: &[f64], w: &[f64], classes: usize, z: &mut [f64]) {
     #[cfg(target_arch = "x86_64")]
-    if fma {
-        // SAFETY: `fma` is `fma()`'s answer: the CPU has AVX2 and FMA.
+    if isa.fma {
+        // SAFETY: `isa.fma` is set by `Isa::detect` alone, after checking
+        // that the CPU has AVX2 and FMA.
         unsafe { scores_fma(x, w, classes, z) };
         return;
     }
-    let _ = fma;
+    let _ = isa;
     scores_any(x, w, classes, z);
 }
 
 /// `grad[c * (d + 1) + j] += sum_r g[r * classes + c] * x_r[j]` for the
 /// [`BLOCK`] rows of `x`, row after row (the bias column is left alone).
-pub(super) fn add_outer(fma: bool, x: &[f64], g: &[f64], classes: usize, grad: &mut [f64]) {
+pub(super) fn add_outer(isa: Isa, x: &[f64], g: &[f64], classes: usize, grad: &mut [f64]) {
     #[cfg(target_arch = "x86_64")]
-    if fma {
-        // SAFETY: `fma` is `fma()`'s answer: the CPU has AVX2 and FMA.
+    if isa.fma {
+        // SAFETY: `isa.fma` is set by `Isa::detect` alone, after checking
+        // that the CPU has AVX2 and FMA.
         unsafe { add_outer_fma(x, g, classes, grad) };
         return;
     }
-    let _ = fma;
+    let _ = isa;
     add_outer_any(x, g, classes, grad);
 }
 
@@ -133,11 +149,11 @@ mod tests {
             .map(|i| (i as f64 * 0.11).cos())
             .collect();
         let g: Vec<f64> = (0..BLOCK * classes).map(|i| i as f64 - 4.5).collect();
-        for fma in [false, fma()] {
+        for isa in [Isa::plain(), Isa::detect()] {
             let mut z = vec![0.0; BLOCK * classes];
-            scores(fma, &x, &w, classes, &mut z);
+            scores(isa, &x, &w, classes, &mut z);
             let mut grad = vec![1.0; classes * (d + 1)];
-            add_outer(fma, &x, &g, classes, &mut grad);
+            add_outer(isa, &x, &g, classes, &mut grad);
             for r in 0..BLOCK {
                 for c in 0..classes {
                     let dot: f64 = (0..d).map(|j| w[c * (d + 1) + j] * x[r * d + j]).sum();
@@ -158,7 +174,7 @@ mod tests {
     /// The AVX2 build gives the plain build's bits.
     #[test]
     fn the_fma_build_gives_the_same_bits() {
-        if !fma() {
+        if !Isa::detect().fma {
             return;
         }
         let (d, classes) = (37, 2);
@@ -169,13 +185,13 @@ mod tests {
             .map(|i| (i as f64 * 0.13).cos())
             .collect();
         let g: Vec<f64> = (0..BLOCK * classes).map(|i| (i as f64).sqrt()).collect();
-        let run = |fma| {
+        let run = |isa| {
             let mut z = vec![0.0; BLOCK * classes];
-            scores(fma, &x, &w, classes, &mut z);
+            scores(isa, &x, &w, classes, &mut z);
             let mut grad = vec![0.5; classes * (d + 1)];
-            add_outer(fma, &x, &g, classes, &mut grad);
+            add_outer(isa, &x, &g, classes, &mut grad);
             (z, grad)
         };
-        assert_eq!(run(false), run(true));
+        assert_eq!(run(Isa::plain()), run(Isa::detect()));
     }
 }

@@ -64,14 +64,14 @@ impl Shard {
         let mut xb = crate::zeros::<f64>(BLOCK * d);
         let mut z = crate::zeros::<f64>(BLOCK * classes);
         let mut g = crate::zeros::<f64>(BLOCK * classes);
-        let fma = kernel::fma();
+        let isa = kernel::Isa::detect();
         for a in rows.clone().step_by(BLOCK) {
             let n = BLOCK.min(rows.end - a);
             for (o, &v) in xb.iter_mut().zip(&self.x[a * d..(a + n) * d]) {
                 *o = f64::from(v);
             }
             xb[n * d..].fill(0.0);
-            kernel::scores(fma, &xb, w, classes, &mut z);
+            kernel::scores(isa, &xb, w, classes, &mut z);
             g.fill(0.0);
             for r in 0..n {
                 let zr = &z[r * classes..(r + 1) * classes];
@@ -83,7 +83,7 @@ impl Shard {
             for c in 0..classes {
                 part.grad[c * stride + d] += (0..n).map(|r| g[r * classes + c]).sum::<f64>();
             }
-            kernel::add_outer(fma, &xb, &g, classes, &mut part.grad);
+            kernel::add_outer(isa, &xb, &g, classes, &mut part.grad);
         }
     }
 
