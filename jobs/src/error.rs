@@ -118,12 +118,91 @@ impl From<outcore::Error> for Error {
                     io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
                 ) =>
             {
-                crate::npy::BadValue::of_read(&source)
+                BadValue::of_read(&source)
             }
             e => Error::Runtime(e),
         }
     }
 }
+
+/// A value `npy::check_finite` refuses: not finite, or too large to square
+/// in float32. As an `io::Error`'s payload it keeps its kind through the
+/// readers, and [`BadValue::into_error`] makes it the jobs' error.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct BadValue {
+    /// The file, once known.
+    pub(crate) path: Option<std::path::PathBuf>,
+    pub(crate) row: u64,
+    pub(crate) col: usize,
+    pub(crate) value: f32,
+}
+
+impl BadValue {
+    /// `self` in the file at `path`.
+    pub(crate) fn at(mut self, path: &std::path::Path) -> BadValue {
+        self.path = Some(path.to_path_buf());
+        self
+    }
+
+    /// The jobs' error: [`Error::NotFinite`] for NaN and the infinities,
+    /// else bad input.
+    pub(crate) fn into_error(self) -> Error {
+        if self.value.is_finite() {
+            return Error::Input(self.to_string());
+        }
+        Error::NotFinite {
+            row: self.row,
+            col: self.col,
+            nan: self.value.is_nan(),
+            path: self.path,
+        }
+    }
+
+    /// The jobs' error for a read error `e`: its [`BadValue`] when it
+    /// carries one (as its payload, or further down: the runtime hands a
+    /// failed load's error on inside its own), else bad input named by its
+    /// message.
+    pub(crate) fn of_read(e: &std::io::Error) -> Error {
+        let mut at: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(x) = at {
+            if let Some(b) = x.downcast_ref::<BadValue>() {
+                return b.clone().into_error();
+            }
+            // An io::Error's source skips its payload: look at the payload.
+            at = match x
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+            {
+                Some(p) => Some(p),
+                None => x.source(),
+            };
+        }
+        Error::Input(e.to_string())
+    }
+}
+
+impl std::fmt::Display for BadValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(p) = &self.path {
+            write!(f, "{}: ", p.display())?;
+        }
+        let (row, col, v) = (self.row, self.col, self.value);
+        if v.is_finite() {
+            write!(
+                f,
+                "row {row}, column {col} is {v:e}, too large: its square overflows float32 (values must be below about 1.8e19 in magnitude; scale the data)"
+            )
+        } else {
+            let what = if v.is_nan() { "NaN" } else { "infinite" };
+            write!(
+                f,
+                "row {row}, column {col} is {what} (the data must be finite)"
+            )
+        }
+    }
+}
+
+impl std::error::Error for BadValue {}
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

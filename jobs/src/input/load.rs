@@ -106,7 +106,7 @@ impl<T> Partitioned<T> {
         let x = match &at.lazy {
             Lazy::File(region, _) => region
                 .read_rows(rows)
-                .map_err(|e| crate::npy::BadValue::of_read(&e))?,
+                .map_err(|e| crate::error::BadValue::of_read(&e))?,
             Lazy::Generated(blobs, _) => {
                 let mut x = Vec::with_capacity(rows.len() * blobs.dims());
                 for &r in rows {

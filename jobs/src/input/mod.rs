@@ -283,7 +283,7 @@ impl BlockReader {
         }
         self.region
             .read_cached(first, n)
-            .map_err(|e| crate::npy::BadValue::of_read(&e))
+            .map_err(|e| crate::error::BadValue::of_read(&e))
     }
 
     /// Rows `first..first + n` as row-major float32 values.
@@ -297,7 +297,7 @@ impl BlockReader {
         }
         self.region
             .read(first, n, &std::sync::OnceLock::new())
-            .map_err(|e| crate::npy::BadValue::of_read(&e))
+            .map_err(|e| crate::error::BadValue::of_read(&e))
     }
 }
 

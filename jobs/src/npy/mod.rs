@@ -24,7 +24,7 @@ mod write;
 use open::*;
 pub(crate) use open::{crc_mismatch, MemberCrc};
 pub use read::read_matrix;
-pub(crate) use read::{check_finite, BadValue, NpyInts, NpyRows, NpyVector};
+pub(crate) use read::{check_finite, NpyInts, NpyRows, NpyVector};
 pub use write::{write_array, Element, NpyWriter};
 
 /// Element types outcore reads (all of them) and writes (`F32`, `I32`,
