@@ -342,6 +342,13 @@ fn minibatch_kmeans_is_the_same_on_any_number_of_ranks() {
     );
 }
 
+/// Eight initial centres of 24 columns, for `gen`'s data, three of them
+/// far from every row.
+fn far_init(dir: &Path) -> PathBuf {
+    let init = (0..8 * 24).map(|i| if i < 3 * 24 { 1e4 } else { (i % 7) as f32 });
+    npy_f32(dir, "init.npy", "(8, 24)", init)
+}
+
 #[test]
 fn lloyd_from_a_file_is_the_same_on_any_number_of_ranks() {
     if !have_mpirun() {
@@ -350,11 +357,9 @@ fn lloyd_from_a_file_is_the_same_on_any_number_of_ranks() {
     let data = tempfile::tempdir().unwrap();
     let x = gen(data.path(), "6MiB", 24);
     let w = weights(data.path(), (6 << 20) / (24 * 4));
-    // Three of the eight initial centres far from every row: empty after
-    // the first assignment, they take the farthest rows (found on every
-    // rank and merged).
-    let init = (0..8 * 24).map(|i| if i < 3 * 24 { 1e4 } else { (i % 7) as f32 });
-    let init = npy_f32(data.path(), "init.npy", "(8, 24)", init);
+    // Empty after the first assignment, the far centres take the
+    // farthest rows (found on every rank and merged).
+    let init = far_init(data.path());
     let s = same_bytes_for_every_count(
         &[
             "kmeans",
@@ -398,11 +403,9 @@ fn minibatch_reassignment_is_the_same_on_any_number_of_ranks() {
     }
     let data = tempfile::tempdir().unwrap();
     let x = gen(data.path(), "6MiB", 24);
-    // Three of the eight initial centres far from every row: empty after
-    // the first step, they move onto rows of the batch (drawn by hash on
-    // every rank, sent by the rank holding them).
-    let init = (0..8 * 24).map(|i| if i < 3 * 24 { 1e4 } else { (i % 7) as f32 });
-    let init = npy_f32(data.path(), "init.npy", "(8, 24)", init);
+    // Empty after the first step, the far centres move onto rows of the
+    // batch (drawn by hash on every rank, sent by the rank holding them).
+    let init = far_init(data.path());
     let s = same_bytes_for_every_count(
         &[
             "kmeans",
