@@ -183,22 +183,18 @@ impl BadValue {
 
 impl std::fmt::Display for BadValue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (row, col, v) = (self.row, self.col, self.value);
+        if !v.is_finite() {
+            // Error::NotFinite's words.
+            return self.clone().into_error().fmt(f);
+        }
         if let Some(p) = &self.path {
             write!(f, "{}: ", p.display())?;
         }
-        let (row, col, v) = (self.row, self.col, self.value);
-        if v.is_finite() {
-            write!(
-                f,
-                "row {row}, column {col} is {v:e}, too large: its square overflows float32 (values must be below about 1.8e19 in magnitude; scale the data)"
-            )
-        } else {
-            let what = if v.is_nan() { "NaN" } else { "infinite" };
-            write!(
-                f,
-                "row {row}, column {col} is {what} (the data must be finite)"
-            )
-        }
+        write!(
+            f,
+            "row {row}, column {col} is {v:e}, too large: its square overflows float32 (values must be below about 1.8e19 in magnitude; scale the data)"
+        )
     }
 }
 
