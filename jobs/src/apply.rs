@@ -2,21 +2,26 @@
 //! nearest centre, its distances to every centre, or an affine map
 //! (`X W^T + b`: a linear model's decision values, a projection).
 //!
-//! The rows come from a file, read block by block (copied from the page
-//! cache where they are all there, else by large direct reads; nothing of
-//! the file stays mapped into the process), or from memory; the
-//! workers take blocks in turn, so reading one block overlaps computing
-//! another. What the pass holds is one block of rows and its results per
-//! worker (see [`Plan`]); the results go straight into the caller's
-//! output. A block is taken through the finite check, the norms and the
-//! product a piece at a time, while the piece is in the core's cache.
-//! Products are matrix products (`matrixmultiply`), or dot products for
-//! an affine map of at most four outputs, in the precision of `T`.
+//! The rows come from a file or from memory; the workers take blocks in
+//! turn, so reading one block overlaps computing another. A block goes
+//! through the finite check, the norms and the product a piece (about
+//! 256 KiB) at a time, while the piece is in the core's cache. While a
+//! file's pieces are in the page cache they are copied from it one by one
+//! into a buffer that stays in that cache; once one is not, the rest of
+//! the block is read by large direct reads. Nothing of the file stays
+//! mapped into the process. What the pass holds is one block of rows and
+//! its results per worker (see [`Plan`]); the results go straight into
+//! the caller's output. Products are matrix products (`matrixmultiply`),
+//! or dot products for an affine map of at most four outputs, in the
+//! precision of `T`; the nearest centre in `f32` is found as a K-means
+//! fit finds it (its fused kernel), so `predict` gives a fit's labels.
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use crate::input::BlockReader;
+use crate::kmeans::Centers;
 use crate::{Error, Result};
 
 /// The element types a pass computes in: `f32` and `f64`.
@@ -28,8 +33,18 @@ pub trait Real: Copy + Default + PartialOrd + Send + Sync + 'static {
     fn of_f32(x: f32) -> Self;
     /// `x` as `f64`.
     fn to_f64(self) -> f64;
-    /// `v`'s values appended to `out` (moved where `Self` is `f32`).
-    fn extend_f32(out: &mut Vec<Self>, v: Vec<f32>);
+    /// Rows that `read` reads as float32 (what it returns: whether it
+    /// read them), in `out`: read there where `Self` is `f32`, else read
+    /// into `scratch` and widened.
+    fn read_f32(
+        out: &mut Vec<Self>,
+        scratch: &mut Vec<f32>,
+        read: impl FnOnce(&mut Vec<f32>) -> Result<bool>,
+    ) -> Result<bool>;
+    /// `x` as `f32` values, where `Self` is `f32`.
+    fn as_f32(x: &[Self]) -> Option<&[f32]>;
+    /// `x` as `f32` values, where `Self` is `f32`.
+    fn as_f32_mut(x: &mut [Self]) -> Option<&mut [f32]>;
     /// `self * b + c`.
     fn mul_add(self, b: Self, c: Self) -> Self;
     /// The square root of `max(self, 0)`.
@@ -39,7 +54,7 @@ pub trait Real: Copy + Default + PartialOrd + Send + Sync + 'static {
 }
 
 macro_rules! real {
-    ($t:ty, $gemm:path, $extend:expr) => {
+    ($t:ty, $gemm:path, { $($own:tt)* }) => {
         impl Real for $t {
             fn gemm_nt(m: usize, n: usize, k: usize, a: &[$t], b: &[$t], c: &mut [$t]) {
                 assert!(a.len() >= m * k && b.len() >= n * k && c.len() >= m * n);
@@ -74,9 +89,7 @@ macro_rules! real {
             fn to_f64(self) -> f64 {
                 self as f64
             }
-            fn extend_f32(out: &mut Vec<$t>, v: Vec<f32>) {
-                $extend(out, v)
-            }
+            $($own)*
             fn mul_add(self, b: $t, c: $t) -> $t {
                 self * b + c
             }
@@ -92,22 +105,46 @@ macro_rules! real {
     };
 }
 
-real!(
-    f32,
-    matrixmultiply::sgemm,
-    |out: &mut Vec<f32>, v: Vec<f32>| {
-        if out.is_empty() {
-            *out = v;
-        } else {
-            out.extend_from_slice(&v);
-        }
+real!(f32, matrixmultiply::sgemm, {
+    fn read_f32(
+        out: &mut Vec<f32>,
+        _: &mut Vec<f32>,
+        read: impl FnOnce(&mut Vec<f32>) -> Result<bool>,
+    ) -> Result<bool> {
+        read(out)
     }
-);
-real!(
-    f64,
-    matrixmultiply::dgemm,
-    |out: &mut Vec<f64>, v: Vec<f32>| out.extend(v.iter().map(|x| f64::from(*x)))
-);
+    fn as_f32(x: &[f32]) -> Option<&[f32]> {
+        Some(x)
+    }
+    fn as_f32_mut(x: &mut [f32]) -> Option<&mut [f32]> {
+        Some(x)
+    }
+});
+real!(f64, matrixmultiply::dgemm, {
+    fn read_f32(
+        out: &mut Vec<f64>,
+        scratch: &mut Vec<f32>,
+        read: impl FnOnce(&mut Vec<f32>) -> Result<bool>,
+    ) -> Result<bool> {
+        let got = read(scratch)?;
+        out.clear();
+        if got {
+            out.extend(scratch.iter().map(|x| f64::from(*x)));
+        }
+        Ok(got)
+    }
+    fn as_f32(_: &[f64]) -> Option<&[f32]> {
+        None
+    }
+    fn as_f32_mut(_: &mut [f64]) -> Option<&mut [f32]> {
+        None
+    }
+});
+
+thread_local! {
+    /// A worker's float32 rows, before they are widened.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
 
 /// Where the rows come from.
 pub trait Rows<T>: Sync {
@@ -117,6 +154,11 @@ pub trait Rows<T>: Sync {
     fn cols(&self) -> usize;
     /// Rows `first..first + n` into `out` (cleared first), row-major.
     fn read(&self, first: u64, n: usize, out: &mut Vec<T>) -> Result<()>;
+    /// [`read`](Self::read), when the rows are in memory now (the page
+    /// cache): `false` when reading them would wait for a disk, `out`
+    /// then unspecified. Pieces of a block are read so while they are
+    /// there; the rest of the block then by one `read`.
+    fn read_now(&self, first: u64, n: usize, out: &mut Vec<T>) -> Result<bool>;
 }
 
 /// A file's rows (read as float32, the engine's precision, and widened
@@ -142,15 +184,18 @@ impl<T: Real> Rows<T> for FileRows {
         self.cols
     }
     fn read(&self, first: u64, n: usize, out: &mut Vec<T>) -> Result<()> {
-        // From the page cache where the rows are there (as a mapping
-        // would give them), else read again by direct reads.
-        let v = match self.reader.read_cached(first, n)? {
-            Some(v) => v,
-            None => self.reader.read(first, n)?,
-        };
-        out.clear();
-        T::extend_f32(out, v);
+        SCRATCH.with_borrow_mut(|scratch| {
+            T::read_f32(out, scratch, |v| {
+                *v = self.reader.read(first, n)?;
+                Ok(true)
+            })
+        })?;
         Ok(())
+    }
+    fn read_now(&self, first: u64, n: usize, out: &mut Vec<T>) -> Result<bool> {
+        SCRATCH.with_borrow_mut(|scratch| {
+            T::read_f32(out, scratch, |v| self.reader.read_cached(first, n, v))
+        })
     }
 }
 
@@ -238,7 +283,7 @@ pub fn apply<T: Real>(rows: &dyn Rows<T>, task: Task<'_, T>, plan: Plan) -> Resu
     let b = plan.block_rows.max(1);
     let (model, width, blocks) = split(task, n_usize, cols, b)?;
     let failed = AtomicBool::new(false);
-    let spare: Mutex<Vec<Vec<T>>> = Mutex::new(Vec::new());
+    let spare: Mutex<Vec<Bufs<T>>> = Mutex::new(Vec::new());
     let first_error: Mutex<Option<(u64, Error)>> = Mutex::new(None);
     let items: Vec<_> = blocks.into_iter().enumerate().collect();
     crate::par::for_each(items, plan.workers, |(i, out)| {
@@ -247,17 +292,15 @@ pub fn apply<T: Real>(rows: &dyn Rows<T>, task: Task<'_, T>, plan: Plan) -> Resu
         }
         let first = (i * b) as u64;
         let count = b.min(n_usize - i * b);
-        // Blocks' buffers are used again (fresh memory costs a page fault
-        // per page).
-        let mut buf = spare
+        // Buffers are used again (fresh memory costs a page fault per
+        // page).
+        let mut bufs = spare
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .pop()
             .unwrap_or_default();
-        let r = rows
-            .read(first, count, &mut buf)
-            .and_then(|()| block(&model, &buf, first, cols, width, out));
-        spare.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
+        let r = block(rows, &model, (first, count), (cols, width), out, &mut bufs);
+        spare.lock().unwrap_or_else(|p| p.into_inner()).push(bufs);
         if let Err(e) = r {
             failed.store(true, Ordering::Relaxed);
             let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
@@ -281,6 +324,9 @@ struct Model<'a, T> {
     /// bias.
     extra: Vec<T>,
     kind: Kind,
+    /// Nearest, in `f32`: the centres as a fit's labelling takes them
+    /// (its kernel, so its labels).
+    centers: Option<Centers>,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -335,7 +381,20 @@ fn split<T: Real>(task: Task<'_, T>, n: usize, cols: usize, b: usize) -> Result<
             out.chunks_mut(b * width).map(Out::Values).collect()
         }
     };
-    Ok((Model { w, extra, kind }, width, outs))
+    let centers = match (kind, T::as_f32(w)) {
+        (Kind::Nearest, Some(c)) => Some(Centers::new(width, cols, c.to_vec())),
+        _ => None,
+    };
+    Ok((
+        Model {
+            w,
+            extra,
+            kind,
+            centers,
+        },
+        width,
+        outs,
+    ))
 }
 
 /// The first value of `x` (rows of `cols`, the first `first`) that is not
@@ -416,24 +475,58 @@ fn piece_rows(cols: usize, width: usize, elem: usize) -> usize {
         .max(1)
 }
 
-/// One block: the rows of `x` (the first is row `first`) through the
-/// model into `out`, a piece at a time; a value that is not finite stops
-/// it.
+/// A worker's memory: the rows of a piece, or of the rest of a block
+/// when they are read from the disk, and what a piece's product needs.
+#[derive(Default)]
+struct Bufs<T> {
+    piece: Vec<T>,
+    block: Vec<T>,
+    scratch: Scratch<T>,
+}
+
+/// Room for a piece's products and norms, and its labels.
+#[derive(Default)]
+struct Scratch<T> {
+    tile: Vec<T>,
+    xn: Vec<T>,
+    norms: Vec<f32>,
+    best: Vec<u32>,
+}
+
+/// One block: rows `first..first + count` through the model into `out`,
+/// a piece at a time; a value that is not finite stops it. Pieces are
+/// read one by one while they are in memory (from the page cache, into a
+/// buffer that stays in the core's cache); once one is not, the rest of
+/// the block is read at once (large reads from the disk).
 fn block<T: Real>(
+    rows: &dyn Rows<T>,
     model: &Model<'_, T>,
-    x: &[T],
-    first: u64,
-    cols: usize,
-    width: usize,
+    (first, count): (u64, usize),
+    (cols, width): (usize, usize),
     out: Out<'_, T>,
+    bufs: &mut Bufs<T>,
 ) -> Result<()> {
     let p = piece_rows(cols, width, std::mem::size_of::<T>());
-    let (mut tile, mut xn) = (Vec::new(), Vec::new());
+    let Bufs {
+        piece: one,
+        block: rest,
+        scratch,
+    } = bufs;
+    // Where the rest of the block starts, once it was read at once.
+    let mut rest_from = None;
     for (i, o) in out.pieces(p, width).into_iter().enumerate() {
-        let n = o.rows(width);
-        let xs = &x[i * p * cols..(i * p + n) * cols];
-        check_finite(xs, first + (i * p) as u64, cols)?;
-        piece(model, xs, (n, cols, width), o, (&mut tile, &mut xn));
+        let (start, n) = (i * p, o.rows(width));
+        let at = first + start as u64;
+        if rest_from.is_none() && !rows.read_now(at, n, one)? {
+            rows.read(at, count - start, rest)?;
+            rest_from = Some(start);
+        }
+        let xs = match rest_from {
+            Some(s) => &rest[(start - s) * cols..(start - s + n) * cols],
+            None => &one[..n * cols],
+        };
+        check_finite(xs, at, cols)?;
+        piece(model, xs, (n, cols, width), o, scratch);
     }
     Ok(())
 }
@@ -448,15 +541,22 @@ fn piece<T: Real>(
     model: &Model<'_, T>,
     x: &[T],
     (n, cols, width): (usize, usize, usize),
-    out: Out<'_, T>,
-    (tile, xn): (&mut Vec<T>, &mut Vec<T>),
+    mut out: Out<'_, T>,
+    s: &mut Scratch<T>,
 ) {
+    if let (Some(c), Some(xf), Out::Nearest(labels, d2)) = (&model.centers, T::as_f32(x), &mut out)
+    {
+        if let Some(d2) = T::as_f32_mut(d2) {
+            return nearest_f32(c, xf, labels, d2, s);
+        }
+    }
     let out = match (model.kind, out) {
         (Kind::Affine, Out::Values(o)) if width <= NARROW && cols > 0 => {
             return affine_narrow(model, x, cols, width, o);
         }
         (_, out) => out,
     };
+    let (tile, xn) = (&mut s.tile, &mut s.xn);
     tile.clear();
     tile.resize(n * width, T::ZERO);
     T::gemm_nt(n, width, cols, x, model.w, tile);
@@ -473,6 +573,20 @@ fn piece<T: Real>(
             xn.extend(x[..n * cols].chunks(cols.max(1)).map(sum_sq));
             distances(kind, xn, &model.extra, tile, width, out);
         }
+    }
+}
+
+/// Each row of `x`'s nearest centre into `labels` and its squared
+/// distance to it (at least 0) into `d2`, as a fit labels them.
+fn nearest_f32<T>(c: &Centers, x: &[f32], labels: &mut [i32], d2: &mut [f32], s: &mut Scratch<T>) {
+    s.best.clear();
+    s.best.resize(labels.len(), 0);
+    crate::kmeans::label_rows(x, c, &mut s.norms, &mut s.best, d2);
+    for (l, &b) in labels.iter_mut().zip(&s.best) {
+        *l = i32::try_from(b).unwrap_or(i32::MAX);
+    }
+    for v in d2.iter_mut() {
+        *v = v.max(0.0);
     }
 }
 

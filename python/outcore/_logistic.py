@@ -294,7 +294,11 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         scores : ndarray of shape (n_samples,) or (n_samples, n_classes)
         """
         check_is_fitted(self)
-        s = _base.apply_rows(self, X, "affine", self.coef_, self.intercept_, dtype=np.float64)
+        # In the precision of X and coef_ together, as scikit-learn's
+        # product gives it (float32 for both float32).
+        x32 = _data.dtype_of(X) == np.float32
+        dtype = np.result_type(np.float32 if x32 else np.float64, self.coef_.dtype)
+        s = _base.apply_rows(self, X, "affine", self.coef_, self.intercept_, dtype=dtype)
         return s.ravel() if s.shape[1] == 1 else s
 
     def predict_proba(self, X):
@@ -308,9 +312,11 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         if s.ndim == 1:
             p = 1 / (1 + np.exp(-s))
             return np.column_stack([1 - p, p])
-        s = s - s.max(axis=1, keepdims=True)
-        e = np.exp(s)
-        return e / e.sum(axis=1, keepdims=True)
+        # In place, in the scores' memory (no copies of n x classes).
+        s -= s.max(axis=1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=1, keepdims=True)
+        return s
 
     def predict_log_proba(self, X):
         """Logarithm of the probability estimates."""

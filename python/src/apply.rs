@@ -206,6 +206,10 @@ impl<T: Real + Element> Rows<T> for MemRows {
         }
         Ok(())
     }
+    fn read_now(&self, first: u64, n: usize, out: &mut Vec<T>) -> outcore_jobs::Result<bool> {
+        // In memory: always there.
+        self.read(first, n, out).map(|()| true)
+    }
 }
 
 /// Rows whose reads fail once `stop` is set (the caller's signal).
@@ -226,6 +230,12 @@ impl<T> Rows<T> for Stoppable<'_, T> {
             return Err(outcore_jobs::Error::Input("interrupted".into()));
         }
         self.rows.read(first, n, out)
+    }
+    fn read_now(&self, first: u64, n: usize, out: &mut Vec<T>) -> outcore_jobs::Result<bool> {
+        if self.stop.load(Ordering::Relaxed) {
+            return Err(outcore_jobs::Error::Input("interrupted".into()));
+        }
+        self.rows.read_now(first, n, out)
     }
 }
 

@@ -4,6 +4,8 @@ use super::*;
 struct Mem<T> {
     x: Vec<T>,
     cols: usize,
+    /// Whether some rows are "on the disk": not read by `read_now`.
+    cold: bool,
 }
 
 impl<T: Real> Rows<T> for Mem<T> {
@@ -18,6 +20,13 @@ impl<T: Real> Rows<T> for Mem<T> {
         out.clear();
         out.extend_from_slice(&self.x[s..s + n * self.cols]);
         Ok(())
+    }
+    fn read_now(&self, first: u64, n: usize, out: &mut Vec<T>) -> Result<bool> {
+        if self.cold && (first / 64) % 3 == 2 {
+            out.clear();
+            return Ok(false);
+        }
+        self.read(first, n, out).map(|()| true)
     }
 }
 
@@ -66,6 +75,7 @@ fn nearest_distances_and_affine_match_a_plain_loop_for_any_plan() {
     let rows = Mem {
         x: x.clone(),
         cols: d,
+        cold: false,
     };
     for plan in [
         Plan {
@@ -131,6 +141,7 @@ fn ties_go_to_the_lowest_centre_in_f32() {
     let rows = Mem {
         x: vec![0f32, 0.0, 2.0, 2.0],
         cols: 2,
+        cold: false,
     };
     let c = [1f32, 1.0, 1.0, 1.0, 5.0, 5.0];
     let (labels, d2) = nearest(&rows, &c, Plan::new(2, (2, 2, 3), 4, None)).unwrap();
@@ -143,7 +154,11 @@ fn a_value_not_finite_is_named_by_its_row_and_column() {
     let mut x = values(300 * 3, 4);
     x[250 * 3 + 2] = f64::INFINITY;
     x[120 * 3 + 1] = f64::NAN;
-    let rows = Mem { x, cols: 3 };
+    let rows = Mem {
+        x,
+        cols: 3,
+        cold: false,
+    };
     let c = values(6, 5);
     for workers in [1, 2, 4] {
         let plan = Plan {
@@ -167,6 +182,7 @@ fn wrong_sizes_are_errors_not_panics() {
     let rows = Mem {
         x: vec![0f64; 8],
         cols: 2,
+        cold: false,
     };
     let (mut labels, mut d2) = (vec![0i32; 3], vec![0f64; 4]);
     let plan = Plan::new(1, (4, 2, 1), 8, None);
@@ -240,14 +256,15 @@ fn cached_reads_give_the_direct_reads_values_and_only_for_float32() {
     crate::npy::write_array(&p, &[3000, 5], &x).unwrap();
     let reader = BlockReader::open(&crate::Source::from_path(&p, None).unwrap()).unwrap();
     // Just written: its pages are in the page cache.
-    let cached = reader
-        .read_cached(1000, 777)
-        .unwrap()
-        .expect("in the page cache");
+    let mut cached = vec![1.0; 3];
+    assert!(
+        reader.read_cached(1000, 777, &mut cached).unwrap(),
+        "in the page cache"
+    );
     assert_eq!(cached, reader.read(1000, 777).unwrap());
     assert_eq!(cached, &x[1000 * 5..1777 * 5]);
     assert!(
-        reader.read_cached(2900, 200).unwrap().is_none(),
+        !reader.read_cached(2900, 200, &mut cached).unwrap(),
         "past the end"
     );
     let q = dir.path().join("x64.npy");
@@ -255,7 +272,62 @@ fn cached_reads_give_the_direct_reads_values_and_only_for_float32() {
     crate::npy::write_array(&q, &[100, 5], &x64).unwrap();
     let wide = BlockReader::open(&crate::Source::from_path(&q, None).unwrap()).unwrap();
     assert!(
-        wide.read_cached(0, 100).unwrap().is_none(),
+        !wide.read_cached(0, 100, &mut cached).unwrap(),
         "float64 is converted, not copied"
     );
+}
+
+/// Blocks whose pieces are partly in memory give the results of blocks
+/// read at once, for nearest (f64, and f32 by the fit's kernel) and
+/// affine maps.
+#[test]
+fn blocks_read_partly_from_memory_give_the_same_results() {
+    let (n, d, k) = (1000, 512, 5);
+    let x = values(n * d, 3);
+    let c = values(k * d, 4);
+    let plan = Plan {
+        workers: 2,
+        block_rows: 400,
+    };
+    let x32: Vec<f32> = x.iter().map(|v| *v as f32).collect();
+    let c32: Vec<f32> = c.iter().map(|v| *v as f32).collect();
+    let label = |cold: bool| {
+        let rows = Mem {
+            x: x.clone(),
+            cols: d,
+            cold,
+        };
+        let rows32 = Mem {
+            x: x32.clone(),
+            cols: d,
+            cold,
+        };
+        let (mut l32, mut d32) = (vec![0i32; n], vec![0f32; n]);
+        let task = Task::Nearest {
+            centers: &c32,
+            labels: &mut l32,
+            d2: &mut d32,
+        };
+        apply(&rows32, task, plan).unwrap();
+        let mut out = vec![0f64; n * k];
+        let task = Task::Affine {
+            weights: &c,
+            bias: &[1.0; 5],
+            out: &mut out,
+        };
+        apply(&rows, task, plan).unwrap();
+        (nearest(&rows, &c, plan).unwrap(), (l32, d32), out)
+    };
+    let (warm, cold) = (label(false), label(true));
+    assert!(warm == cold);
+    let want = naive_d2(&x, &c, d);
+    for (i, w) in want.iter().enumerate() {
+        let arg = (0..k).fold(0, |a, j| if w[j] < w[a] { j } else { a });
+        assert_eq!(warm.0 .0[i] as usize, arg, "f64 row {i}");
+        assert_eq!(warm.1 .0[i] as usize, arg, "f32 row {i}");
+        assert!(
+            (f64::from(warm.1 .1[i]) - w[arg]).abs() <= 1e-3 * w[arg],
+            "f32 row {i}"
+        );
+    }
 }

@@ -274,15 +274,16 @@ impl BlockReader {
         self.rows
     }
 
-    /// Rows `first..first + n` as row-major float32 values, copied from
-    /// the page cache when the file stores float32 and they are all there
-    /// (not validated then: see [`read`](Self::read)), else `None`.
-    pub fn read_cached(&self, first: u64, n: usize) -> Result<Option<Vec<f32>>> {
+    /// Rows `first..first + n` as row-major float32 values into `out`
+    /// (cleared first), copied from the page cache when the file stores
+    /// float32 and they are all there (not validated then: see
+    /// [`read`](Self::read)); else `false`, `out` then unspecified.
+    pub fn read_cached(&self, first: u64, n: usize, out: &mut Vec<f32>) -> Result<bool> {
         if first.saturating_add(n as u64) > self.rows {
-            return Ok(None);
+            return Ok(false);
         }
         self.region
-            .read_cached(first, n)
+            .read_cached(first, n, out)
             .map_err(|e| crate::error::BadValue::of_read(&e))
     }
 

@@ -261,10 +261,17 @@ fn column_sums(
 /// centres stay in the level-2 cache until every distance is known; the
 /// GEMM path goes by blocks of rows, to keep its n x k matrix small.
 fn nearest(rows: &[f32], xn: &[f32], c: &Centers) -> (Vec<u32>, Vec<f32>) {
-    let (len, d, k) = (xn.len(), c.dims, c.k);
+    let len = xn.len();
     let (mut nearest, mut nearest_d) = (vec![0u32; len], vec![0f32; len]);
+    nearest_into(rows, xn, c, &mut nearest, &mut nearest_d);
+    (nearest, nearest_d)
+}
+
+/// [`nearest`] into `best` and `best_d` (one per row of `rows`).
+fn nearest_into(rows: &[f32], xn: &[f32], c: &Centers, best: &mut [u32], best_d: &mut [f32]) {
+    let (len, d, k) = (xn.len(), c.dims, c.k);
     match &c.packed {
-        Some(packed) => packed.nearest(rows, xn, &mut nearest, &mut nearest_d),
+        Some(packed) => packed.nearest(rows, xn, best, best_d),
         None => {
             let mut g = zeros::<f32>(BLOCK.min(len.max(1)) * k);
             for r in (0..len).step_by(BLOCK) {
@@ -274,13 +281,27 @@ fn nearest(rows: &[f32], xn: &[f32], c: &Centers) -> (Vec<u32>, Vec<f32>) {
                     &xn[r..r + n],
                     c,
                     &mut g,
-                    &mut nearest[r..r + n],
-                    &mut nearest_d[r..r + n],
+                    &mut best[r..r + n],
+                    &mut best_d[r..r + n],
                 );
             }
         }
     }
-    (nearest, nearest_d)
+}
+
+/// Each row of `rows` (`c.dims` columns) labelled as a fit labels it: its
+/// squared norm into `xn`, its nearest centre into `best` and the squared
+/// distance to it (`|x|^2 - 2 x.c + |c|^2`, not clamped) into `best_d`.
+pub(crate) fn label_rows(
+    rows: &[f32],
+    c: &Centers,
+    xn: &mut Vec<f32>,
+    best: &mut [u32],
+    best_d: &mut [f32],
+) {
+    xn.clear();
+    xn.extend(rows.chunks_exact(c.dims.max(1)).map(super::data::norm2));
+    nearest_into(rows, xn, c, best, best_d);
 }
 
 impl Partial {

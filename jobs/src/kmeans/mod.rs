@@ -76,6 +76,7 @@ pub use init::init_sample_bytes;
 pub use shards::{rank_rows, shards};
 pub use stats::{Delta, KmeansStats, Loaded, Traffic};
 
+pub(crate) use self::assign::label_rows;
 use self::assign::{sweep, Packed, Want};
 use self::budget::Needs;
 use self::fold::Summing;

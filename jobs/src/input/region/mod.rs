@@ -31,8 +31,8 @@ mod member;
 mod pages;
 
 use member::MemberCheck;
-use pages::{cached, uninit_bytes};
 pub(crate) use pages::{huge_pages, populate};
+use pages::{read_if_cached, uninit_bytes};
 
 /// How rows are stored in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,31 +133,36 @@ impl Region {
         self.read_bytes.load(Ordering::Relaxed)
     }
 
-    /// Rows `first..first + n` as float32 when the file stores float32
-    /// rows and all their pages are in the page cache: copied from it
-    /// (a buffered read), which is faster than reading them again from
-    /// the disk. `None` otherwise (read them with [`read`](Self::read)).
-    /// The values are not validated here.
-    pub(crate) fn read_cached(&self, first: u64, n: usize) -> io::Result<Option<Vec<f32>>> {
+    /// Rows `first..first + n` as float32 into `out` (cleared first) when
+    /// the file stores float32 rows and all their pages are in the page
+    /// cache: copied from it (buffered reads that do not wait for the
+    /// disk), which is faster than reading them again from the disk.
+    /// `false` otherwise (read them with [`read`](Self::read)), `out` then
+    /// unspecified. The values are not validated here.
+    pub(crate) fn read_cached(&self, first: u64, n: usize, out: &mut Vec<f32>) -> io::Result<bool> {
+        out.clear();
         if !matches!(self.encoding, Encoding::F32) || self.member.is_some() {
-            return Ok(None);
+            return Ok(false);
         }
         let pos = self.offset + first * self.record() as u64;
         let count = n * self.dims;
-        if !cached(&self.plain, pos, count * 4) {
-            return Ok(None);
-        }
         if Stamp::of(&self.plain.metadata()?) != self.stamp {
             return Err(self.changed(first, n, "its size or modification time changed"));
         }
-        let mut v: Vec<f32> = Vec::with_capacity(count);
-        self.plain_read(pos, uninit_bytes(&mut v.spare_capacity_mut()[..count]))?;
-        // SAFETY: `plain_read` filled all `count * 4` bytes of the first
-        // `count` elements, and any bits are a valid f32.
-        unsafe { v.set_len(count) };
+        out.reserve(count);
+        if !read_if_cached(
+            &self.plain,
+            pos,
+            uninit_bytes(&mut out.spare_capacity_mut()[..count]),
+        )? {
+            return Ok(false);
+        }
+        // SAFETY: `read_if_cached` filled all `count * 4` bytes of the
+        // first `count` elements, and any bits are a valid f32.
+        unsafe { out.set_len(count) };
         self.read_bytes
             .fetch_add((count * 4) as u64, Ordering::Relaxed);
-        Ok(Some(v))
+        Ok(true)
     }
 
     /// Bytes one row takes in the file.

@@ -61,7 +61,7 @@ pub(super) fn uninit_bytes(v: &mut [MaybeUninit<f32>]) -> &mut [MaybeUninit<u8>]
 /// cache now (`mincore` on a mapping of them that is never touched, so
 /// mapping them reads nothing and adds nothing to the resident set).
 /// `false` where it cannot tell.
-pub(crate) fn cached(file: &std::fs::File, pos: u64, len: usize) -> bool {
+fn cached(file: &std::fs::File, pos: u64, len: usize) -> bool {
     use std::os::fd::AsRawFd;
     // SAFETY: sysconf has no memory effects.
     let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
@@ -99,4 +99,67 @@ pub(crate) fn cached(file: &std::fs::File, pos: u64, len: usize) -> bool {
     // SAFETY: the mapping made above, of `span` bytes, used no more.
     unsafe { libc::munmap(map, span) };
     ok && resident.iter().all(|r| r & 1 == 1)
+}
+
+/// Fills `dst` with bytes `pos..` of `file` when they are all in the page
+/// cache now, with buffered reads that do not wait for the disk
+/// (`preadv2` with `RWF_NOWAIT`; where the kernel or filesystem refuses
+/// it, `mincore` then `pread`); `false`, with `dst` partly filled, when
+/// some page is not there.
+pub(crate) fn read_if_cached(
+    file: &std::fs::File,
+    pos: u64,
+    dst: &mut [MaybeUninit<u8>],
+) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let mut done = 0;
+    while done < dst.len() {
+        let rest = &mut dst[done..];
+        let iov = libc::iovec {
+            iov_base: rest.as_mut_ptr().cast(),
+            iov_len: rest.len(),
+        };
+        let Ok(at) = libc::off_t::try_from(pos + done as u64) else {
+            return Ok(false);
+        };
+        // SAFETY: `iov` describes `rest`, memory this call borrows
+        // mutably; the kernel writes at most `rest.len()` bytes into it,
+        // and any bytes are valid `MaybeUninit<u8>`.
+        let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) };
+        match n {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n if n > 0 => done += n as usize,
+            _ => {
+                let e = std::io::Error::last_os_error();
+                return match e.raw_os_error() {
+                    Some(libc::EAGAIN) => Ok(false),
+                    Some(libc::EINTR) => continue,
+                    Some(libc::EOPNOTSUPP | libc::EINVAL | libc::ENOSYS) => {
+                        read_if_mapped(file, pos + done as u64, rest)
+                    }
+                    _ => Err(e),
+                };
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// [`read_if_cached`] where reads that do not wait are refused: the pages
+/// checked with `mincore`, then read.
+fn read_if_mapped(
+    file: &std::fs::File,
+    pos: u64,
+    dst: &mut [MaybeUninit<u8>],
+) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    if !cached(file, pos, dst.len()) {
+        return Ok(false);
+    }
+    dst.fill(MaybeUninit::new(0));
+    // SAFETY: every byte was just initialised; `MaybeUninit<u8>` and `u8`
+    // have the same layout.
+    let bytes = unsafe { &mut *(dst as *mut [MaybeUninit<u8>] as *mut [u8]) };
+    file.read_exact_at(bytes, pos)?;
+    Ok(true)
 }
