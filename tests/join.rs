@@ -147,6 +147,47 @@ fn reads_of_one_executor_run_side_by_side_and_in_order_with_its_writes() {
     assert_eq!(b.run().unwrap(), expected);
 }
 
+/// Two tasks on one executor: each waits (up to `wait`) to see the other
+/// inside; the fewest tasks either saw inside when it finished waiting.
+fn side_by_side(shared: bool, wait: Duration) -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let rt = Runtime::builder().workers(2).build().unwrap();
+    let rows = rt.insert(vec![1u64; 1000]).unwrap();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut b = rt.batch();
+    for _ in 0..2 {
+        let inside = inside.clone();
+        let task = move |v: &Vec<u64>| {
+            inside.fetch_add(1, Ordering::SeqCst);
+            let start = std::time::Instant::now();
+            while inside.load(Ordering::SeqCst) < 2 && start.elapsed() < wait {
+                std::thread::yield_now();
+            }
+            inside.load(Ordering::SeqCst) * v[0] as usize
+        };
+        if shared {
+            b.read_shared(&rows, task);
+        } else {
+            b.read(&rows, task);
+        }
+    }
+    b.run().unwrap().into_iter().min().unwrap_or(0)
+}
+
+#[test]
+fn shared_reads_of_one_executor_run_side_by_side_plain_reads_alone() {
+    // Each saw the other inside: both ran at once (held one at a time,
+    // the first would wait its 10 s and see itself alone).
+    assert_eq!(side_by_side(true, Duration::from_secs(10)), 2);
+    // `read` takes the executor alone: the first never sees the second.
+    assert_eq!(side_by_side(false, Duration::from_millis(200)), 1);
+    let rt = Runtime::builder().workers(2).build().unwrap();
+    let h = rt.insert(5u32).unwrap();
+    let mut b = rt.batch();
+    b.read(&h, |v: &u32| *v).read_shared(&h, |v: &u32| *v + 1);
+    assert_eq!(b.run().unwrap(), vec![5, 6]);
+}
+
 #[test]
 fn executors_that_cannot_fit_together_are_an_error_naming_them() {
     let rt = Runtime::builder()

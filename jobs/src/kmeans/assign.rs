@@ -519,7 +519,7 @@ pub(super) fn sweep(
         let c = c.clone();
         let ch = *ch;
         let reference = reference.cloned();
-        b.read(&ds.parts[ch.part], move |p: &Partition| {
+        b.read_shared(&ds.parts[ch.part], move |p: &Partition| {
             assign(
                 p,
                 ch.start,

@@ -282,7 +282,7 @@ pub(super) fn sweep_sums(
     for (i, ch) in s.list.iter().enumerate() {
         let (c, ch, folding, packed) = (c.clone(), *ch, folding.clone(), s.packed);
         let reference = s.reference.cloned();
-        b.read(&ds.parts[ch.part], move |p: &Partition| {
+        b.read_shared(&ds.parts[ch.part], move |p: &Partition| {
             folding.start(i);
             let _unwinding = Unwinding(&folding);
             let r = reference.as_deref().map(Vec::as_slice);

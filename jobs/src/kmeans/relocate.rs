@@ -113,7 +113,7 @@ fn farthest(
     let mut b = rt.batch();
     for ch in list {
         let c = c.clone();
-        b.read(&ds.parts[ch.part], move |p: &Partition| {
+        b.read_shared(&ds.parts[ch.part], move |p: &Partition| {
             let (out, _) = assign_rows(p, ch.start, ch.len, &c, want, None);
             let first = p.first_row + ch.start as u64;
             let mut v: Vec<Far> = (out.labels.iter().zip(&out.dists).enumerate())

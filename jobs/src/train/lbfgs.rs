@@ -570,7 +570,7 @@ impl<'a> Objective<'a> {
         let mut b = self.rt.batch();
         for &(s, t, _) in &self.plan {
             let w = shared.clone();
-            b.read(&self.job.shards[s], move |sh: &Shard| {
+            b.read_shared(&self.job.shards[s], move |sh: &Shard| {
                 sh.loss_part(t, &w, classes, held_out && t == 0)
             });
         }
