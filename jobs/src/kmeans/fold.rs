@@ -305,8 +305,9 @@ pub(super) fn sweep_sums(
             out
         });
     }
-    // Tasks beyond the workers' would only finish ahead of their turn.
-    b.ahead(s.window.clamp(1, rt.workers().max(1)));
+    // Tasks beyond the workers' (and the one that covers the hand-over of
+    // results to this thread) would only finish ahead of their turn.
+    b.ahead(s.window.clamp(1, rt.workers().max(1) + 1));
     let mut first: Option<Error> = None;
     b.run_in_order(|i, r| match r {
         Ok(p) if first.is_none() => each(i, &p),

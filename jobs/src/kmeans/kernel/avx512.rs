@@ -35,19 +35,22 @@ pub(super) unsafe fn argmin(xn: f32, dots: &[f32], norms: &[f32]) -> (u32, f32) 
         at = _mm512_mask_mov_epi32(at, less, index);
         index = _mm512_add_epi32(index, sixteen);
     }
-    let (mut lanes, mut lane_at) = ([0f32; 16], [0u32; 16]);
-    // SAFETY: 16 floats and 16 integers of local arrays.
-    unsafe {
-        _mm512_storeu_ps(lanes.as_mut_ptr(), best);
-        _mm512_storeu_si512(lane_at.as_mut_ptr().cast(), at);
-    }
-    super::argmin_from(
-        xn,
-        dots,
-        norms,
-        full,
-        super::best_of_lanes(&lanes, &lane_at),
-    )
+    super::argmin_from(xn, dots, norms, full, best_lane(best, at))
+}
+
+/// [`super::best_of_lanes`] in registers: the smallest distance of
+/// `best`, the lowest centre of `at` among the lanes that hold it, and
+/// that lane's distance, its own bits (-0.0 and 0.0 are equal, as in
+/// the scalar loop). `(0, inf)` when no lane is below infinity: then
+/// every `at` lane is 0.
+#[target_feature(enable = "avx512f")]
+fn best_lane(best: __m512, at: __m512i) -> (u32, f32) {
+    let least = _mm512_reduce_min_ps(best);
+    let holds = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(best, _mm512_set1_ps(least));
+    let first = _mm512_mask_reduce_min_epu32(holds, at);
+    let lane = holds & _mm512_cmpeq_epi32_mask(at, _mm512_set1_epi32(first as i32));
+    let bits = _mm512_cvtss_f32(_mm512_maskz_compress_ps(lane, best));
+    (first, bits)
 }
 
 /// [`super::avx2::tile`] for a full panel (16 centres), one 512-bit
