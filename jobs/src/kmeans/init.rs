@@ -8,6 +8,7 @@ use rand::{RngExt, SeedableRng};
 use outcore::Runtime;
 
 use super::assign::add;
+use super::prune::{Dist, Groups};
 use super::{Algorithm, Centers, Config, Dataset, Init, Partition};
 use crate::error::{Error, Result};
 use crate::input::mix;
@@ -33,11 +34,12 @@ const SAMPLE_BYTES: u64 = 128 << 20;
 
 /// Bytes k-means++ works with besides its sample of `rows` of `dims`
 /// columns for `k` clusters: each sampled row's distances (to its nearest
-/// centre, to each candidate, and the best candidate's) and weights.
+/// centre, to each candidate, and the best candidate's) and weights, and
+/// the rows' groups with the bounds between centres (`prune.rs`).
 pub(super) fn plus_plus_scratch(rows: u64, dims: usize, k: usize) -> u64 {
     let n = sample_size(rows, dims, k);
     let trials = 2 + (k as f64).ln() as u64;
-    n * (4 * (3 + trials) + 8 + 4 + 8)
+    n * (4 * (3 + trials) + 8 + 4 + 8) + Groups::bytes(n, k) + trials * k as u64 * 17
 }
 
 /// Bytes the k-means++ or random initialisation's sample of `rows` points
@@ -260,7 +262,13 @@ pub(super) fn initial_centers(
     let chosen = match (&cfg.init, &weights) {
         (Init::Random, None) => random(n, k, &mut rng),
         (Init::Random, Some(w)) => random_weighted(w, k, &mut rng)?,
-        _ => kmeans_plus_plus(rt, &s, d, k, weights.as_deref(), &mut rng)?,
+        _ => kmeans_plus_plus(
+            (&s, d),
+            k,
+            weights.as_deref(),
+            &mut rng,
+            (rt.workers(), true),
+        )?,
     };
     let mut values = Vec::with_capacity(k * d);
     for &i in &chosen {
@@ -365,16 +373,15 @@ fn random_weighted(w: &[f64], k: usize, rng: &mut Xoshiro256PlusPlus) -> Result<
 /// draws, the one that lowers the (weighted) total most is kept. Returns
 /// the indices of the chosen rows.
 fn kmeans_plus_plus(
-    rt: &Runtime,
-    s: &[f32],
-    d: usize,
+    (s, d): (&[f32], usize),
     k: usize,
     w: Option<&[f64]>,
     rng: &mut Xoshiro256PlusPlus,
+    (threads, prune): (usize, bool),
 ) -> Result<Vec<usize>> {
     let n = s.len() / d;
     let trials = 2 + (k as f64).ln() as usize;
-    let threads = rt.workers().max(1);
+    let threads = threads.max(1);
     let weight = |i: usize| w.map_or(1.0, |w| w[i]);
     let first = match w {
         None => (rng.random::<u64>() % n as u64) as usize,
@@ -387,6 +394,7 @@ fn kmeans_plus_plus(
     let mut chosen = Vec::with_capacity(k);
     chosen.push(first);
     let mut best = distances_to(s, d, &[first], threads);
+    let mut groups = Groups::new(&best, k, prune);
     let mut tries = Tries {
         cand_d: vec![0f32; n],
         keep_d: vec![0f32; n],
@@ -401,18 +409,30 @@ fn kmeans_plus_plus(
                 .find(|&i| !chosen.contains(&i) && weight(i) > 0.0)
                 .or_else(|| (0..n).find(|i| !chosen.contains(i)))
                 .unwrap_or(0);
+            let each = (threads, sq_dist as Dist);
+            groups.add((s, d), (&chosen, next), None, (&best, &best), each);
             chosen.push(next);
             continue;
         }
         // The draws depend only on `best`: draw them all, then measure
-        // every candidate in one parallel pass.
+        // every candidate in one parallel pass, where it may move a row.
         let picks: Vec<usize> = (0..trials)
             .map(|_| tries.draw(&best, w, total, rng).unwrap_or(first))
             .collect();
-        let dist = distances_to(s, d, &picks, threads);
+        let live = groups.live((s, d), &chosen, &picks, &best, sq_dist);
+        let dist = groups.distances((s, d), &picks, &live, threads, sq_dist);
         let Some(pick) = tries.best(&best, w, &picks, &dist) else {
             break;
         };
+        let t = picks.iter().position(|&p| p == pick).unwrap_or(0);
+        let each = (threads, sq_dist as Dist);
+        groups.add(
+            (s, d),
+            (&chosen, pick),
+            Some((&live, t)),
+            (&best, &tries.keep_d),
+            each,
+        );
         chosen.push(pick);
         std::mem::swap(&mut best, &mut tries.keep_d);
     }
@@ -582,6 +602,53 @@ mod tests {
 
     /// The AVX2 path gives the baseline's bits, for every length around
     /// the lane count.
+    /// k-means++ that leaves out the rows a trial cannot move chooses the
+    /// same centres as the plain one: clustered rows (where most are
+    /// left out), duplicates (radii of zero), tiny and huge scales,
+    /// weights, any thread count.
+    #[test]
+    fn pruned_kmeans_plus_plus_chooses_the_plain_ones_centres() {
+        let mut z = 0x2545_f491_u32;
+        let mut next = move || {
+            z ^= z << 13;
+            z ^= z >> 17;
+            z ^= z << 5;
+            z as f32 / u32::MAX as f32 - 0.5
+        };
+        for (case, (n, d, blobs, scale)) in [
+            (600, 37, 12, 1.0f32),
+            (500, 8, 40, 1e-15),
+            (400, 64, 5, 1e12),
+            (300, 3, 300, 1.0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let centres: Vec<f32> = (0..blobs * d).map(|_| 40.0 * next()).collect();
+            let mut s = Vec::with_capacity(n * d);
+            for i in 0..n {
+                let b = i % blobs;
+                // Every fifth row sits on its blob's centre (duplicates).
+                let spread = if i % 5 == 0 { 0.0 } else { 1.0 };
+                s.extend((0..d).map(|j| scale * (centres[b * d + j] + spread * next())));
+            }
+            let w: Vec<f64> = (0..n).map(|i| 0.5 + (i % 7) as f64).collect();
+            for (k, weights) in [(blobs.min(n), None), (2 * blobs.min(n / 3), Some(&w[..]))] {
+                for threads in [1, 3] {
+                    let run = |prune| {
+                        let mut rng = Xoshiro256PlusPlus::seed_from_u64(case as u64);
+                        kmeans_plus_plus((&s, d), k, weights, &mut rng, (threads, prune)).unwrap()
+                    };
+                    assert_eq!(
+                        run(true),
+                        run(false),
+                        "case {case}, k {k}, {threads} threads"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn sq_dist_bits_do_not_depend_on_the_instruction_set() {
         let mut z = 0x9e37_79b9_u32;

@@ -62,6 +62,7 @@ mod kernel;
 mod lloyd;
 mod minibatch;
 mod plan;
+mod prune;
 mod reassign;
 mod relocate;
 mod shards;
