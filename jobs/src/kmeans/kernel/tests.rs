@@ -162,6 +162,8 @@ fn every_tile_gives_the_bits_of_fused_multiply_adds_in_column_order() {
         (58, 70, 24),
         (59, 21, 48),
         (11, 300, 40),
+        // Centres over 1 MiB: blocks of 384 rows, the last one partial.
+        (800, 1100, 260),
     ] {
         let x: Vec<f32> = (0..n * d).map(|_| next() * 10.0).collect();
         let mut values: Vec<f32> = (0..k * d).map(|_| next() * 10.0).collect();
