@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """In-memory speed, side by side on the same data, init and cores: an
-outcore Lloyd iteration against faiss.Kmeans (pip faiss-cpu), and the
+outcore Lloyd iteration against faiss.Kmeans (pip faiss-cpu) and, when
+it is installed, scikit-learn-intelex's KMeans (pip
+scikit-learn-intelex: oneDAL; per iteration, the difference between a
+fit of all the iterations and a fit of one, so that its input checks
+and conversion are left out), and the
 distance step's arithmetic rate against OpenBLAS sgemm (numpy's matmul) on
 the K-means shape (task rows x D times D x k).
 
@@ -85,6 +89,11 @@ def main():
         flops_blk = 2.0 * blk.shape[0] * d * a.k
         flops = 2.0 * n * d * a.k
         oc_iters, oc_kernels, fa_iters, sg_blks, sg_alls = [], [], [], [], []
+        ex_iters = []
+        try:
+            from sklearnex.cluster import KMeans as ExKMeans
+        except ImportError:
+            ExKMeans = None
         for _ in range(max(1, a.rounds)):
             # outcore: Lloyd, every iteration, no cap.
             run([a.outcore, "kmeans", "--input", x_path, "--init", init_path, "--algorithm", "lloyd",
@@ -102,6 +111,25 @@ def main():
             t = time.perf_counter()
             km.train(x, init_centroids=init)
             fa_iters.append((time.perf_counter() - t) / a.iterations)
+
+            # scikit-learn-intelex: the same init, Lloyd, no tolerance; a
+            # fit of one iteration taken from one of them all (its input
+            # checks and conversion).
+            if ExKMeans is not None:
+                fits = []
+                for m in (1, a.iterations):
+                    ex = ExKMeans(a.k, init=init, n_init=1, max_iter=m, tol=0, algorithm="lloyd")
+                    t = time.perf_counter()
+                    ex.fit(x)
+                    fits.append((time.perf_counter() - t, ex.n_iter_))
+                (t1, n1), (tn, nn) = fits
+                # A fit that converged early ran other iterations than
+                # asked: its difference would mean nothing.
+                if n1 == 1 and nn == a.iterations:
+                    ex_iters.append((tn - t1) / (nn - n1))
+                else:
+                    print(f"sklearnex converged after {nn} of {a.iterations} iterations: not timed",
+                          file=sys.stderr)
 
             # OpenBLAS sgemm on the distance step's shape, one task block at
             # a time as outcore computes it, and on the whole data at once.
@@ -131,9 +159,15 @@ def main():
     print(f"| outcore (median of iterations 2..{a.iterations}) | {oc_iter:.3f} | {oc_rate:.1f} |")
     print(f"| outcore's distance kernel alone (its seconds per iteration / {s['workers']} workers) | {oc_kernel:.3f} | {kernel_rate:.1f} |")
     print(f"| faiss.Kmeans {faiss.__version__} | {fa_iter:.3f} | {2.0 * n * d * a.k / fa_iter / 1e9:.1f} |")
+    if ex_iters:
+        ex_iter = median(ex_iters)
+        print(f"| sklearnex KMeans (oneDAL; iterations 2..n) | {ex_iter:.3f} | {flops / ex_iter / 1e9:.1f} |")
     print(f"| OpenBLAS sgemm, {a.task_points}-row blocks | | {sg_blk:.1f} |")
     print(f"| OpenBLAS sgemm, all rows at once | | {sg_all:.1f} |")
     print()
+    if ex_iters:
+        print(f"sklearnex / outcore per iteration: {median(ex_iters) / oc_iter:.2f} (round by round: "
+              f"{', '.join(f'{e / o:.2f}' for e, o in zip(ex_iters, oc_iters))})")
     print(f"faiss / outcore per iteration: {fa_iter / oc_iter:.2f} (round by round: "
           f"{', '.join(f'{r:.2f}' for r in pairs)}); outcore / sgemm (blocks): "
           f"{oc_rate / sg_blk:.2f} per iteration, {kernel_rate / sg_blk:.2f} for the kernel alone")
