@@ -8,7 +8,8 @@ use rand::{RngExt, SeedableRng};
 use outcore::Runtime;
 
 use super::assign::add;
-use super::prune::{Dist, Groups};
+use super::prune::Groups;
+use super::sqdist::sq_dist;
 use super::{Algorithm, Centers, Config, Dataset, Init, Partition};
 use crate::error::{Error, Result};
 use crate::input::mix;
@@ -118,51 +119,6 @@ fn sample(
         w = ranks.all_gather(&w)?;
     }
     Ok((x, w))
-}
-
-/// Squared Euclidean distance (k-means++ on the sample), with AVX2 where
-/// the CPU has it: the bits do not depend on which.
-fn sq_dist(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2, checked just above.
-        return unsafe { sq_dist_avx2(a, b) };
-    }
-    sq_dist_lanes(a, b)
-}
-
-/// [`sq_dist`] compiled for AVX2: the same operations in the same order
-/// (Rust never fuses a multiply and an add by itself), so the same bits,
-/// four times as many lanes per instruction as the SSE2 baseline.
-///
-/// # Safety
-///
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn sq_dist_avx2(a: &[f32], b: &[f32]) -> f32 {
-    sq_dist_lanes(a, b)
-}
-
-/// 32 independent lanes (enough chains to hide the add latency), summed
-/// in a fixed order at the end.
-#[inline(always)]
-fn sq_dist_lanes(a: &[f32], b: &[f32]) -> f32 {
-    const L: usize = 32;
-    let mut acc = [0f32; L];
-    let mut ca = a.chunks_exact(L);
-    let mut cb = b.chunks_exact(L);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for t in 0..L {
-            let v = x[t] - y[t];
-            acc[t] += v * v;
-        }
-    }
-    let mut tail = 0f32;
-    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        tail += (x - y) * (x - y);
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 /// Squared distances from every row of `s` (`d` columns) to the rows
@@ -409,8 +365,7 @@ fn kmeans_plus_plus(
                 .find(|&i| !chosen.contains(&i) && weight(i) > 0.0)
                 .or_else(|| (0..n).find(|i| !chosen.contains(i)))
                 .unwrap_or(0);
-            let each = (threads, sq_dist as Dist);
-            groups.add((s, d), (&chosen, next), None, (&best, &best), each);
+            groups.add((s, d), (&chosen, next), None, (&best, &best), threads);
             chosen.push(next);
             continue;
         }
@@ -419,20 +374,14 @@ fn kmeans_plus_plus(
         let picks: Vec<usize> = (0..trials)
             .map(|_| tries.draw(&best, w, total, rng).unwrap_or(first))
             .collect();
-        let live = groups.live((s, d), &chosen, &picks, &best, sq_dist);
-        let dist = groups.distances((s, d), &picks, &live, threads, sq_dist);
+        let live = groups.live((s, d), &chosen, &picks, &best);
+        let dist = groups.distances((s, d), &picks, &live, threads);
         let Some(pick) = tries.best(&best, w, &picks, &dist) else {
             break;
         };
         let t = picks.iter().position(|&p| p == pick).unwrap_or(0);
-        let each = (threads, sq_dist as Dist);
-        groups.add(
-            (s, d),
-            (&chosen, pick),
-            Some((&live, t)),
-            (&best, &tries.keep_d),
-            each,
-        );
+        let after = (&best[..], &tries.keep_d[..]);
+        groups.add((s, d), (&chosen, pick), Some((&live, t)), after, threads);
         chosen.push(pick);
         std::mem::swap(&mut best, &mut tries.keep_d);
     }
@@ -646,29 +595,6 @@ mod tests {
                     );
                 }
             }
-        }
-    }
-
-    #[test]
-    fn sq_dist_bits_do_not_depend_on_the_instruction_set() {
-        let mut z = 0x9e37_79b9_u32;
-        let mut next = || {
-            z ^= z << 13;
-            z ^= z >> 17;
-            z ^= z << 5;
-            (z as f32 / u32::MAX as f32) * 200.0 - 100.0
-        };
-        for len in 0..100 {
-            let a: Vec<f32> = (0..len).map(|_| next()).collect();
-            let b: Vec<f32> = (0..len).map(|_| next()).collect();
-            let direct: f64 = a
-                .iter()
-                .zip(&b)
-                .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
-                .sum();
-            let got = sq_dist(&a, &b);
-            assert_eq!(got.to_bits(), sq_dist_lanes(&a, &b).to_bits(), "{len}");
-            assert!((f64::from(got) - direct).abs() <= 1e-5 * direct.max(1.0));
         }
     }
 }

@@ -66,6 +66,7 @@ mod prune;
 mod reassign;
 mod relocate;
 mod shards;
+mod sqdist;
 mod stats;
 
 use std::path::Path;

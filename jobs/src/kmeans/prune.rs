@@ -19,6 +19,8 @@
 //! same, bit for bit. At 1 GiB of 10,000-D, k = 1000, the rows read fall
 //! from the whole sample for every step to a few of its groups.
 
+use super::sqdist::sq_dist;
+
 /// The factor by which a bound must clear twice a group's radius.
 const MARGIN: f64 = 1.01;
 
@@ -34,9 +36,6 @@ const LEAST: f64 = 1e-18;
 /// this many bytes (`k^2 / 2` floats), else each trial measures its
 /// distance to every centre.
 const BOUNDS_BYTES: usize = 64 << 20;
-
-/// Squared Euclidean distance, as k-means++ measures it.
-pub(super) type Dist = fn(&[f32], &[f32]) -> f32;
 
 /// The sample's rows grouped by their nearest chosen centre.
 pub(super) struct Groups {
@@ -123,7 +122,6 @@ impl Groups {
         chosen: &[usize],
         picks: &[usize],
         best: &[f32],
-        dist: Dist,
     ) -> Live {
         let groups = chosen.len();
         let mut alive = vec![false; picks.len() * groups];
@@ -146,7 +144,7 @@ impl Groups {
                 } else if prunable && lb >= need {
                     (false, None)
                 } else {
-                    let e = f64::from(dist(c, &s[centre * d..(centre + 1) * d])).sqrt();
+                    let e = f64::from(sq_dist(c, &s[centre * d..(centre + 1) * d])).sqrt();
                     (!(prunable && e * (1.0 - SLACK) >= need), Some(e))
                 };
                 alive[t * groups + j] = live;
@@ -168,7 +166,6 @@ impl Groups {
         picks: &[usize],
         live: &Live,
         threads: usize,
-        dist: Dist,
     ) -> Vec<f32> {
         let n = self.of.len();
         let m = picks.len();
@@ -182,7 +179,7 @@ impl Groups {
                 let x = &s[i * d..(i + 1) * d];
                 for (t, &c) in picks.iter().enumerate() {
                     if live.alive[t * live.groups + g] {
-                        o[t] = dist(x, &s[c * d..(c + 1) * d]);
+                        o[t] = sq_dist(x, &s[c * d..(c + 1) * d]);
                     }
                 }
             }
@@ -201,7 +198,7 @@ impl Groups {
         (chosen, pick): (&[usize], usize),
         live: Option<(&Live, usize)>,
         (before, after): (&[f32], &[f32]),
-        (threads, dist): (usize, Dist),
+        threads: usize,
     ) {
         let m = self.radius.len();
         for ((g, &b), &a) in self.of.iter_mut().zip(before).zip(after) {
@@ -220,7 +217,7 @@ impl Groups {
                 for (i, v) in block.iter_mut().enumerate() {
                     let j = b * per + i;
                     let e = known.and_then(|k| k[j]).unwrap_or_else(|| {
-                        f64::from(dist(c, &s[chosen[j] * d..(chosen[j] + 1) * d])).sqrt()
+                        f64::from(sq_dist(c, &s[chosen[j] * d..(chosen[j] + 1) * d])).sqrt()
                     });
                     *v = lower(e);
                 }
