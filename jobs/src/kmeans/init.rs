@@ -582,7 +582,14 @@ mod tests {
                 s.extend((0..d).map(|j| scale * (centres[b * d + j] + spread * next())));
             }
             let w: Vec<f64> = (0..n).map(|i| 0.5 + (i % 7) as f64).collect();
-            for (k, weights) in [(blobs.min(n), None), (2 * blobs.min(n / 3), Some(&w[..]))] {
+            let ks = [
+                (blobs.min(n), None),
+                (2 * blobs.min(n / 3), Some(&w[..])),
+                // Many centres a blob: small radii, far blobs (the bounds
+                // taken without measuring).
+                ((6 * blobs).min(n / 2), None),
+            ];
+            for (k, weights) in ks {
                 for threads in [1, 3] {
                     let run = |prune| {
                         let mut rng = Xoshiro256PlusPlus::seed_from_u64(case as u64);

@@ -201,29 +201,62 @@ impl Groups {
         threads: usize,
     ) {
         let m = self.radius.len();
+        if self.keep {
+            let to = self.bounds_to((s, d), (chosen, pick), live, before, threads);
+            self.near.push(to);
+        }
         for ((g, &b), &a) in self.of.iter_mut().zip(before).zip(after) {
             if a < b {
                 *g = m as u32;
             }
         }
         self.radius.push(0.0);
-        if self.keep {
-            let known = live.map(|(l, t)| &l.to[t]);
-            let mut to = vec![0f32; m];
-            let per = m.div_ceil(threads.max(1)).max(1);
-            let c = &s[pick * d..(pick + 1) * d];
-            let blocks: Vec<_> = to.chunks_mut(per).enumerate().collect();
-            crate::par::for_each(blocks, threads, |(b, block)| {
-                for (i, v) in block.iter_mut().enumerate() {
-                    let j = b * per + i;
-                    let e = known.and_then(|k| k[j]).unwrap_or_else(|| {
-                        f64::from(sq_dist(c, &s[chosen[j] * d..(chosen[j] + 1) * d])).sqrt()
-                    });
-                    *v = lower(e);
-                }
-            });
-            self.near.push(to);
-        }
         self.radii(after);
+    }
+
+    /// Lower bounds on the distances from the new centre, row `pick`, to
+    /// the centres `chosen` before it (the rows at distances `before`).
+    ///
+    /// A bound of at least `FAR` times the largest radius decides every
+    /// later trial by itself: no radius grows (rows only move to nearer
+    /// centres), so a trial of either group, within that radius of its
+    /// own centre, stays more than twice the other group's radius (with
+    /// the margin) from the other centre. Such a bound comes free from
+    /// the triangle through the centre `h` the new one was nearest to:
+    /// `|c - c_j| >= |c_j - h| - |c - h|`. The others are measured (or
+    /// taken from the trial that measured them), on `threads` threads.
+    fn bounds_to(
+        &self,
+        (s, d): (&[f32], usize),
+        (chosen, pick): (&[usize], usize),
+        live: Option<(&Live, usize)>,
+        before: &[f32],
+        threads: usize,
+    ) -> Vec<f32> {
+        /// `2 * MARGIN + 1`, and room for the slack of the bounds.
+        const FAR: f64 = 2.0 * MARGIN + 1.0 + 8.0 * SLACK;
+        let m = chosen.len();
+        let largest = self.radius.iter().fold(0f64, |a, &r| a.max(r));
+        let enough = FAR * largest;
+        let home = self.of[pick] as usize;
+        let from_home = f64::from(before[pick]).sqrt() * (1.0 + SLACK);
+        let known = live.map(|(l, t)| &l.to[t]);
+        let mut to = vec![0f32; m];
+        let per = m.div_ceil(threads.max(1)).max(1);
+        let c = &s[pick * d..(pick + 1) * d];
+        let blocks: Vec<_> = to.chunks_mut(per).enumerate().collect();
+        crate::par::for_each(blocks, threads, |(b, block)| {
+            for (i, v) in block.iter_mut().enumerate() {
+                let j = b * per + i;
+                let free = self.bound(j, home) * (1.0 - SLACK) - from_home;
+                let e = match known.and_then(|k| k[j]) {
+                    Some(e) => e,
+                    None if largest > 0.0 && free >= enough => free,
+                    None => f64::from(sq_dist(c, &s[chosen[j] * d..(chosen[j] + 1) * d])).sqrt(),
+                };
+                *v = lower(e);
+            }
+        });
+        to
     }
 }
