@@ -365,7 +365,7 @@ fn kmeans_plus_plus(
                 .find(|&i| !chosen.contains(&i) && weight(i) > 0.0)
                 .or_else(|| (0..n).find(|i| !chosen.contains(i)))
                 .unwrap_or(0);
-            groups.add((s, d), (&chosen, next), None, (&best, &best), threads);
+            groups.add((s, d), (&chosen, next), None, (&best, &best));
             chosen.push(next);
             continue;
         }
@@ -381,7 +381,7 @@ fn kmeans_plus_plus(
         };
         let t = picks.iter().position(|&p| p == pick).unwrap_or(0);
         let after = (&best[..], &tries.keep_d[..]);
-        groups.add((s, d), (&chosen, pick), Some((&live, t)), after, threads);
+        groups.add((s, d), (&chosen, pick), Some((&live, t)), after);
         chosen.push(pick);
         std::mem::swap(&mut best, &mut tries.keep_d);
     }

@@ -190,19 +190,18 @@ impl Groups {
     /// The centre chosen next, row `pick` of `s`, after the centres
     /// `chosen` (its trial `t` of `live`, if it was one), with the rows'
     /// distances `before` and `after` it: the rows it came nearer to join
-    /// its group, and its distances to the other centres are measured
-    /// where the trial did not, on `threads` threads.
+    /// its group, and its distances to the other centres are bounded
+    /// ([`Groups::bounds_to`]).
     pub(super) fn add(
         &mut self,
         (s, d): (&[f32], usize),
         (chosen, pick): (&[usize], usize),
         live: Option<(&Live, usize)>,
         (before, after): (&[f32], &[f32]),
-        threads: usize,
     ) {
         let m = self.radius.len();
         if self.keep {
-            let to = self.bounds_to((s, d), (chosen, pick), live, before, threads);
+            let to = self.bounds_to((s, d), (chosen, pick), live, before);
             self.near.push(to);
         }
         for ((g, &b), &a) in self.of.iter_mut().zip(before).zip(after) {
@@ -224,39 +223,35 @@ impl Groups {
     /// the margin) from the other centre. Such a bound comes free from
     /// the triangle through the centre `h` the new one was nearest to:
     /// `|c - c_j| >= |c_j - h| - |c - h|`. The others are measured (or
-    /// taken from the trial that measured them), on `threads` threads.
+    /// taken from the trial that measured them) on this thread: they are
+    /// few, and each step that starts threads is one more chance for a
+    /// thread to find no address space for its signal stack under
+    /// `RLIMIT_AS` (the standard library aborts then).
     fn bounds_to(
         &self,
         (s, d): (&[f32], usize),
         (chosen, pick): (&[usize], usize),
         live: Option<(&Live, usize)>,
         before: &[f32],
-        threads: usize,
     ) -> Vec<f32> {
         /// `2 * MARGIN + 1`, and room for the slack of the bounds.
         const FAR: f64 = 2.0 * MARGIN + 1.0 + 8.0 * SLACK;
-        let m = chosen.len();
         let largest = self.radius.iter().fold(0f64, |a, &r| a.max(r));
         let enough = FAR * largest;
         let home = self.of[pick] as usize;
         let from_home = f64::from(before[pick]).sqrt() * (1.0 + SLACK);
         let known = live.map(|(l, t)| &l.to[t]);
-        let mut to = vec![0f32; m];
-        let per = m.div_ceil(threads.max(1)).max(1);
         let c = &s[pick * d..(pick + 1) * d];
-        let blocks: Vec<_> = to.chunks_mut(per).enumerate().collect();
-        crate::par::for_each(blocks, threads, |(b, block)| {
-            for (i, v) in block.iter_mut().enumerate() {
-                let j = b * per + i;
+        (0..chosen.len())
+            .map(|j| {
                 let free = self.bound(j, home) * (1.0 - SLACK) - from_home;
                 let e = match known.and_then(|k| k[j]) {
                     Some(e) => e,
                     None if largest > 0.0 && free >= enough => free,
                     None => f64::from(sq_dist(c, &s[chosen[j] * d..(chosen[j] + 1) * d])).sqrt(),
                 };
-                *v = lower(e);
-            }
-        });
-        to
+                lower(e)
+            })
+            .collect()
     }
 }
