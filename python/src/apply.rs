@@ -226,16 +226,22 @@ impl<T> Rows<T> for Stoppable<'_, T> {
         self.rows.cols()
     }
     fn read(&self, first: u64, n: usize, out: &mut Vec<T>) -> outcore_jobs::Result<()> {
-        if self.stop.load(Ordering::Relaxed) {
-            return Err(outcore_jobs::Error::Input("interrupted".into()));
-        }
+        self.go_on()?;
         self.rows.read(first, n, out)
     }
     fn read_now(&self, first: u64, n: usize, out: &mut Vec<T>) -> outcore_jobs::Result<bool> {
+        self.go_on()?;
+        self.rows.read_now(first, n, out)
+    }
+}
+
+impl<T> Stoppable<'_, T> {
+    /// An error once the caller's signal is set.
+    fn go_on(&self) -> outcore_jobs::Result<()> {
         if self.stop.load(Ordering::Relaxed) {
             return Err(outcore_jobs::Error::Input("interrupted".into()));
         }
-        self.rows.read_now(first, n, out)
+        Ok(())
     }
 }
 

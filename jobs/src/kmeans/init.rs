@@ -9,7 +9,7 @@ use outcore::Runtime;
 
 use super::assign::add;
 use super::prune::Groups;
-use super::sqdist::sq_dist;
+use super::sqdist::distances;
 use super::{Algorithm, Centers, Config, Dataset, Init, Partition};
 use crate::error::{Error, Result};
 use crate::input::mix;
@@ -119,28 +119,6 @@ fn sample(
         w = ranks.all_gather(&w)?;
     }
     Ok((x, w))
-}
-
-/// Squared distances from every row of `s` (`d` columns) to the rows
-/// `centres` of `s`: `out[i * centres.len() + t]` for row `i` and centre
-/// `t`, on `threads` threads over contiguous ranges of rows. Each value is
-/// `sq_dist` of the two rows, whatever the thread count.
-fn distances_to(s: &[f32], d: usize, centres: &[usize], threads: usize) -> Vec<f32> {
-    let n = s.len() / d.max(1);
-    let m = centres.len();
-    let mut out = vec![0f32; n * m];
-    let per = n.div_ceil(threads.max(1)).max(1);
-    let blocks: Vec<_> = out.chunks_mut(per * m.max(1)).enumerate().collect();
-    crate::par::for_each(blocks, threads, |(r, block)| {
-        for (j, o) in block.chunks_exact_mut(m).enumerate() {
-            let i = r * per + j;
-            let x = &s[i * d..(i + 1) * d];
-            for (t, &c) in centres.iter().enumerate() {
-                o[t] = sq_dist(x, &s[c * d..(c + 1) * d]);
-            }
-        }
-    });
-    out
 }
 
 /// Mean over the columns of each column's variance, in f64.
@@ -349,7 +327,7 @@ fn kmeans_plus_plus(
     };
     let mut chosen = Vec::with_capacity(k);
     chosen.push(first);
-    let mut best = distances_to(s, d, &[first], threads);
+    let mut best = distances((s, d), &[first], threads, |_, _| true);
     let mut groups = Groups::new(&best, k, prune);
     let mut tries = Tries {
         cand_d: vec![0f32; n],

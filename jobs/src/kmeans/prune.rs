@@ -19,7 +19,7 @@
 //! same, bit for bit. At 1 GiB of 10,000-D, k = 1000, the rows read fall
 //! from the whole sample for every step to a few of its groups.
 
-use super::sqdist::sq_dist;
+use super::sqdist::{distances, sq_dist};
 
 /// The factor by which a bound must clear twice a group's radius.
 const MARGIN: f64 = 1.01;
@@ -167,24 +167,9 @@ impl Groups {
         live: &Live,
         threads: usize,
     ) -> Vec<f32> {
-        let n = self.of.len();
-        let m = picks.len();
-        let mut out = vec![f32::INFINITY; n * m];
-        let per = n.div_ceil(threads.max(1)).max(1);
-        let blocks: Vec<_> = out.chunks_mut(per * m.max(1)).enumerate().collect();
-        crate::par::for_each(blocks, threads, |(r, block)| {
-            for (j, o) in block.chunks_exact_mut(m).enumerate() {
-                let i = r * per + j;
-                let g = self.of[i] as usize;
-                let x = &s[i * d..(i + 1) * d];
-                for (t, &c) in picks.iter().enumerate() {
-                    if live.alive[t * live.groups + g] {
-                        o[t] = sq_dist(x, &s[c * d..(c + 1) * d]);
-                    }
-                }
-            }
-        });
-        out
+        distances((s, d), picks, threads, |i, t| {
+            live.alive[t * live.groups + self.of[i] as usize]
+        })
     }
 
     /// The centre chosen next, row `pick` of `s`, after the centres

@@ -1,6 +1,6 @@
 //! The squared Euclidean distance k-means++ measures on its sample
 //! (`init.rs`, `prune.rs`), with the same bits whatever the instruction
-//! set.
+//! set, and a pass of it from every row to a few rows.
 //!
 //! Each distance is 32 independent lanes (enough chains to hide the add
 //! latency), lane `t` adding the squares of the differences of elements
@@ -37,25 +37,48 @@ const L: usize = 32;
 #[inline(always)]
 fn lanes(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; L];
-    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
-    let tails = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
+    let (mut ca, mut cb) = (a.chunks_exact(L), b.chunks_exact(L));
+    for (x, y) in (&mut ca).zip(&mut cb) {
         for t in 0..L {
             let v = x[t] - y[t];
             acc[t] += v * v;
         }
     }
-    finish(&acc, tails)
-}
-
-/// The lanes summed in order, then the tail's squares added one by one.
-#[inline(always)]
-fn finish(acc: &[f32; L], (a, b): (&[f32], &[f32])) -> f32 {
     let mut tail = 0f32;
-    for (x, y) in a.iter().zip(b) {
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
         tail += (x - y) * (x - y);
     }
     acc.iter().sum::<f32>() + tail
+}
+
+/// Squared distances from every row of `s` (`d` columns) to the rows
+/// `picks` of `s`: `out[i * picks.len() + t]` for row `i` and pick `t`,
+/// on `threads` threads over contiguous ranges of rows. Each is
+/// [`sq_dist`] of the two rows, whatever the thread count, where
+/// `wanted(i, t)`, and `+inf` where not.
+pub(super) fn distances(
+    (s, d): (&[f32], usize),
+    picks: &[usize],
+    threads: usize,
+    wanted: impl Fn(usize, usize) -> bool + Sync,
+) -> Vec<f32> {
+    let n = s.len() / d.max(1);
+    let m = picks.len();
+    let mut out = vec![f32::INFINITY; n * m];
+    let per = n.div_ceil(threads.max(1)).max(1);
+    let blocks: Vec<_> = out.chunks_mut(per * m.max(1)).enumerate().collect();
+    crate::par::for_each(blocks, threads, |(r, block)| {
+        for (j, o) in block.chunks_exact_mut(m).enumerate() {
+            let i = r * per + j;
+            let x = &s[i * d..(i + 1) * d];
+            for (t, &c) in picks.iter().enumerate() {
+                if wanted(i, t) {
+                    o[t] = sq_dist(x, &s[c * d..(c + 1) * d]);
+                }
+            }
+        }
+    });
+    out
 }
 
 #[cfg(test)]
