@@ -18,7 +18,15 @@ read from its file, so its pages do not pile up in the process.
 import atexit
 import os
 
-from . import _core
+try:
+    from . import _core
+except ImportError as e:  # a module built with MPI, and no MPI library here
+    if "libmpi" not in str(e):
+        raise
+    raise ImportError(
+        f"outcore was built with MPI, but the MPI library cannot be loaded ({e}); "
+        "install it (Open MPI: libopenmpi), or reinstall outcore without MPI: pip install ./python"
+    ) from None
 from ._kmeans import KMeans, MiniBatchKMeans
 from ._linear import LinearRegression, Ridge
 from ._logistic import LogisticRegression
@@ -35,5 +43,10 @@ __version__ = "0.1.0"
 # interpreter's exit waits for it, so that its spill directory is gone, and
 # so does a fork (a child must not inherit an engine that no thread of its
 # own will end).
+#
+# Under mpirun, MPI is finalised (or, when a fit failed on some ranks only,
+# every rank is ended) once the engine has ended: registered first, so it
+# runs after ``finish``.
+atexit.register(_core.mpi_end)
 atexit.register(_core.finish)
 os.register_at_fork(before=_core.finish)

@@ -380,4 +380,5 @@ fn run<T: Real + Element>(
         || apply::apply(&rows, task, plan),
         || stop.store(true, Ordering::Relaxed),
     )
+    .map_err(crate::run::Failure::into_py)
 }

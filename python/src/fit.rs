@@ -36,7 +36,8 @@ where
         })?;
         let stats = session.runtime().stats();
         let json = run.to_json(&session, &fitted, &stats)?;
-        Ok((fitted, json.map(|j| j.to_string()).unwrap_or_default()))
+        let json = json.map(|j| j.to_string()).unwrap_or_default();
+        Ok((fitted, crate::run::from_root(&session, json)))
     })
 }
 
@@ -182,7 +183,8 @@ pub(crate) fn sgd_fit<'py>(
         })?;
         let s = session.runtime().stats();
         let json = run.to_json(&session, &fitted, &s)?;
-        Ok((fitted, json.map(|j| j.to_string()).unwrap_or_default()))
+        let json = json.map(|j| j.to_string()).unwrap_or_default();
+        Ok((fitted, crate::run::from_root(&session, json)))
     })?;
     let d = PyDict::new(py);
     let bytes = |v: &[f64]| PyBytes::new(py, &le_bytes(v, f64::to_le_bytes));

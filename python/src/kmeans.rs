@@ -104,17 +104,22 @@ pub(crate) fn kmeans_fit<'py>(
     let (_, dims) = src.shape().map_err(crate::to_py)?;
     let cfg = params.config(dims)?;
     let (rows, _) = src.shape().map_err(crate::to_py)?;
+    let ranks = crate::ranks::ranks()?;
     let (session, part_bytes) = settings.session(py, |cap, pb, n| {
         let pb = kmeans::aligned_partition_bytes(pb, dims, cfg.task_points);
-        kmeans::workers((rows, dims), &cfg, pb, cap, (0, 1), n)
+        kmeans::workers((rows, dims), &cfg, pb, cap, (ranks.rank(), ranks.size()), n)
     })?;
     let part_bytes = kmeans::aligned_partition_bytes(part_bytes, dims, cfg.task_points);
     let echo = Echo {
-        verbose: settings.verbose > 0,
+        verbose: settings.verbose > 0 && ranks.is_root(),
         to: echo,
     };
-    let (out, extra) = run_job(py, &session, || {
-        fit(&session, &echo, &src, weights.as_deref(), &cfg, part_bytes)
+    // On MPI ranks, each rank labels its own rows: every rank gets all.
+    let (out, labels, stats) = run_job(py, &session, || {
+        let (out, extra) = fit(&session, &echo, &src, weights.as_deref(), &cfg, part_bytes)?;
+        let labels = session.ranks().all_gather_u32(&extra.labels)?;
+        let stats = stats(&session, &cfg, &out, &extra);
+        Ok((out, labels, stats))
     })?;
     let d = PyDict::new(py);
     d.set_item(
@@ -123,13 +128,13 @@ pub(crate) fn kmeans_fit<'py>(
     )?;
     d.set_item(
         "labels",
-        PyBytes::new(py, &le_bytes(&extra.labels, u32::to_le_bytes)),
+        PyBytes::new(py, &le_bytes(&labels, u32::to_le_bytes)),
     )?;
     d.set_item("inertia", out.inertia)?;
     d.set_item("n_iter", out.iterations)?;
     d.set_item("n_steps", out.steps)?;
     d.set_item("converged", out.converged.is_some())?;
-    d.set_item("stats", stats(&session, &cfg, &out, &extra).to_string())?;
+    d.set_item("stats", stats)?;
     Ok(d)
 }
 
@@ -297,8 +302,9 @@ fn fit(
     Ok((out, extra))
 }
 
-/// The command line's `--stats` figures for a fit.
-fn stats(session: &Session, cfg: &Config, out: &Outcome, extra: &Extra) -> serde_json::Value {
+/// The command line's `--stats` figures for a fit, as JSON text (the same
+/// on every rank). Collective.
+fn stats(session: &Session, cfg: &Config, out: &Outcome, extra: &Extra) -> String {
     let t = &extra.traffic;
     let job = KmeansStats::new(cfg, extra.data, out, t, &t.epoch_read);
     let v = serde_json::to_value(job).unwrap_or_default();

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 mod apply;
 mod fit;
 mod kmeans;
+mod ranks;
 mod run;
 mod scratch;
 mod train;
@@ -65,6 +66,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fit::linear_fit, m)?)?;
     m.add_function(wrap_pyfunction!(fit::pca_fit, m)?)?;
     m.add_function(wrap_pyfunction!(fit::sgd_fit, m)?)?;
+    m.add_function(wrap_pyfunction!(ranks::mpi_rank, m)?)?;
+    m.add_function(wrap_pyfunction!(ranks::mpi_built, m)?)?;
+    m.add_function(wrap_pyfunction!(ranks::mpi_end, m)?)?;
     m.add_class::<run::Settings>()?;
     m.add_class::<scratch::ScratchDir>()?;
     Ok(())

@@ -177,7 +177,16 @@ impl Settings {
         py: Python<'_>,
         workers: impl FnOnce(Option<u64>, u64, usize) -> Workers,
     ) -> PyResult<(Engine, u64)> {
-        let cap = self.cap.resolve();
+        let ranks = crate::ranks::ranks()?;
+        let mut mem_cap = self.cap;
+        // `auto` on a node shared with other ranks: its share of the node
+        // (as the command line).
+        if mem_cap == MemoryCap::Auto && ranks.on_node() > 1 {
+            if let Some(b) = mem_cap.resolve_shared(ranks.on_node()) {
+                mem_cap = MemoryCap::Bytes(b);
+            }
+        }
+        let cap = mem_cap.resolve();
         // The command line's partitions.
         let part_bytes = outcore_jobs::partition_bytes(cap, 1 << 20);
         let wanted = self.workers();
@@ -188,7 +197,7 @@ impl Settings {
             PyErr::warn(py, &py.get_type::<PyUserWarning>(), &CString::new(line)?, 1)?;
         }
         let turn = take_turn(py, self)?;
-        let mut b = Runtime::builder().mem_cap(self.cap).workers(planned.run);
+        let mut b = Runtime::builder().mem_cap(mem_cap).workers(planned.run);
         if let Some(d) = &self.spill_dir {
             b = b.spill_dir(d);
         }
@@ -203,7 +212,7 @@ impl Settings {
             );
             PyErr::warn(py, &py.get_type::<PyUserWarning>(), &CString::new(line)?, 1)?;
         }
-        let mut session = Session::new(rt);
+        let mut session = Session::on(rt, ranks);
         if let Some(p) = &self.timeline {
             session.record_timeline(p, "load").map_err(crate::to_py)?;
         }
@@ -231,9 +240,10 @@ impl Settings {
         self.cap.resolve().map(|c| c / 4)
     }
 
-    /// A progress line on Python's `sys.stderr`, when `verbose`.
+    /// A progress line on Python's `sys.stderr`, when `verbose` (on MPI
+    /// ranks, rank 0's only).
     pub(crate) fn say(&self, line: impl FnOnce() -> String) {
-        if self.verbose > 0 {
+        if self.verbose > 0 && crate::ranks::is_root() {
             write_stderr(&format!("outcore: {}\n", line()));
         }
     }
@@ -259,13 +269,53 @@ pub(crate) fn write_stderr(text: &str) {
 /// (a small job costs no polling period). A signal (Ctrl-C) interrupts the
 /// runtime; once the job has returned, its exception (`KeyboardInterrupt`)
 /// is raised.
+///
+/// On MPI ranks, an error names the rank; one that some ranks meet and
+/// others do not leaves the ranks out of step (see `ranks.rs`).
 pub(crate) fn run_job<T: Send>(
     py: Python<'_>,
     session: &Session,
     job: impl FnOnce() -> outcore_jobs::Result<T> + Send,
 ) -> PyResult<T> {
     let stop = session.runtime().interrupter();
-    run_interruptible(py, job, || stop.interrupt())
+    let ranks = session.ranks();
+    let out = run_interruptible(py, job, || stop.interrupt());
+    if ranks.size() == 1 {
+        return out.map_err(Failure::into_py);
+    }
+    out.map_err(|e| {
+        let every_rank = py.detach(|| crate::ranks::failed(ranks));
+        let e = e.into_py();
+        if !every_rank {
+            let line = format!(
+                "rank {} of {}: {} (the other ranks wait for this one: its exit ends them)",
+                ranks.rank(),
+                ranks.size(),
+                e.value(py)
+            );
+            return PyErr::from_type(e.get_type(py), line);
+        }
+        let line = format!("rank {} of {}: {}", ranks.rank(), ranks.size(), e.value(py));
+        PyErr::from_type(e.get_type(py), line)
+    })
+}
+
+/// How a job run by [`run_interruptible`] failed.
+pub(crate) enum Failure {
+    /// Its own error.
+    Job(outcore_jobs::Error),
+    /// The exception of a signal (Ctrl-C), or of a panic.
+    Python(PyErr),
+}
+
+impl Failure {
+    /// The exception to raise.
+    pub(crate) fn into_py(self) -> PyErr {
+        match self {
+            Failure::Job(e) => crate::to_py(e),
+            Failure::Python(e) => e,
+        }
+    }
 }
 
 /// [`run_job`] for work outside a session: `interrupt` is called once on
@@ -274,7 +324,7 @@ pub(crate) fn run_interruptible<T: Send>(
     py: Python<'_>,
     job: impl FnOnce() -> outcore_jobs::Result<T> + Send,
     interrupt: impl Fn(),
-) -> PyResult<T> {
+) -> Result<T, Failure> {
     let ended = Ended::default();
     std::thread::scope(|s| {
         let h = s.spawn(|| {
@@ -293,11 +343,11 @@ pub(crate) fn run_interruptible<T: Send>(
         }
         let out = h.join();
         match (signal, out) {
-            (Some(e), _) => Err(e),
-            (None, Ok(r)) => r.map_err(crate::to_py),
-            (None, Err(_)) => Err(PyRuntimeError::new_err(
+            (Some(e), _) => Err(Failure::Python(e)),
+            (None, Ok(r)) => r.map_err(Failure::Job),
+            (None, Err(_)) => Err(Failure::Python(PyRuntimeError::new_err(
                 "the job panicked (a bug in outcore: please report it)",
-            )),
+            ))),
         }
     })
 }
@@ -371,16 +421,30 @@ pub(crate) fn le_bytes<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N
 /// `v` (a JSON object of a job's figures) with the session's, in the
 /// statistics type of every job (the command line's `--stats`): the cap,
 /// the workers, the runtime's counters and the totals (evictions, loads,
-/// bytes, peaks, seconds).
-pub(crate) fn session_figures(session: &Session, v: serde_json::Value) -> serde_json::Value {
+/// bytes, peaks, seconds), as JSON text. On MPI ranks, every rank's
+/// totals added up, the same text on every rank. Collective.
+pub(crate) fn session_figures(session: &Session, v: serde_json::Value) -> String {
     let stats = session.runtime().stats();
-    // One process: the report is this process's totals.
-    let Ok(Some(report)) = session.report_at(&stats) else {
-        return v;
+    let text = match session.report_at(&stats) {
+        Ok(Some(report)) => {
+            let figures = RunFigures {
+                job: &v,
+                session: report.figures(session, &stats, &[]),
+            };
+            figures.to_json().unwrap_or(v).to_string()
+        }
+        _ => v.to_string(),
     };
-    let figures = RunFigures {
-        job: &v,
-        session: report.figures(session, &stats, &[]),
-    };
-    figures.to_json().unwrap_or(v)
+    from_root(session, text)
+}
+
+/// Rank 0's `text` on every rank (a report rank 0 made): every rank ends a
+/// fit with the same attributes. Collective.
+pub(crate) fn from_root(session: &Session, text: String) -> String {
+    if session.ranks().size() == 1 {
+        return text;
+    }
+    let mut bytes = text.into_bytes();
+    session.ranks().broadcast_bytes(&mut bytes);
+    String::from_utf8(bytes).unwrap_or_default()
 }

@@ -74,7 +74,7 @@ pub(crate) fn logistic_fit<'py>(
     })?;
     let shard_bytes = train::aligned_shard_bytes(part_bytes, dims);
     let labels = Labels::File(labels);
-    let (out, figures) = run_job(py, &session, || {
+    let (out, stats) = run_job(py, &session, || {
         let job = train::load(
             &session,
             &src,
@@ -99,7 +99,7 @@ pub(crate) fn logistic_fit<'py>(
             }
         })?;
         let figures = TrainStats::new(&cfg, &job, &out);
-        Ok((out, figures))
+        Ok((out, stats(&session, &figures)))
     })?;
     let d = PyDict::new(py);
     d.set_item(
@@ -109,12 +109,13 @@ pub(crate) fn logistic_fit<'py>(
     d.set_item("n_iter", out.last.as_ref().map_or(0, |l| l.index))?;
     d.set_item("converged", out.stop.is_some_and(|s| s.converged()))?;
     d.set_item("stop", out.stop.map(|s| s.describe()))?;
-    d.set_item("stats", stats(&session, &figures).to_string())?;
+    d.set_item("stats", stats)?;
     Ok(d)
 }
 
-/// The command line's `--stats` figures for a fit.
-fn stats(session: &Session, figures: &TrainStats) -> serde_json::Value {
+/// The command line's `--stats` figures for a fit, as JSON text (the same
+/// on every rank). Collective.
+fn stats(session: &Session, figures: &TrainStats) -> String {
     let v = serde_json::to_value(figures).unwrap_or_default();
     session_figures(session, v)
 }

@@ -12,9 +12,12 @@
 //! adding the same vectors in the same order gets.
 //!
 //! [`Ranks::single`] is the one-process case (no MPI needed); with the
-//! `mpi` feature, `Ranks::init` initialises MPI (`MPI_THREAD_FUNNELED`:
-//! every MPI call is made from the thread that initialised MPI, never from
-//! the runtime's workers or its allocator).
+//! `mpi` feature, `Ranks::init` initialises MPI (`MPI_THREAD_SERIALIZED`),
+//! or takes the MPI another library of the process (mpi4py) initialised.
+//! A `Ranks` may move between threads (a Python fit runs on a thread of
+//! its own), and its calls are serialised by a lock; they are made from
+//! the thread that calls the methods, never from the runtime's workers
+//! or its allocator.
 //!
 //! Every method but [`Ranks::rank`], [`Ranks::size`] and the like is
 //! collective: all ranks call it, in the same order. A rank that meets an
@@ -149,8 +152,9 @@ fn check_agreement(names: &[&str], n: usize, all: &[u64]) -> Result<()> {
 
 /// The processes a job runs on: one, or the ranks of `MPI_COMM_WORLD`.
 ///
-/// Clones share the one MPI world (finalised when the last is dropped),
-/// so a [`Session`](crate::Session) and its caller can both hold it.
+/// Clones share the one MPI world (finalised when the last is dropped, by
+/// the thread that initialised MPI, if outcore did), so a
+/// [`Session`](crate::Session) and its caller can both hold it.
 #[derive(Clone)]
 pub struct Ranks {
     inner: Inner,
@@ -160,7 +164,7 @@ pub struct Ranks {
 enum Inner {
     Single,
     #[cfg(feature = "mpi")]
-    Mpi(std::rc::Rc<mpi_impl::World>),
+    Mpi(std::sync::Arc<mpi_impl::World>),
 }
 
 impl std::fmt::Debug for Ranks {
@@ -180,12 +184,16 @@ impl Ranks {
         }
     }
 
-    /// Initialises MPI (at most once per process) and returns the ranks of
-    /// `MPI_COMM_WORLD`. MPI is finalised when the value is dropped.
+    /// Initialises MPI (`MPI_THREAD_SERIALIZED`) and returns the ranks of
+    /// `MPI_COMM_WORLD`; MPI is finalised when the last clone is dropped,
+    /// which must be on the thread that called this. When another library
+    /// of the process (mpi4py) initialised MPI already, at thread level
+    /// Serialized or above, its `MPI_COMM_WORLD` is taken and finalising
+    /// is left to that library. Call it once per process.
     #[cfg(feature = "mpi")]
     pub fn init() -> Result<Ranks> {
         Ok(Ranks {
-            inner: Inner::Mpi(std::rc::Rc::new(mpi_impl::World::init()?)),
+            inner: Inner::Mpi(std::sync::Arc::new(mpi_impl::World::init()?)),
         })
     }
 
@@ -194,7 +202,7 @@ impl Ranks {
         match &self.inner {
             Inner::Single => 0,
             #[cfg(feature = "mpi")]
-            Inner::Mpi(w) => w.rank.get(),
+            Inner::Mpi(w) => w.rank(),
         }
     }
 
@@ -203,7 +211,7 @@ impl Ranks {
         match &self.inner {
             Inner::Single => 1,
             #[cfg(feature = "mpi")]
-            Inner::Mpi(w) => w.size.get(),
+            Inner::Mpi(w) => w.size(),
         }
     }
 
@@ -213,7 +221,7 @@ impl Ranks {
         match &self.inner {
             Inner::Single => 1,
             #[cfg(feature = "mpi")]
-            Inner::Mpi(w) => w.on_node.get(),
+            Inner::Mpi(w) => w.on_node(),
         }
     }
 
@@ -258,6 +266,27 @@ impl Ranks {
             Inner::Single => Ok(local.to_vec()),
             #[cfg(feature = "mpi")]
             Inner::Mpi(w) => w.all_gather(local),
+        }
+    }
+
+    /// [`Ranks::all_gather`] of `u32`s (a fit's labels, rank after rank).
+    pub fn all_gather_u32(&self, local: &[u32]) -> Result<Vec<u32>> {
+        match &self.inner {
+            Inner::Single => Ok(local.to_vec()),
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.all_gather(local),
+        }
+    }
+
+    /// Rank 0's `bytes` on every rank, whatever their length elsewhere
+    /// (a report rank 0 made). Collective.
+    pub fn broadcast_bytes(&self, bytes: &mut Vec<u8>) {
+        match &self.inner {
+            Inner::Single => {
+                let _ = bytes;
+            }
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.broadcast_bytes(bytes),
         }
     }
 
@@ -409,6 +438,23 @@ impl Ranks {
             ))),
             #[cfg(feature = "mpi")]
             Inner::Mpi(w) => w.grow(extra),
+        }
+    }
+
+    /// Whether every rank calls this within `wait` of this rank's call
+    /// (always on one process): after an error, whether every rank met
+    /// it, or some wait in a collective this rank left (then the ranks
+    /// are out of step, and only [`Ranks::abort`] ends them; no other
+    /// collective may follow). Collective, but a rank that does not come
+    /// is what it finds out.
+    pub fn all_arrive(&self, wait: std::time::Duration) -> bool {
+        match &self.inner {
+            Inner::Single => {
+                let _ = wait;
+                true
+            }
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.all_arrive(wait),
         }
     }
 

@@ -1,11 +1,18 @@
-//! The ranks under MPI: initialisation (`MPI_THREAD_FUNNELED`), the
-//! collectives the jobs use (the ordered sum, gathers, broadcasts, the
-//! agreement check), growth onto free slots (`MPI_Comm_spawn`) and abort.
+//! The ranks under MPI: initialisation (`MPI_THREAD_SERIALIZED`, or the
+//! MPI another library of the process initialised), the collectives the
+//! jobs use (the ordered sum, gathers, broadcasts, the agreement check),
+//! growth onto free slots (`MPI_Comm_spawn`) and abort.
+//!
+//! Every MPI call goes through [`World::comm`], which holds a lock for
+//! the call: the calls of one process never overlap, which is what
+//! `MPI_THREAD_SERIALIZED` asks, whichever thread makes them (the
+//! command line's main thread; a Python fit's job thread).
 
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::environment::Universe;
 use mpi::point_to_point::{Destination, Source};
-use std::cell::{Cell, Ref, RefCell};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use mpi::topology::{InterCommunicator, MergeOrder, SimpleCommunicator};
 use mpi::traits::{AsRaw, Communicator, CommunicatorCollectives, Root};
@@ -20,18 +27,31 @@ const SUM_PIECE: usize = 1 << 20;
 
 pub(super) struct World {
     /// The ranks: `MPI_COMM_WORLD`'s, or after growth the merged
-    /// communicator of the ranks started and those spawned.
-    comm: RefCell<SimpleCommunicator>,
-    // Dropped after `comm`: finalises MPI.
-    universe: Universe,
-    // MPI is used from the thread that initialised it only.
-    _not_send: std::marker::PhantomData<*const ()>,
-    pub rank: Cell<usize>,
-    pub size: Cell<usize>,
-    pub on_node: Cell<usize>,
+    /// communicator of the ranks started and those spawned. Locked for
+    /// every MPI call.
+    comm: Mutex<SimpleCommunicator>,
+    /// A copy of `comm` for [`World::all_arrive`]: its barrier cannot
+    /// meet a collective that a rank left behind on `comm`.
+    side: Mutex<SimpleCommunicator>,
+    /// Dropped after the communicators: finalises MPI. `None` when another library
+    /// (mpi4py) initialised MPI: it finalises it.
+    universe: Option<Universe>,
+    rank: AtomicUsize,
+    size: AtomicUsize,
+    on_node: AtomicUsize,
     /// Spawned by a job that grew: joined it after its start.
     pub joined: bool,
 }
+
+// SAFETY: MPI is initialised at `MPI_THREAD_SERIALIZED` or above (checked
+// in `init`), so any thread may call it as long as no two calls overlap.
+// Every MPI call of a `World` is made through `comm`, whose lock is held
+// for the whole call (the communicator is reached only through it), and
+// the counts beside it are atomics.
+unsafe impl Send for World {}
+// SAFETY: as for `Send`: shared references reach MPI only through the
+// lock on `comm`.
+unsafe impl Sync for World {}
 
 /// MPI counts are C ints.
 fn count(n: usize, what: &str) -> Result<i32> {
@@ -66,25 +86,35 @@ impl Drop for World {
             // inside a line written in pieces.
             let line = format!(
                 "outcore: error: rank {} of {}: panicked; ending every rank\n",
-                self.rank.get(),
-                self.size.get()
+                self.rank(),
+                self.size()
             );
             let _ = std::io::stderr().write_all(line.as_bytes());
-            self.comm().abort(101);
+            self.abort(101);
         }
     }
 }
 
 impl World {
+    /// Initialises MPI at `MPI_THREAD_SERIALIZED`, or, when another
+    /// library of this process (mpi4py) initialised it already, takes
+    /// its `MPI_COMM_WORLD` (and leaves finalising to it).
     pub fn init() -> Result<World> {
-        let (universe, provided) = mpi::initialize_with_threading(Threading::Funneled)
-            .ok_or_else(|| Error::Input("MPI was already initialised".into()))?;
-        if provided < Threading::Funneled {
+        let universe = if mpi::environment::is_initialized() {
+            None
+        } else {
+            let (u, _) = mpi::initialize_with_threading(Threading::Serialized)
+                .ok_or_else(|| Error::Input("MPI was initialised while outcore started".into()))?;
+            Some(u)
+        };
+        let provided = mpi::environment::threading_support();
+        if provided < Threading::Serialized {
             return Err(Error::Input(format!(
-                "the MPI library provides thread level {provided:?}; outcore's worker threads need at least Funneled"
+                "the MPI library provides thread level {provided:?}; outcore needs at least \
+                 Serialized (its jobs call MPI from the thread that runs them)"
             )));
         }
-        let world = universe.world();
+        let world = SimpleCommunicator::world();
         // Spawned by a job that grew: the parents merge with us
         // (they first, in their order), then split by node.
         let (comm, joined) = match world.parent() {
@@ -92,19 +122,37 @@ impl World {
             None => (world, false),
         };
         let on_node = comm.split_shared(0).size() as usize;
+        let side = comm.duplicate();
         Ok(World {
-            rank: Cell::new(comm.rank() as usize),
-            size: Cell::new(comm.size() as usize),
-            on_node: Cell::new(on_node),
+            side: Mutex::new(side),
+            rank: AtomicUsize::new(comm.rank() as usize),
+            size: AtomicUsize::new(comm.size() as usize),
+            on_node: AtomicUsize::new(on_node),
             joined,
-            comm: RefCell::new(comm),
+            comm: Mutex::new(comm),
             universe,
-            _not_send: std::marker::PhantomData,
         })
     }
 
-    fn comm(&self) -> Ref<'_, SimpleCommunicator> {
-        self.comm.borrow()
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank.load(Ordering::Relaxed)
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    /// The ranks on this node.
+    pub fn on_node(&self) -> usize {
+        self.on_node.load(Ordering::Relaxed)
+    }
+
+    /// The communicator, locked for the MPI calls made with it.
+    fn comm(&self) -> MutexGuard<'_, SimpleCommunicator> {
+        // The lock guards no invariant a panic could break.
+        self.comm.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `MPI_UNIVERSE_SIZE`: the slots of the allocation, when the
@@ -115,7 +163,7 @@ impl World {
         let claimed = std::env::var("OUTCORE_FAULT_UNIVERSE_SIZE").ok();
         claimed
             .and_then(|v| v.parse().ok())
-            .or_else(|| self.universe.size())
+            .or_else(|| self.universe.as_ref().and_then(Universe::size))
     }
 
     /// Spawns `extra` processes running this program with this
@@ -123,21 +171,23 @@ impl World {
     /// are: from then on every collective includes them. Collective.
     /// A failed spawn is an error on every rank, not an abort.
     pub fn grow(&self, extra: usize) -> Result<()> {
-        let inter = self.spawn(extra)?;
+        let mut comm = self.comm();
+        let inter = self.spawn(&comm, extra)?;
         let merged = inter.merge(MergeOrder::Low);
         drop(inter);
         let on_node = merged.split_shared(0).size() as usize;
-        self.rank.set(merged.rank() as usize);
-        self.size.set(merged.size() as usize);
-        self.on_node.set(on_node);
-        *self.comm.borrow_mut() = merged;
+        self.rank.store(merged.rank() as usize, Ordering::Relaxed);
+        self.size.store(merged.size() as usize, Ordering::Relaxed);
+        self.on_node.store(on_node, Ordering::Relaxed);
+        *self.side.lock().unwrap_or_else(|p| p.into_inner()) = merged.duplicate();
+        *comm = merged;
         Ok(())
     }
 
     /// `MPI_Comm_spawn` of `extra` copies of this program, under
     /// `MPI_ERRORS_RETURN` (a failure is an error code, not an abort),
     /// its outcome agreed on by every rank.
-    fn spawn(&self, extra: usize) -> Result<InterCommunicator> {
+    fn spawn(&self, comm: &SimpleCommunicator, extra: usize) -> Result<InterCommunicator> {
         use std::ffi::CString;
         use std::os::unix::ffi::OsStrExt;
         let failed = |what: String| Error::Input(format!("could not spawn {extra} ranks: {what}"));
@@ -155,9 +205,8 @@ impl World {
             .collect();
         let n = count(extra, "spawn")?;
         let mut codes = vec![0i32; extra];
-        let comm = self.comm();
-        // SAFETY: `comm` is a live communicator this thread owns (MPI
-        // is used from the thread that initialised it only);
+        // SAFETY: `comm` is a live communicator, locked by the caller
+        // for the calls made with it;
         // `MPI_ERRORS_RETURN` is a predefined handler.
         unsafe {
             mpi::ffi::MPI_Comm_set_errhandler(comm.as_raw(), mpi::ffi::RSMPI_ERRORS_RETURN);
@@ -181,7 +230,7 @@ impl World {
             )
         };
         // The root's error codes are its own: agree on the outcome.
-        let ok = i32::from(rc == 0 && (self.rank.get() != 0 || codes.iter().all(|&c| c == 0)));
+        let ok = i32::from(rc == 0 && (self.rank() != 0 || codes.iter().all(|&c| c == 0)));
         let mut all = 0i32;
         comm.all_reduce_into(&ok, &mut all, mpi::collective::SystemOperation::min());
         // SAFETY: reads a constant handle the MPI shim defines.
@@ -202,7 +251,7 @@ impl World {
     }
 
     pub fn ordered_sum(&self, local: &[Vec<f64>], len: usize) -> Result<Vec<f64>> {
-        let n = self.size.get();
+        let n = self.size();
         if n == 1 {
             // The same fold, without copying through MPI.
             let mut acc = crate::zeros::<f64>(len);
@@ -237,7 +286,7 @@ impl World {
         range: std::ops::Range<usize>,
         out: &mut [f64],
     ) -> Result<()> {
-        let n = self.size.get();
+        let n = self.size();
         let len = range.len();
         let bound = |j: usize| j * len / n;
         // Slice j of every local vector goes to rank j.
@@ -250,7 +299,7 @@ impl World {
             }
             scounts.push(count(local.len() * (b - a), "ordered_sum")?);
         }
-        let width = bound(self.rank.get() + 1) - bound(self.rank.get());
+        let width = bound(self.rank() + 1) - bound(self.rank());
         let rcounts = counts
             .iter()
             .map(|&m| count(m as usize * width, "ordered_sum"))
@@ -283,14 +332,17 @@ impl World {
         Ok(())
     }
 
-    pub fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
+    pub fn all_gather<T>(&self, local: &[T]) -> Result<Vec<T>>
+    where
+        T: mpi::datatype::Equivalence + Copy + Default,
+    {
         let mine = count(local.len(), "all_gather")?;
-        let mut counts = vec![0i32; self.size.get()];
+        let mut counts = vec![0i32; self.size()];
         self.comm().all_gather_into(&mine, &mut counts[..]);
         let total: usize = counts.iter().map(|&c| c as usize).sum();
         count(total, "all_gather")?;
         let d = displacements(&counts)?;
-        let mut out = crate::zeros::<f32>(total);
+        let mut out = vec![T::default(); total];
         {
             let mut r = PartitionMut::new(&mut out[..], &counts[..], &d[..]);
             self.comm().all_gather_varcount_into(local, &mut r);
@@ -312,7 +364,7 @@ impl World {
                 .map(move |i| (n - i * piece as u64).min(piece as u64) as usize)
         };
         let comm = self.comm();
-        if self.rank.get() != 0 {
+        if self.rank() != 0 {
             let root = comm.process_at_rank(0);
             for n in pieces(len) {
                 read(&mut buf[..n])?;
@@ -333,11 +385,11 @@ impl World {
     pub fn gather_rows(&self, local: &[f64]) -> Result<Option<Vec<Vec<f64>>>> {
         let comm = self.comm();
         let root = comm.process_at_rank(0);
-        if self.rank.get() != 0 {
+        if self.rank() != 0 {
             root.gather_into(local);
             return Ok(None);
         }
-        let mut all = crate::zeros::<f64>(local.len() * self.size.get());
+        let mut all = crate::zeros::<f64>(local.len() * self.size());
         root.gather_into_root(local, &mut all[..]);
         Ok(Some(
             all.chunks(local.len().max(1))
@@ -357,20 +409,62 @@ impl World {
 
     /// Every rank's `values` (as many on every rank), in rank order.
     pub fn all_gather_u64(&self, values: &[u64]) -> Vec<u64> {
-        let mut all = vec![0u64; values.len() * self.size.get()];
+        let mut all = vec![0u64; values.len() * self.size()];
         self.comm().all_gather_into(values, &mut all[..]);
         all
+    }
+
+    /// Rank 0's `bytes` on every rank (their length first).
+    pub fn broadcast_bytes(&self, bytes: &mut Vec<u8>) {
+        let comm = self.comm();
+        let root = comm.process_at_rank(0);
+        let mut len = bytes.len() as u64;
+        root.broadcast_into(&mut len);
+        bytes.resize(len as usize, 0);
+        root.broadcast_into(&mut bytes[..]);
     }
 
     pub fn broadcast_u64(&self, values: &mut [u64]) {
         self.comm().process_at_rank(0).broadcast_into(values);
     }
 
+    /// Whether every rank calls this within `wait` of this rank's call:
+    /// a barrier on a communicator of its own, polled. When some rank
+    /// does not come, the barrier stays pending (its request forgotten):
+    /// the ranks are out of step, and the caller must end them.
+    pub fn all_arrive(&self, wait: std::time::Duration) -> bool {
+        let side = self.side.lock().unwrap_or_else(|p| p.into_inner());
+        let mut req = side.immediate_barrier();
+        let start = std::time::Instant::now();
+        loop {
+            match req.test() {
+                Ok(_) => return true,
+                Err(pending) => req = pending,
+            }
+            if start.elapsed() >= wait {
+                // Dropping a pending request panics: it is left to MPI,
+                // which the caller ends.
+                std::mem::forget(req);
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
     pub fn barrier(&self) {
         self.comm().barrier();
     }
 
+    /// Ends every rank. Without waiting for a call under way on another
+    /// thread (which may wait for a rank that is gone): `MPI_Abort` is
+    /// then made beside it, on `MPI_COMM_WORLD`, the process's last call.
     pub fn abort(&self, code: i32) -> ! {
-        self.comm().abort(code)
+        for _ in 0..100 {
+            if let Ok(comm) = self.comm.try_lock() {
+                comm.abort(code)
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        SimpleCommunicator::world().abort(code)
     }
 }

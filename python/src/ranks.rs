@@ -1,0 +1,166 @@
+//! The processes a fit runs on: one, or, in a module built with MPI
+//! (`--features mpi`) and started by an MPI launcher (`mpirun -np N
+//! python script.py`), the launcher's ranks, every one running the same
+//! script. Each rank reads its shards of the data; the fit's sums are
+//! added in the engine's fixed order, so every rank ends with the same
+//! fitted attributes, bit for bit those of one process.
+//!
+//! MPI is initialised at the first fit (`MPI_THREAD_SERIALIZED`), or taken
+//! from mpi4py when it initialised MPI first (the same `MPI_COMM_WORLD`,
+//! no second `MPI_Init`). Outcore finalises only an MPI it initialised,
+//! at the interpreter's exit ([`mpi_end`]), once the last engine has
+//! ended.
+//!
+//! A fit that fails on every rank (a check of its settings) raises its
+//! exception on every rank, naming the rank. One that fails on some ranks
+//! only (a NaN in one rank's rows) raises on those, naming the rank, once
+//! they have waited a few seconds for the others; the others wait in the
+//! fit's next exchange. The ranks are then out of step, so a later fit
+//! on the failed rank is refused, and its exit ends every rank
+//! (`MPI_Abort`) instead of finalising: no rank is left waiting.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use outcore_jobs::ranks::Ranks;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+
+/// The ranks of this process's fits, once known (kept until the exit).
+static RANKS: Mutex<Option<Ranks>> = Mutex::new(None);
+
+/// Set when a fit failed on this rank alone: the other ranks may be
+/// waiting for it in an exchange it will not make.
+static OUT_OF_STEP: AtomicBool = AtomicBool::new(false);
+
+/// Environment variables MPI launchers set in the processes they start
+/// (Open MPI, PMI and PMIx: MPICH, Intel MPI, Slurm's `srun`).
+const LAUNCHED: [&str; 4] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"];
+
+/// The launcher's rank count, when an MPI launcher started this process.
+fn launched_size() -> Option<usize> {
+    if !LAUNCHED.iter().any(|v| std::env::var_os(v).is_some()) {
+        return None;
+    }
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .or(Some(1))
+}
+
+/// Whether `OUTCORE_MPI=off` (or `0`) keeps every fit in its own process
+/// under a launcher (a script that splits the work among the ranks
+/// itself).
+fn turned_off() -> bool {
+    std::env::var("OUTCORE_MPI").is_ok_and(|v| matches!(v.trim(), "off" | "0" | "no"))
+}
+
+/// The ranks a fit runs on (MPI initialised by the first call that needs
+/// it). Refused once the ranks are out of step.
+pub(crate) fn ranks() -> PyResult<Ranks> {
+    if OUT_OF_STEP.load(Ordering::Relaxed) {
+        return Err(PyRuntimeError::new_err(
+            "an earlier fit failed on this MPI rank alone: the ranks are out of step, and \
+             every fit now fails (end the script; its exit ends every rank)",
+        ));
+    }
+    let mut held = RANKS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(r) = held.as_ref() {
+        return Ok(r.clone());
+    }
+    let r = start()?;
+    *held = Some(r.clone());
+    Ok(r)
+}
+
+/// MPI's ranks when launched by MPI (and built with it), else one process.
+#[cfg(feature = "mpi")]
+fn start() -> PyResult<Ranks> {
+    if turned_off() || launched_size().is_none() {
+        return Ok(Ranks::single());
+    }
+    Ranks::init().map_err(crate::to_py)
+}
+
+/// One process: a module built without MPI. Under a launcher of several
+/// ranks every one would fit the whole data on its own, so that is an
+/// error unless asked for (`OUTCORE_MPI=off`).
+#[cfg(not(feature = "mpi"))]
+fn start() -> PyResult<Ranks> {
+    match launched_size() {
+        Some(n) if n > 1 && !turned_off() => Err(PyRuntimeError::new_err(format!(
+            "this process is one of {n} MPI ranks, but this outcore was built without MPI, \
+             so every rank would fit the whole data alone (reinstall it with MPI: \
+             OUTCORE_MPI=1 pip install ./python; or set OUTCORE_MPI=off to fit on each \
+             rank alone)"
+        ))),
+        _ => Ok(Ranks::single()),
+    }
+}
+
+/// How long a rank whose fit failed waits for the others to have failed
+/// too (an error every rank meets, such as a check of the settings)
+/// before it concludes that they wait for it.
+const STRAGGLERS: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// After a fit failed on this rank: whether every rank failed (they are
+/// in step), else notes that the ranks are out of step from now on.
+pub(crate) fn failed(ranks: &Ranks) -> bool {
+    if ranks.size() == 1 || ranks.all_arrive(STRAGGLERS) {
+        return true;
+    }
+    OUT_OF_STEP.store(true, Ordering::Relaxed);
+    false
+}
+
+/// Whether this process is rank 0 of its fits' ranks (or has not fitted
+/// yet, or runs alone): the one that prints progress.
+pub(crate) fn is_root() -> bool {
+    RANKS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_none_or(Ranks::is_root)
+}
+
+/// `(rank, size)` of this process's fits: `(0, 1)` for one process. Starts
+/// MPI when launched by it.
+#[pyfunction]
+pub(crate) fn mpi_rank() -> PyResult<(usize, usize)> {
+    let r = ranks()?;
+    Ok((r.rank(), r.size()))
+}
+
+/// Whether this module was built with MPI.
+#[pyfunction]
+pub(crate) fn mpi_built() -> bool {
+    cfg!(feature = "mpi")
+}
+
+/// At the interpreter's exit, after the last engine ended ([`finish`]
+/// runs first): ends every rank when they are out of step (`MPI_Abort`,
+/// exit status 1), else lets MPI finalise (when outcore initialised it).
+///
+/// [`finish`]: crate::run::finish
+#[pyfunction]
+pub(crate) fn mpi_end(py: Python<'_>) {
+    let held = RANKS.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let Some(r) = held else {
+        return;
+    };
+    if r.size() > 1 && OUT_OF_STEP.load(Ordering::Relaxed) {
+        let line = format!(
+            "outcore: error: rank {} of {}: a fit failed on this rank; ending every rank\n",
+            r.rank(),
+            r.size()
+        );
+        crate::run::write_stderr(&line);
+        py.detach(|| r.abort(1));
+    }
+    py.detach(move || {
+        // The last clone, dropped here: finalises MPI if outcore
+        // initialised it (on the thread that did: Python's main thread,
+        // which runs the exit's handlers).
+        let _last = r;
+    });
+}
