@@ -69,6 +69,10 @@ pub(crate) fn ranks() -> PyResult<Ranks> {
         return Ok(r.clone());
     }
     let r = start()?;
+    // SIGTERM (what `mpirun` sends the other ranks when one fails, or on
+    // Ctrl-C) and SIGHUP, when Python leaves them at their default, now
+    // remove the spill directories before they end the process.
+    outcore::remove_spill_on_signal();
     *held = Some(r.clone());
     Ok(r)
 }
@@ -91,8 +95,8 @@ fn start() -> PyResult<Ranks> {
         Some(n) if n > 1 && !turned_off() => Err(PyRuntimeError::new_err(format!(
             "this process is one of {n} MPI ranks, but this outcore was built without MPI, \
              so every rank would fit the whole data alone (reinstall it with MPI: \
-             OUTCORE_MPI=1 pip install ./python; or set OUTCORE_MPI=off to fit on each \
-             rank alone)"
+             MATURIN_PEP517_ARGS=\"--features mpi\" pip install ./python; or set \
+             OUTCORE_MPI=off to fit on each rank alone)"
         ))),
         _ => Ok(Ranks::single()),
     }

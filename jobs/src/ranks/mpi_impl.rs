@@ -45,9 +45,12 @@ pub(super) struct World {
 
 // SAFETY: MPI is initialised at `MPI_THREAD_SERIALIZED` or above (checked
 // in `init`), so any thread may call it as long as no two calls overlap.
-// Every MPI call of a `World` is made through `comm`, whose lock is held
-// for the whole call (the communicator is reached only through it), and
-// the counts beside it are atomics.
+// Every MPI call of a `World` is made while `comm`'s lock is held for the
+// whole call (the communicator is reached only through it; `side` is
+// used under it too), and the counts beside it are atomics. The one
+// exception is `abort`'s last resort, `MPI_Abort` beside a call that has
+// held the lock for a second (a collective waiting for a rank that is
+// gone): it ends the process.
 unsafe impl Send for World {}
 // SAFETY: as for `Send`: shared references reach MPI only through the
 // lock on `comm`.
@@ -161,9 +164,11 @@ impl World {
         // Test hook: more slots than the allocation has, to see a
         // spawn fail.
         let claimed = std::env::var("OUTCORE_FAULT_UNIVERSE_SIZE").ok();
-        claimed
-            .and_then(|v| v.parse().ok())
-            .or_else(|| self.universe.as_ref().and_then(Universe::size))
+        claimed.and_then(|v| v.parse().ok()).or_else(|| {
+            // An MPI call: under the lock.
+            let _serial = self.comm();
+            self.universe.as_ref().and_then(Universe::size)
+        })
     }
 
     /// Spawns `extra` processes running this program with this
@@ -433,6 +438,9 @@ impl World {
     /// does not come, the barrier stays pending (its request forgotten):
     /// the ranks are out of step, and the caller must end them.
     pub fn all_arrive(&self, wait: std::time::Duration) -> bool {
+        // Its calls are MPI calls too: under `comm`'s lock (then `side`'s,
+        // the order `grow` takes them in).
+        let _serial = self.comm();
         let side = self.side.lock().unwrap_or_else(|p| p.into_inner());
         let mut req = side.immediate_barrier();
         let start = std::time::Instant::now();

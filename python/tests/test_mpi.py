@@ -1,0 +1,149 @@
+"""The estimators under ``mpirun``: the same bytes on 1, 2 and 3 ranks as
+in one process, on a memmap 4x each rank's cap, and a fit that fails on
+one rank ending every rank with one exception.
+
+They need the module built with MPI (``MATURIN_PEP517_ARGS="--features
+mpi" pip install ./python``) and ``mpirun``; without them they are
+skipped, unless ``OUTCORE_REQUIRE_MPI=1`` (CI), which makes that a
+failure."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from outcore import _core
+
+HERE = Path(__file__).resolve().parent / "mpi"
+# Each rank's cap; the data is 4x what a rank holds of it on 3 ranks.
+CAP = "4MiB"
+ROWS, DIMS = 200_000, 64
+
+
+def _need_mpi():
+    mpirun = shutil.which("mpirun")
+    if _core.mpi_built() and mpirun:
+        return mpirun
+    why = "outcore was built without MPI" if mpirun else "mpirun is missing"
+    if os.environ.get("OUTCORE_REQUIRE_MPI") == "1":
+        pytest.fail(f"{why} (OUTCORE_REQUIRE_MPI=1)")
+    pytest.skip(why)
+
+
+def _env(tmp):
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               TMPDIR=str(tmp), PYTHONWARNINGS="ignore")
+    # A single process, not one of the test runner's ranks.
+    for v in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"]:
+        env.pop(v, None)
+    return env
+
+
+def _run(cmd, env, timeout=300):
+    """`cmd` with a watchdog: a hang is a failure, not a stuck CI."""
+    try:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(cmd)} did not end within {timeout} s: {e.stderr}")
+
+
+def _mpirun(mpirun, n):
+    return [mpirun, "-np", str(n), "--oversubscribe", "--mca", "btl", "self,vader,tcp"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mpi-data")
+    rng = np.random.default_rng(3)
+    centres = rng.normal(scale=4, size=(5, DIMS))
+    X = np.lib.format.open_memmap(d / "X.npy", mode="w+", dtype=np.float32, shape=(ROWS, DIMS))
+    for a in range(0, ROWS, 50_000):
+        n = min(50_000, ROWS - a)
+        X[a:a + n] = centres[rng.integers(0, 5, n)] + rng.normal(size=(n, DIMS))
+    y = (X[:, 0] + X[:, 1] > 0).astype(np.int64)
+    X.flush()
+    del X
+    np.save(d / "y.npy", y)
+    return d / "X.npy", d / "y.npy"
+
+
+def _fitted(out):
+    return {p.name: json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))}
+
+
+def test_every_rank_gets_one_process_bytes(data, tmp_path):
+    mpirun = _need_mpi()
+    X, y = data
+    script = str(HERE / "fit_all.py")
+    one = tmp_path / "one"
+    one.mkdir()
+    r = _run([sys.executable, script, str(X), str(y), CAP, str(one)], _env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    base = _fitted(one)["rank-0.json"]
+    assert base["ranks"] == 1
+    # The data is 4x a rank's cap on 3 ranks: every run evicts.
+    assert base["stats_evictions"] > 0
+    keys = [k for k in base if k not in ("ranks", "stats_evictions")]
+    for n in (1, 2, 3):
+        out = tmp_path / f"np{n}"
+        out.mkdir()
+        r = _run(_mpirun(mpirun, n) + [sys.executable, script, str(X), str(y), CAP, str(out)],
+                 _env(tmp_path))
+        assert r.returncode == 0, r.stderr[-3000:]
+        ranks = _fitted(out)
+        assert sorted(ranks) == [f"rank-{i}.json" for i in range(n)], ranks
+        for name, got in ranks.items():
+            assert got["ranks"] == n, (name, got)
+            differ = [k for k in keys if got[k] != base[k]]
+            assert not differ, f"{n} ranks, {name}: {differ} differ from one process"
+    # Nothing left behind: spill directories, copies.
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith("outcore")]
+    assert not left, left
+
+
+def test_a_nan_on_one_rank_ends_every_rank_with_one_exception(data, tmp_path):
+    mpirun = _need_mpi()
+    X, _ = data
+    bad = tmp_path / "Xnan.npy"
+    Xn = np.load(X)
+    # Rank 1's rows (the second half on 2 ranks) only.
+    Xn[ROWS - 10, 3] = np.nan
+    np.save(bad, Xn)
+    del Xn
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    r = _run(_mpirun(mpirun, 2) + [sys.executable, str(HERE / "nan_on_one_rank.py"), str(bad)],
+             _env(scratch), timeout=120)
+    assert r.returncode != 0
+    assert "fitted" not in r.stdout
+    raised = [ln for ln in r.stderr.splitlines() if ln.startswith("ValueError:")]
+    assert len(raised) == 1, r.stderr
+    assert f"rank 1 of 2: Input X contains NaN at row {ROWS - 10}, column 3" in raised[0], raised
+    left = list(scratch.iterdir())
+    assert not left, left
+
+
+def test_mpi4py_initialised_first_shares_its_world(data, tmp_path):
+    mpirun = _need_mpi()
+    pytest.importorskip("mpi4py")
+    X, _ = data
+    code = (
+        "from mpi4py import MPI\n"
+        "import sys, numpy as np, outcore\n"
+        "from outcore import _core\n"
+        "X = np.load(sys.argv[1], mmap_mode='r')\n"
+        "km = outcore.KMeans(n_clusters=5, random_state=0, n_init=1, mem_cap='4MiB').fit(X)\n"
+        "c = MPI.COMM_WORLD\n"
+        "assert _core.mpi_rank() == (c.rank, c.size)\n"
+        "got = c.allgather(km.cluster_centers_.tobytes())\n"
+        "assert all(g == got[0] for g in got)\n"
+        "if c.rank == 0: print('same', c.size, np.frombuffer(got[0], np.float32)[:2])\n"
+    )
+    r = _run(_mpirun(mpirun, 2) + [sys.executable, "-c", code, str(X)], _env(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "same 2" in r.stdout
