@@ -34,6 +34,10 @@ pub enum MaxRanks {
     Auto,
     /// At most this many.
     At(usize),
+    /// As many as now: the job may not grow at this point (a Python
+    /// script's later fit: the ranks a growth spawns run the script from
+    /// its start, and meet the growth at its first fit).
+    Fixed,
 }
 
 impl FromStr for MaxRanks {
@@ -99,6 +103,8 @@ pub enum Limit {
     MaxRanks(usize),
     /// One shard per rank at most, and there are no more.
     Shards(usize),
+    /// The job may not grow at this point ([`MaxRanks::Fixed`]).
+    Fixed,
 }
 
 impl std::fmt::Display for Limit {
@@ -120,6 +126,11 @@ impl std::fmt::Display for Limit {
             Limit::Shards(n) => write!(
                 f,
                 "the data makes {n} shards, and a rank needs at least one"
+            ),
+            Limit::Fixed => write!(
+                f,
+                "only a script's first fit can grow (the ranks it spawns run the script \
+                 from its start)"
             ),
         }
     }
@@ -186,6 +197,12 @@ pub fn choose(h: Holding, universe: Option<usize>, max: MaxRanks, shards: usize)
         return Decision::Fits(h);
     }
     let needed = h.ranks_needed(shards).unwrap_or(usize::MAX);
+    if max == MaxRanks::Fixed && needed > h.ranks {
+        return Decision::Cannot {
+            holding: h,
+            why: Limit::Fixed,
+        };
+    }
     let Some(slots) = universe else {
         return Decision::Cannot {
             holding: h,
@@ -195,6 +212,7 @@ pub fn choose(h: Holding, universe: Option<usize>, max: MaxRanks, shards: usize)
     let max = match max {
         MaxRanks::Auto => None,
         MaxRanks::At(n) => Some((n, Limit::MaxRanks(n))),
+        MaxRanks::Fixed => Some((h.ranks, Limit::Fixed)),
     };
     let (mut to, mut why) = (needed, None);
     let bounds = [
@@ -238,11 +256,115 @@ pub fn grow(session: &Session, to: usize) -> Result<(usize, usize)> {
 }
 
 /// The spawned ranks' side of [`grow`]: the ranks before and after.
-/// Collective, over every rank after growth.
+/// Collective, over every rank after growth. A spawned rank joins once:
+/// from then on it is one of the ranks ([`Ranks::join_pending`] is
+/// false).
+///
+/// [`Ranks::join_pending`]: crate::ranks::Ranks::join_pending
 pub fn join(session: &Session) -> (usize, usize) {
     let mut fromto = [0u64, 0];
     session.ranks().broadcast_u64(&mut fromto);
+    session.ranks().joined_now();
     (fromto[0] as usize, fromto[1] as usize)
+}
+
+/// Loads a job's data with `load` and grows when its data does not fit
+/// the ranks' caps and `max` allows (`bound`: the most ranks the job can
+/// be spread over, one shard each): then every rank loads its shards
+/// again (`load` called with `true`), a spawned rank for the first time
+/// (it has no load before growth). The lines to show (rank 0's: the
+/// growth, or why the job could not grow, as `outcore: warning: ...`) go
+/// to `say`. The data, and the growth if the job grew. Collective.
+pub fn load_and_grow<T>(
+    session: &Session,
+    max: Option<MaxRanks>,
+    bound: usize,
+    say: impl Fn(String),
+    mut load: impl FnMut(&Session, bool) -> Result<T>,
+) -> Result<(T, Option<Growth>)> {
+    let started = std::time::Instant::now();
+    let joining = session.ranks().join_pending();
+    let mut data = match joining {
+        true => None,
+        false => Some(load(session, false)?),
+    };
+    let grew = match joining {
+        true => Some(join(session)),
+        false => after_load(session, max, bound, &say),
+    };
+    let Some((from, to)) = grew else {
+        let data = data.ok_or_else(|| Error::Input("a spawned rank found no growth".into()))?;
+        return Ok((data, None));
+    };
+    // The shards spread over the new ranks: each loads its own.
+    drop(data.take());
+    let data = load(session, true)?;
+    let growth = Growth {
+        epoch: 0,
+        from,
+        to,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    Ok((data, Some(growth)))
+}
+
+/// After the load: grows to as many ranks as the data needs, when it does
+/// not fit and `max` allows, and says so on rank 0. The ranks before and
+/// after, when they changed. Collective.
+fn after_load(
+    session: &Session,
+    max: Option<MaxRanks>,
+    bound: usize,
+    say: &impl Fn(String),
+) -> Option<(usize, usize)> {
+    let max = max?;
+    let root = session.is_root();
+    let tell = |line: String| {
+        if root {
+            say(line);
+        }
+    };
+    match decide(session, max, bound) {
+        Decision::Fits(_) => None,
+        Decision::Cannot { holding, why } => {
+            tell(format!(
+                "outcore: warning: {}; cannot grow: {why}; going on out of core",
+                does_not_fit(&holding)
+            ));
+            None
+        }
+        Decision::Grow { holding, to } => match grow(session, to) {
+            Ok((from, to)) => {
+                session.ranks_changed();
+                tell(format!(
+                    "grew from {from} to {to} ranks: {} of data, {} cap per rank",
+                    outcore::format_bytes(holding.data_bytes),
+                    outcore::format_bytes(holding.cap_bytes)
+                ));
+                Some((from, to))
+            }
+            Err(e) => {
+                tell(format!(
+                    "outcore: warning: {}; could not grow to {to} ranks: {e}; going on out of core",
+                    does_not_fit(&holding)
+                ));
+                None
+            }
+        },
+    }
+}
+
+/// "384 MiB of data do not fit 1 rank's cap of 128 MiB (300 MiB not in
+/// memory)".
+fn does_not_fit(h: &Holding) -> String {
+    format!(
+        "{} of data do not fit {} rank{} cap of {} ({} not in memory)",
+        outcore::format_bytes(h.data_bytes),
+        h.ranks,
+        if h.ranks == 1 { "'s" } else { "s'" },
+        outcore::format_bytes(h.cap_bytes),
+        outcore::format_bytes(h.evicted_bytes)
+    )
 }
 
 #[cfg(test)]
@@ -280,6 +402,8 @@ mod tests {
         assert_eq!(grow(Some(1), MaxRanks::Auto, 8), Err(Limit::NoFreeSlot(1)));
         assert_eq!(grow(Some(8), MaxRanks::At(1), 8), Err(Limit::MaxRanks(1)));
         assert_eq!(grow(None, MaxRanks::Auto, 8), Err(Limit::UnknownSlots));
+        assert_eq!(grow(Some(8), MaxRanks::Fixed, 8), Err(Limit::Fixed));
+        assert_eq!(grow(None, MaxRanks::Fixed, 8), Err(Limit::Fixed));
         assert!(matches!(
             choose(holding(64, 0), Some(8), MaxRanks::Auto, 8),
             Decision::Fits(_)

@@ -25,7 +25,16 @@ def settings(est):
         n_jobs = max(1, int(n_jobs))
     timeline = None if est.timeline is None else os.fspath(est.timeline)
     spill = None if est.spill_dir is None else os.fspath(est.spill_dir)
-    return _core.Settings(cap, spill, n_jobs, int(est.verbose), timeline)
+    # Estimators that grow onto free MPI slots have it.
+    max_ranks = getattr(est, "max_ranks", None)
+    if max_ranks is not None:
+        if isinstance(max_ranks, str) and max_ranks == "auto":
+            pass
+        elif isinstance(max_ranks, numbers.Integral) and not isinstance(max_ranks, bool) and max_ranks >= 1:
+            max_ranks = str(int(max_ranks))
+        else:
+            raise ValueError(f"max_ranks must be None, 'auto' or a positive int, not {max_ranks!r}")
+    return _core.Settings(cap, spill, n_jobs, int(est.verbose), timeline, max_ranks)
 
 
 def copy_of(est, X):

@@ -429,6 +429,13 @@ class KMeans(_KMeansBase):
         Accepted for scikit-learn's API: both run Lloyd's algorithm, which
         gives the results Elkan's would (Elkan's only skips distances).
     ENGINE
+    max_ranks : None, "auto" or int, default=None
+        Under ``mpirun`` (a package built with MPI), grow the fit onto the
+        allocation's free slots when its data does not fit the ranks'
+        caps, up to this many ranks ("auto": as many as there are slots).
+        The ranks spawned run the same script from its start and join
+        this fit, which gives the same bytes as on one process; only a
+        script's first fit can grow. None: never grow.
     Attributes
     ----------
     cluster_centers_ : ndarray of shape (n_clusters, n_features)
@@ -453,7 +460,7 @@ class KMeans(_KMeansBase):
 
     def __init__(self, n_clusters=8, *, init="k-means++", n_init="auto", max_iter=300, tol=1e-4,
                  verbose=0, random_state=None, copy_x=True, algorithm="lloyd", mem_cap=None, spill_dir=None,
-                 n_jobs=None, timeline=None):
+                 n_jobs=None, timeline=None, max_ranks=None):
         self.n_clusters = n_clusters
         self.init = init
         self.n_init = n_init
@@ -467,6 +474,7 @@ class KMeans(_KMeansBase):
         self.spill_dir = spill_dir
         self.n_jobs = n_jobs
         self.timeline = timeline
+        self.max_ranks = max_ranks
 
     def _check_params_vs_input(self, n_samples):
         super()._check_params_vs_input(n_samples)
@@ -558,7 +566,7 @@ class MiniBatchKMeans(_KMeansBase):
         random; ``fit`` (the engine) takes the rows whose hash of the
         seed, the step and the row index is smallest, so the centres are
         the same under any cap and on any number of processes.
-    mem_cap, spill_dir, n_jobs, timeline
+    mem_cap, spill_dir, n_jobs, timeline, max_ranks
         As :class:`outcore.KMeans`.
 
     Attributes
@@ -573,7 +581,7 @@ class MiniBatchKMeans(_KMeansBase):
     def __init__(self, n_clusters=8, *, init="k-means++", max_iter=100, batch_size=1024, verbose=0,
                  compute_labels=True, random_state=None, tol=0.0, max_no_improvement=10, init_size=None,
                  n_init="auto", reassignment_ratio=0.01, mem_cap=None, spill_dir=None, n_jobs=None,
-                 timeline=None):
+                 timeline=None, max_ranks=None):
         self.n_clusters = n_clusters
         self.init = init
         self.max_iter = max_iter
@@ -590,6 +598,7 @@ class MiniBatchKMeans(_KMeansBase):
         self.spill_dir = spill_dir
         self.n_jobs = n_jobs
         self.timeline = timeline
+        self.max_ranks = max_ranks
 
     def _check_params(self):
         super()._check_params()

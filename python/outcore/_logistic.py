@@ -77,6 +77,9 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
     warm_start : bool, default=False
         Start from the previous fit's ``coef_`` and ``intercept_``.
     ENGINE
+    max_ranks : None, "auto" or int, default=None
+        As :class:`outcore.KMeans`: grow onto free MPI slots under
+        ``mpirun`` when the data does not fit the ranks' caps.
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
@@ -93,7 +96,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
     def __init__(self, penalty="deprecated", *, C=1.0, l1_ratio=0.0, dual=False, tol=1e-4,
                  fit_intercept=True, intercept_scaling=1, class_weight=None, random_state=None,
                  solver="lbfgs", max_iter=100, verbose=0, warm_start=False, n_jobs=None,
-                 mem_cap=None, spill_dir=None, timeline=None):
+                 mem_cap=None, spill_dir=None, timeline=None, max_ranks=None):
         self.penalty = penalty
         self.C = C
         self.l1_ratio = l1_ratio
@@ -111,6 +114,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         self.mem_cap = mem_cap
         self.spill_dir = spill_dir
         self.timeline = timeline
+        self.max_ranks = max_ranks
 
     def _penalty(self):
         """The penalty as scikit-learn resolves ``penalty``, ``l1_ratio`` and

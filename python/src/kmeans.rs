@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use outcore_jobs::grow::{self, Growth, MaxRanks};
 use outcore_jobs::kmeans::{
     self, Algorithm, Config, Converged, Event, Init, KmeansStats, Loaded, Outcome, Traffic,
 };
@@ -83,6 +84,10 @@ struct Extra {
     /// The data as loaded.
     data: Loaded,
     traffic: Traffic,
+    /// The growth onto more ranks, if the fit grew.
+    growth: Option<Growth>,
+    /// The lines the growth (or its refusal) gave, rank 0's.
+    notes: Vec<String>,
 }
 
 /// Fits K-means to the data in `path` (weights in `weights`, a 1-D
@@ -104,7 +109,7 @@ pub(crate) fn kmeans_fit<'py>(
     let (_, dims) = src.shape().map_err(crate::to_py)?;
     let cfg = params.config(dims)?;
     let (rows, _) = src.shape().map_err(crate::to_py)?;
-    let ranks = crate::ranks::ranks()?;
+    let ranks = crate::ranks::ranks(py)?;
     let (session, part_bytes) = settings.session(py, |cap, pb, n| {
         let pb = kmeans::aligned_partition_bytes(pb, dims, cfg.task_points);
         kmeans::workers((rows, dims), &cfg, pb, cap, (ranks.rank(), ranks.size()), n)
@@ -115,12 +120,14 @@ pub(crate) fn kmeans_fit<'py>(
         to: echo,
     };
     // On MPI ranks, each rank labels its own rows: every rank gets all.
-    let (out, labels, stats) = run_job(py, &session, || {
-        let (out, extra) = fit(&session, &echo, &src, weights.as_deref(), &cfg, part_bytes)?;
+    let (out, labels, stats, notes) = run_job(py, &session, || {
+        let how = (&src, weights.as_deref(), part_bytes);
+        let (out, extra) = fit(&session, session.grow, &echo, how, &cfg)?;
         let labels = session.ranks().all_gather_u32(&extra.labels)?;
         let stats = stats(&session, &cfg, &out, &extra);
-        Ok((out, labels, stats))
+        Ok((out, labels, stats, extra.notes))
     })?;
+    crate::run::tell(py, settings, &notes)?;
     let d = PyDict::new(py);
     d.set_item(
         "centers",
@@ -245,14 +252,19 @@ fn init_name(init: &Init) -> &'static str {
 /// The fit, on the job's thread.
 fn fit(
     session: &Session,
+    grow: Option<MaxRanks>,
     echo: &Echo,
-    src: &Source,
-    weights: Option<&std::path::Path>,
+    (src, weights, part_bytes): (&Source, Option<&std::path::Path>, u64),
     cfg: &Config,
-    part_bytes: u64,
 ) -> outcore_jobs::Result<(Outcome, Extra)> {
     let t = Instant::now();
-    let ds = kmeans::load(session, src, weights, Some(cfg), part_bytes, |_, _| {})?;
+    // Grown: every rank loads its shards again (a spawned one, first).
+    let notes = std::sync::Mutex::new(Vec::new());
+    let bound = kmeans::shards(src.shape()?.0, cfg).count();
+    let note = |line: String| notes.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+    let (ds, growth) = grow::load_and_grow(session, grow, bound, note, |s, _| {
+        kmeans::load(s, src, weights, Some(cfg), part_bytes, |_, _| {})
+    })?;
     let data = Loaded {
         rows: ds.rows,
         dims: ds.dims,
@@ -298,6 +310,8 @@ fn fit(
         labels,
         data,
         traffic,
+        growth,
+        notes: notes.into_inner().unwrap_or_else(|p| p.into_inner()),
     };
     Ok((out, extra))
 }
@@ -308,5 +322,5 @@ fn stats(session: &Session, cfg: &Config, out: &Outcome, extra: &Extra) -> Strin
     let t = &extra.traffic;
     let job = KmeansStats::new(cfg, extra.data, out, t, &t.epoch_read);
     let v = serde_json::to_value(job).unwrap_or_default();
-    session_figures(session, v)
+    session_figures(session, v, extra.growth.as_slice())
 }

@@ -19,7 +19,7 @@
 //! on the failed rank is refused, and its exit ends every rank
 //! (`MPI_Abort`) instead of finalising: no rank is left waiting.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use outcore_jobs::ranks::Ranks;
@@ -28,6 +28,14 @@ use pyo3::prelude::*;
 
 /// The ranks of this process's fits, once known (kept until the exit).
 static RANKS: Mutex<Option<Ranks>> = Mutex::new(None);
+
+/// Fits started in this process.
+static FITS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a fit: the fits started before it.
+pub(crate) fn count_fit() -> usize {
+    FITS.fetch_add(1, Ordering::Relaxed)
+}
 
 /// Set when a fit failed on this rank alone: the other ranks may be
 /// waiting for it in an exchange it will not make.
@@ -57,7 +65,7 @@ fn turned_off() -> bool {
 
 /// The ranks a fit runs on (MPI initialised by the first call that needs
 /// it). Refused once the ranks are out of step.
-pub(crate) fn ranks() -> PyResult<Ranks> {
+pub(crate) fn ranks(py: Python<'_>) -> PyResult<Ranks> {
     if OUT_OF_STEP.load(Ordering::Relaxed) {
         return Err(PyRuntimeError::new_err(
             "an earlier fit failed on this MPI rank alone: the ranks are out of step, and \
@@ -68,7 +76,7 @@ pub(crate) fn ranks() -> PyResult<Ranks> {
     if let Some(r) = held.as_ref() {
         return Ok(r.clone());
     }
-    let r = start()?;
+    let r = start(py)?;
     // SIGTERM (what `mpirun` sends the other ranks when one fails, or on
     // Ctrl-C) and SIGHUP, when Python leaves them at their default, now
     // remove the spill directories before they end the process.
@@ -79,18 +87,28 @@ pub(crate) fn ranks() -> PyResult<Ranks> {
 
 /// MPI's ranks when launched by MPI (and built with it), else one process.
 #[cfg(feature = "mpi")]
-fn start() -> PyResult<Ranks> {
+fn start(py: Python<'_>) -> PyResult<Ranks> {
     if turned_off() || launched_size().is_none() {
         return Ok(Ranks::single());
     }
-    Ranks::init().map_err(crate::to_py)
+    let r = Ranks::init().map_err(crate::to_py)?;
+    // A growth spawns this interpreter on this script, with its options
+    // (`sys.orig_argv`, Python 3.10 on; `sys.argv` before).
+    let sys = py.import("sys")?;
+    let exe: std::path::PathBuf = sys.getattr("executable")?.extract()?;
+    let args: Vec<String> = match sys.getattr("orig_argv") {
+        Ok(a) => a.extract::<Vec<String>>()?.into_iter().skip(1).collect(),
+        Err(_) => sys.getattr("argv")?.extract()?,
+    };
+    Ranks::spawn_as(exe.into(), args.into_iter().map(Into::into).collect());
+    Ok(r)
 }
 
 /// One process: a module built without MPI. Under a launcher of several
 /// ranks every one would fit the whole data on its own, so that is an
 /// error unless asked for (`OUTCORE_MPI=off`).
 #[cfg(not(feature = "mpi"))]
-fn start() -> PyResult<Ranks> {
+fn start(_: Python<'_>) -> PyResult<Ranks> {
     match launched_size() {
         Some(n) if n > 1 && !turned_off() => Err(PyRuntimeError::new_err(format!(
             "this process is one of {n} MPI ranks, but this outcore was built without MPI, \
@@ -130,8 +148,8 @@ pub(crate) fn is_root() -> bool {
 /// `(rank, size)` of this process's fits: `(0, 1)` for one process. Starts
 /// MPI when launched by it.
 #[pyfunction]
-pub(crate) fn mpi_rank() -> PyResult<(usize, usize)> {
-    let r = ranks()?;
+pub(crate) fn mpi_rank(py: Python<'_>) -> PyResult<(usize, usize)> {
+    let r = ranks(py)?;
     Ok((r.rank(), r.size()))
 }
 

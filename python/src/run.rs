@@ -21,6 +21,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use outcore::{MemoryCap, Runtime};
+use outcore_jobs::grow::MaxRanks;
 use outcore_jobs::{RunFigures, Session, Workers};
 use pyo3::exceptions::{PyRuntimeError, PyUserWarning, PyValueError};
 use pyo3::prelude::*;
@@ -49,6 +50,9 @@ impl Drop for Turn {
 pub(crate) struct Engine {
     session: ManuallyDrop<Session>,
     turn: ManuallyDrop<Turn>,
+    /// How far the fit may grow onto free MPI slots (`max_ranks`), if at
+    /// all: [`MaxRanks::Fixed`] for a script's later fits.
+    pub(crate) grow: Option<MaxRanks>,
 }
 
 impl Deref for Engine {
@@ -129,21 +133,28 @@ pub(crate) struct Settings {
     workers: Option<usize>,
     pub(crate) verbose: u32,
     timeline: Option<PathBuf>,
+    max_ranks: Option<MaxRanks>,
 }
 
 #[pymethods]
 impl Settings {
     /// `mem_cap`: `None` (no cap), `"auto"`, or a size (`"512MiB"`, or
-    /// bytes as a string); `workers`: `None` for one per core.
+    /// bytes as a string); `workers`: `None` for one per core;
+    /// `max_ranks`: `None`, `"auto"` or a number as a string.
     #[new]
-    #[pyo3(signature = (mem_cap=None, spill_dir=None, workers=None, verbose=0, timeline=None))]
+    #[pyo3(signature = (mem_cap=None, spill_dir=None, workers=None, verbose=0, timeline=None, max_ranks=None))]
     fn new(
         mem_cap: Option<&str>,
         spill_dir: Option<PathBuf>,
         workers: Option<usize>,
         verbose: u32,
         timeline: Option<PathBuf>,
+        max_ranks: Option<&str>,
     ) -> PyResult<Settings> {
+        let max_ranks = max_ranks
+            .map(str::parse::<MaxRanks>)
+            .transpose()
+            .map_err(|e| PyValueError::new_err(format!("max_ranks: {e}")))?;
         let cap = match mem_cap {
             None => MemoryCap::None,
             Some(s) => {
@@ -162,6 +173,7 @@ impl Settings {
             workers,
             verbose,
             timeline,
+            max_ranks,
         })
     }
 }
@@ -177,7 +189,14 @@ impl Settings {
         py: Python<'_>,
         workers: impl FnOnce(Option<u64>, u64, usize) -> Workers,
     ) -> PyResult<(Engine, u64)> {
-        let ranks = crate::ranks::ranks()?;
+        let ranks = crate::ranks::ranks(py)?;
+        // The ranks a growth spawns run the script from its start and
+        // meet the growth at their first fit: only the first fit grows.
+        let grow = match (self.max_ranks, crate::ranks::count_fit()) {
+            (Some(m), 0) => Some(m),
+            (Some(_), _) => Some(MaxRanks::Fixed),
+            (None, _) => None,
+        };
         let mut mem_cap = self.cap;
         // `auto` on a node shared with other ranks: its share of the node
         // (as the command line).
@@ -220,6 +239,7 @@ impl Settings {
             Engine {
                 session: ManuallyDrop::new(session),
                 turn: ManuallyDrop::new(turn),
+                grow,
             },
             part_bytes,
         ))
@@ -423,19 +443,37 @@ pub(crate) fn le_bytes<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N
 /// the workers, the runtime's counters and the totals (evictions, loads,
 /// bytes, peaks, seconds), as JSON text. On MPI ranks, every rank's
 /// totals added up, the same text on every rank. Collective.
-pub(crate) fn session_figures(session: &Session, v: serde_json::Value) -> String {
+pub(crate) fn session_figures(
+    session: &Session,
+    v: serde_json::Value,
+    growth: &[outcore_jobs::grow::Growth],
+) -> String {
     let stats = session.runtime().stats();
     let text = match session.report_at(&stats) {
         Ok(Some(report)) => {
             let figures = RunFigures {
                 job: &v,
-                session: report.figures(session, &stats, &[]),
+                session: report.figures(session, &stats, growth),
             };
             figures.to_json().unwrap_or(v).to_string()
         }
         _ => v.to_string(),
     };
     from_root(session, text)
+}
+
+/// A job's lines for the user: its warnings (`outcore: warning: ...`) as
+/// `UserWarning`s, the others with `verbose`.
+pub(crate) fn tell(py: Python<'_>, settings: &Settings, lines: &[String]) -> PyResult<()> {
+    for line in lines {
+        match line.strip_prefix("outcore: warning: ") {
+            Some(w) => {
+                PyErr::warn(py, &py.get_type::<PyUserWarning>(), &CString::new(w)?, 1)?;
+            }
+            None => settings.say(|| line.clone()),
+        }
+    }
+    Ok(())
 }
 
 /// Rank 0's `text` on every rank (a report rank 0 made): every rank ends a

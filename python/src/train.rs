@@ -2,7 +2,10 @@
 //! class indices.
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 
+use outcore_jobs::grow::{self, Growth};
+use outcore_jobs::ranks::Shards;
 use outcore_jobs::train::{self, Penalty, Solver, TrainConfig, TrainStats};
 use outcore_jobs::{Labels, Session, Source, Workers};
 use pyo3::prelude::*;
@@ -45,7 +48,7 @@ pub(crate) fn logistic_fit<'py>(
     params: Params,
 ) -> PyResult<Bound<'py, PyDict>> {
     let src = Source::from_path(&path, None).map_err(crate::to_py)?;
-    let (_, dims) = src.shape().map_err(crate::to_py)?;
+    let (rows, dims) = src.shape().map_err(crate::to_py)?;
     let start = params.start.as_deref().map(|b| {
         b.chunks_exact(8)
             .map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default()))
@@ -74,19 +77,19 @@ pub(crate) fn logistic_fit<'py>(
     })?;
     let shard_bytes = train::aligned_shard_bytes(part_bytes, dims);
     let labels = Labels::File(labels);
-    let (out, stats) = run_job(py, &session, || {
-        let job = train::load(
-            &session,
-            &src,
-            train::Targets {
-                labels: &labels,
-                weights: weights.as_deref(),
-                classes: Some(classes),
-            },
-            shard_bytes,
-            &cfg,
-            |_, _| {},
-        )?;
+    // L-BFGS spreads over one reduction shard per rank at most.
+    let bound = Shards::new(rows.div_ceil(train::TASK_ROWS as u64), cfg.shards).count();
+    let (out, stats, notes) = run_job(py, &session, || {
+        let notes = Mutex::new(Vec::new());
+        let note = |line| notes.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+        let targets = train::Targets {
+            labels: &labels,
+            weights: weights.as_deref(),
+            classes: Some(classes),
+        };
+        let (job, growth) = grow::load_and_grow(&session, session.grow, bound, note, |s, _| {
+            train::load(s, &src, targets, shard_bytes, &cfg, |_, _| {})
+        })?;
         session.phase("fit");
         let out = train::train(&session, &job, &cfg, |ev| {
             if let train::Event::Iteration(it) = ev {
@@ -99,8 +102,14 @@ pub(crate) fn logistic_fit<'py>(
             }
         })?;
         let figures = TrainStats::new(&cfg, &job, &out);
-        Ok((out, stats(&session, &figures)))
+        let stats = stats(&session, &figures, growth.as_slice());
+        Ok((
+            out,
+            stats,
+            notes.into_inner().unwrap_or_else(|p| p.into_inner()),
+        ))
     })?;
+    crate::run::tell(py, settings, &notes)?;
     let d = PyDict::new(py);
     d.set_item(
         "w",
@@ -115,7 +124,7 @@ pub(crate) fn logistic_fit<'py>(
 
 /// The command line's `--stats` figures for a fit, as JSON text (the same
 /// on every rank). Collective.
-fn stats(session: &Session, figures: &TrainStats) -> String {
+fn stats(session: &Session, figures: &TrainStats, growth: &[Growth]) -> String {
     let v = serde_json::to_value(figures).unwrap_or_default();
-    session_figures(session, v)
+    session_figures(session, v, growth)
 }

@@ -147,3 +147,33 @@ def test_mpi4py_initialised_first_shares_its_world(data, tmp_path):
     r = _run(_mpirun(mpirun, 2) + [sys.executable, "-c", code, str(X)], _env(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "same 2" in r.stdout
+
+
+@pytest.mark.parametrize("which", ["KMeans", "LogisticRegression"])
+def test_a_script_on_one_rank_grows_onto_free_slots_with_the_same_bytes(data, tmp_path, which):
+    mpirun = _need_mpi()
+    X, y = data
+    script = str(HERE / "grow.py")
+    one = tmp_path / "one"
+    one.mkdir()
+    env = _env(tmp_path)
+    r = _run([sys.executable, script, which, str(X), str(y), str(one)], env)
+    assert r.returncode == 0, r.stderr
+    base = _fitted(one)["rank-0.json"]
+    assert base["ranks"] == 1 and not base["growth"], base
+    grown = tmp_path / "grown"
+    grown.mkdir()
+    # One rank started, 4 slots in the allocation (MPI_UNIVERSE_SIZE).
+    cmd = [mpirun, "-np", "1", "--host", "localhost:4", "--mca", "btl", "self,vader,tcp"]
+    r = _run(cmd + [sys.executable, script, which, str(X), str(y), str(grown)], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = _fitted(grown)
+    assert len(ranks) >= 3, (ranks, r.stderr[-2000:])
+    for name, got in ranks.items():
+        assert got["ranks"] == len(ranks), (name, got)
+        assert got["growth"] and got["growth"][0]["from"] == 1, got
+        assert got["growth"][0]["to"] == len(ranks), got
+        assert got["first"] == base["first"], f"{name}: the grown fit differs from one process"
+        assert got["later"] == base["later"], f"{name}: the later fit differs from one process"
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith("outcore")]
+    assert not left, left

@@ -150,6 +150,16 @@ fn check_agreement(names: &[&str], n: usize, all: &[u64]) -> Result<()> {
     )))
 }
 
+/// What [`Ranks::grow`] spawns, when set ([`Ranks::spawn_as`]).
+type Command = (std::ffi::OsString, Vec<std::ffi::OsString>);
+static SPAWN_AS: std::sync::Mutex<Option<Command>> = std::sync::Mutex::new(None);
+
+/// The program and arguments [`Ranks::spawn_as`] set.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+fn spawn_command() -> Option<Command> {
+    SPAWN_AS.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
 /// The processes a job runs on: one, or the ranks of `MPI_COMM_WORLD`.
 ///
 /// Clones share the one MPI world (finalised when the last is dropped, by
@@ -418,8 +428,39 @@ impl Ranks {
         }
     }
 
+    /// Whether this process was spawned by a job that grew and has not yet
+    /// met that growth (`grow::join`, which the job's load runs): its
+    /// first job joins the ranks instead of loading on its own.
+    pub fn join_pending(&self) -> bool {
+        match &self.inner {
+            Inner::Single => false,
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.join_pending.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
+    /// Notes that this spawned process has met the growth.
+    pub(crate) fn joined_now(&self) {
+        #[cfg(feature = "mpi")]
+        if let Inner::Mpi(w) = &self.inner {
+            w.join_pending
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Sets the program, and its arguments, that [`Ranks::grow`] spawns in
+    /// this process from now on, instead of this process's own
+    /// executable and arguments: a Python script's ranks run the
+    /// interpreter the script runs on (`sys.executable`, which
+    /// `/proc/self/exe` gives with its symbolic links resolved: outside a
+    /// virtualenv) with the script's arguments.
+    pub fn spawn_as(program: std::ffi::OsString, args: Vec<std::ffi::OsString>) {
+        *SPAWN_AS.lock().unwrap_or_else(|p| p.into_inner()) = Some((program, args));
+    }
+
     /// Adds `extra` ranks: spawns `extra` processes running this program
-    /// with this process's arguments (`MPI_Comm_spawn`) and merges them
+    /// with this process's arguments, or what [`Ranks::spawn_as`] set
+    /// (`MPI_Comm_spawn`), and merges them
     /// in, after the ranks already there. Every clone of this `Ranks` then
     /// has the new size, and every collective includes the new ranks,
     /// which start as [`joined`](Ranks::joined) ranks (their

@@ -41,6 +41,8 @@ pub(super) struct World {
     on_node: AtomicUsize,
     /// Spawned by a job that grew: joined it after its start.
     pub joined: bool,
+    /// Spawned, and not yet met the growth (`grow::join`).
+    pub join_pending: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: MPI is initialised at `MPI_THREAD_SERIALIZED` or above (checked
@@ -132,6 +134,7 @@ impl World {
             size: AtomicUsize::new(comm.size() as usize),
             on_node: AtomicUsize::new(on_node),
             joined,
+            join_pending: std::sync::atomic::AtomicBool::new(joined),
             comm: Mutex::new(comm),
             universe,
         })
@@ -196,10 +199,18 @@ impl World {
         use std::ffi::CString;
         use std::os::unix::ffi::OsStrExt;
         let failed = |what: String| Error::Input(format!("could not spawn {extra} ranks: {what}"));
-        let exe = std::env::current_exe().map_err(|e| failed(e.to_string()))?;
-        let prog = CString::new(exe.as_os_str().as_bytes()).map_err(|e| failed(e.to_string()))?;
-        let args = std::env::args_os()
-            .skip(1)
+        let (exe, args) = match super::spawn_command() {
+            Some(given) => given,
+            None => (
+                std::env::current_exe()
+                    .map_err(|e| failed(e.to_string()))?
+                    .into_os_string(),
+                std::env::args_os().skip(1).collect(),
+            ),
+        };
+        let prog = CString::new(exe.as_bytes()).map_err(|e| failed(e.to_string()))?;
+        let args = args
+            .iter()
             .map(|a| CString::new(a.as_bytes()))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| failed(e.to_string()))?;
