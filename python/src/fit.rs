@@ -118,10 +118,11 @@ pub(crate) fn pca_fit<'py>(
         alg = alg.keep_gram();
     }
     if let Some((oversamples, iterations, seed)) = randomized {
+        let ranks = crate::ranks::ranks(py)?;
         alg = alg.solver(Solver::Randomized {
             oversamples,
             iterations,
-            seed,
+            seed: crate::ranks::shared_seed(py, &ranks, seed),
         });
     }
     let (f, stats) = fit(py, settings, &Input::rows(&src), alg)?;
@@ -166,6 +167,8 @@ pub(crate) fn sgd_fit<'py>(
     let ys = Source::targets(&targets).map_err(crate::to_py)?;
     let (_, dims) = src.shape().map_err(crate::to_py)?;
     let mut cfg = sgd_config(params)?;
+    let ranks = crate::ranks::ranks(py)?;
+    cfg.seed = crate::ranks::shared_seed(py, &ranks, cfg.seed);
     if let Some(w) = warm {
         cfg.warm = Some(warm_model(w, &cfg, dims)?);
     }

@@ -102,14 +102,18 @@ pub(crate) fn kmeans_fit<'py>(
     settings: &Settings,
     path: PathBuf,
     weights: Option<PathBuf>,
-    params: Params,
+    mut params: Params,
     echo: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let src = Source::from_path(&path, None).map_err(crate::to_py)?;
-    let (_, dims) = src.shape().map_err(crate::to_py)?;
-    let cfg = params.config(dims)?;
-    let (rows, _) = src.shape().map_err(crate::to_py)?;
+    let (rows, dims) = src.shape().map_err(crate::to_py)?;
     let ranks = crate::ranks::ranks(py)?;
+    // On MPI ranks, rank 0's draws: its seed, and its initial centres.
+    params.seed = crate::ranks::shared_seed(py, &ranks, params.seed);
+    if let Some(c) = params.centers.as_mut() {
+        crate::ranks::shared_bytes(py, &ranks, c);
+    }
+    let cfg = params.config(dims)?;
     let (session, part_bytes) = settings.session(py, |cap, pb, n| {
         let pb = kmeans::aligned_partition_bytes(pb, dims, cfg.task_points);
         kmeans::workers((rows, dims), &cfg, pb, cap, (ranks.rank(), ranks.size()), n)
@@ -122,7 +126,8 @@ pub(crate) fn kmeans_fit<'py>(
     // On MPI ranks, each rank labels its own rows: every rank gets all.
     let (out, labels, stats, notes) = run_job(py, &session, || {
         let how = (&src, weights.as_deref(), part_bytes);
-        let (out, extra) = fit(&session, session.grow, &echo, how, &cfg)?;
+        let mut cfg = cfg.clone();
+        let (out, extra) = fit(&session, session.grow, &echo, how, &mut cfg)?;
         let labels = session.ranks().all_gather_u32(&extra.labels)?;
         let stats = stats(&session, &cfg, &out, &extra);
         Ok((out, labels, stats, extra.notes))
@@ -255,16 +260,20 @@ fn fit(
     grow: Option<MaxRanks>,
     echo: &Echo,
     (src, weights, part_bytes): (&Source, Option<&std::path::Path>, u64),
-    cfg: &Config,
+    cfg: &mut Config,
 ) -> outcore_jobs::Result<(Outcome, Extra)> {
     let t = Instant::now();
     // Grown: every rank loads its shards again (a spawned one, first).
     let notes = std::sync::Mutex::new(Vec::new());
     let bound = kmeans::shards(src.shape()?.0, cfg).count();
     let note = |line: String| notes.lock().unwrap_or_else(|p| p.into_inner()).push(line);
-    let (ds, growth) = grow::load_and_grow(session, grow, bound, note, |s, _| {
+    let (ds, growth) = grow::load_and_grow(session, grow, bound, note, |s, again| {
+        if again {
+            hand_over(s.ranks(), cfg);
+        }
         kmeans::load(s, src, weights, Some(cfg), part_bytes, |_, _| {})
     })?;
+    let cfg = &*cfg;
     let data = Loaded {
         rows: ds.rows,
         dims: ds.dims,
@@ -314,6 +323,18 @@ fn fit(
         notes: notes.into_inner().unwrap_or_else(|p| p.into_inner()),
     };
     Ok((out, extra))
+}
+
+/// After a growth, rank 0's draws on every rank: a spawned rank drew its
+/// own seed (and a callable its own centres) before it joined. Collective
+/// over the grown ranks.
+fn hand_over(ranks: &outcore_jobs::ranks::Ranks, cfg: &mut Config) {
+    let mut seed = [cfg.seed];
+    ranks.broadcast_u64(&mut seed);
+    cfg.seed = seed[0];
+    if let Init::Given(c) = &mut cfg.init {
+        ranks.broadcast(c);
+    }
 }
 
 /// The command line's `--stats` figures for a fit, as JSON text (the same

@@ -135,6 +135,30 @@ pub(crate) fn failed(ranks: &Ranks) -> bool {
     false
 }
 
+/// Rank 0's `seed` on every rank: a seed drawn in each process
+/// (`random_state=None`) is one seed for the ranks, as for one process.
+/// Collective: every rank's fit calls it at the same point.
+///
+/// A rank spawned by a growth, before it joins the fit that grew, keeps
+/// its own: the ranks it joins are past this point, and the growth hands
+/// their draws over.
+pub(crate) fn shared_seed(py: Python<'_>, ranks: &Ranks, seed: u64) -> u64 {
+    if ranks.size() == 1 || ranks.join_pending() {
+        return seed;
+    }
+    let mut v = [seed];
+    py.detach(|| ranks.broadcast_u64(&mut v));
+    v[0]
+}
+
+/// Rank 0's `bytes` on every rank (initial centres a callable made from
+/// a seed of its own). Collective, as [`shared_seed`].
+pub(crate) fn shared_bytes(py: Python<'_>, ranks: &Ranks, bytes: &mut Vec<u8>) {
+    if ranks.size() > 1 && !ranks.join_pending() {
+        py.detach(|| ranks.broadcast_bytes(bytes));
+    }
+}
+
 /// Whether this process is rank 0 of its fits' ranks (or has not fitted
 /// yet, or runs alone): the one that prints progress.
 pub(crate) fn is_root() -> bool {

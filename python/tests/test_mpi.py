@@ -9,8 +9,10 @@ failure."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +108,19 @@ def test_every_rank_gets_one_process_bytes(data, tmp_path):
     assert not left, left
 
 
+def test_seeds_each_process_draws_are_rank_0s_on_every_rank(data, tmp_path):
+    mpirun = _need_mpi()
+    X, _ = data
+    out = tmp_path / "out"
+    out.mkdir()
+    r = _run(_mpirun(mpirun, 2) + [sys.executable, str(HERE / "unseeded.py"), str(X), str(out)],
+             _env(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = _fitted(out)
+    assert len(ranks) == 2, ranks
+    assert ranks["rank-0.json"] == ranks["rank-1.json"], ranks
+
+
 def test_a_nan_on_one_rank_ends_every_rank_with_one_exception(data, tmp_path):
     mpirun = _need_mpi()
     X, _ = data
@@ -149,7 +164,7 @@ def test_mpi4py_initialised_first_shares_its_world(data, tmp_path):
     assert "same 2" in r.stdout
 
 
-@pytest.mark.parametrize("which", ["KMeans", "LogisticRegression"])
+@pytest.mark.parametrize("which", ["KMeans", "KMeans-unseeded", "LogisticRegression"])
 def test_a_script_on_one_rank_grows_onto_free_slots_with_the_same_bytes(data, tmp_path, which):
     mpirun = _need_mpi()
     X, y = data
@@ -173,7 +188,53 @@ def test_a_script_on_one_rank_grows_onto_free_slots_with_the_same_bytes(data, tm
         assert got["ranks"] == len(ranks), (name, got)
         assert got["growth"] and got["growth"][0]["from"] == 1, got
         assert got["growth"][0]["to"] == len(ranks), got
+        if which == "KMeans-unseeded":
+            # A seed of its own: every rank's the same, not one process's.
+            assert got["first"] == ranks["rank-0.json"]["first"], f"{name} differs from rank 0"
+            continue
         assert got["first"] == base["first"], f"{name}: the grown fit differs from one process"
         assert got["later"] == base["later"], f"{name}: the later fit differs from one process"
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith("outcore")]
+    assert not left, left
+
+
+def test_ctrl_c_on_mpirun_leaves_no_rank_and_no_file(data, tmp_path):
+    mpirun = _need_mpi()
+    X, _ = data
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    marker = f"ctrl-c-{os.getpid()}-{tmp_path.name}"
+    code = (
+        f"# {marker}\n"
+        "import sys, numpy as np, outcore\n"
+        "X = np.load(sys.argv[1], mmap_mode='r')\n"
+        "outcore.KMeans(n_clusters=50, n_init=1, max_iter=100000, tol=0, random_state=0,\n"
+        "               mem_cap='4MiB').fit(X)\n"
+    )
+    p = subprocess.Popen(_mpirun(mpirun, 2) + [sys.executable, "-c", code, str(X)],
+                         env=_env(scratch), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        # The fit is under way once both ranks have their spill directory.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            spills = [q for q in scratch.iterdir() if q.name.startswith("outcore-spill")]
+            if len(spills) == 2:
+                break
+            assert p.poll() is None, p.communicate()
+            time.sleep(0.05)
+        assert len(spills) == 2, list(scratch.iterdir())
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            pytest.fail("mpirun did not end within 60 s of Ctrl-C")
+    assert p.returncode != 0
+    time.sleep(0.5)
+    ranks = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert not ranks, f"ranks left after Ctrl-C: {ranks}"
+    left = list(scratch.iterdir())
     assert not left, left

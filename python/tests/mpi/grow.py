@@ -1,5 +1,5 @@
-"""Run by test_mpi.py: ``sys.argv[1]`` ("KMeans" or
-"LogisticRegression") with ``max_ranks="auto"`` as the script's first
+"""Run by test_mpi.py: ``sys.argv[1]`` ("KMeans", "KMeans-unseeded"
+or "LogisticRegression") with ``max_ranks="auto"`` as the script's first
 fit, then a KMeans fit on the ranks the first one grew to; writes each
 rank's digests, ranks and growth to ``sys.argv[4]/rank-R.json``."""
 import hashlib
@@ -23,8 +23,11 @@ def digest(*arrays):
     return h.hexdigest()
 
 
-if which == "KMeans":
-    first = outcore.KMeans(n_clusters=5, random_state=0, n_init=1, mem_cap=cap, max_ranks="auto").fit(X)
+if which.startswith("KMeans"):
+    # Unseeded: each process draws its own seed, and the growth hands
+    # rank 0's over to the spawned ranks.
+    seed = None if which == "KMeans-unseeded" else 0
+    first = outcore.KMeans(n_clusters=5, random_state=seed, n_init=1, mem_cap=cap, max_ranks="auto").fit(X)
     fitted = {"first": digest(first.cluster_centers_, first.labels_)}
 else:
     first = outcore.LogisticRegression(max_iter=20, mem_cap=cap, max_ranks="auto").fit(X, y)
