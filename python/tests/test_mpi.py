@@ -198,12 +198,9 @@ def test_a_script_on_one_rank_grows_onto_free_slots_with_the_same_bytes(data, tm
     assert not left, left
 
 
-def test_ctrl_c_on_mpirun_leaves_no_rank_and_no_file(data, tmp_path):
-    mpirun = _need_mpi()
-    X, _ = data
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    marker = f"ctrl-c-{os.getpid()}-{tmp_path.name}"
+def _long_fit_under_way(mpirun, X, scratch, marker):
+    """mpirun -np 2 of a long K-means fit, once both ranks have their
+    spill directory in ``scratch``: the process and the directories."""
     code = (
         f"# {marker}\n"
         "import sys, numpy as np, outcore\n"
@@ -214,27 +211,58 @@ def test_ctrl_c_on_mpirun_leaves_no_rank_and_no_file(data, tmp_path):
     p = subprocess.Popen(_mpirun(mpirun, 2) + [sys.executable, "-c", code, str(X)],
                          env=_env(scratch), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        spills = [q for q in scratch.iterdir() if q.name.startswith("outcore-spill")]
+        if len(spills) == 2:
+            time.sleep(0.5)
+            return p, spills
+        if p.poll() is not None:
+            pytest.fail(f"the fit ended early: {p.communicate()}")
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGKILL)
+    pytest.fail(f"no fit under way after 120 s: {list(scratch.iterdir())}")
+
+
+def _ended(p, marker, what):
+    """Waits for mpirun's end (60 s at most), then checks that no rank is
+    left."""
     try:
-        # The fit is under way once both ranks have their spill directory.
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            spills = [q for q in scratch.iterdir() if q.name.startswith("outcore-spill")]
-            if len(spills) == 2:
-                break
-            assert p.poll() is None, p.communicate()
-            time.sleep(0.05)
-        assert len(spills) == 2, list(scratch.iterdir())
-        time.sleep(0.5)
-        p.send_signal(signal.SIGINT)
         p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-            pytest.fail("mpirun did not end within 60 s of Ctrl-C")
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail(f"mpirun did not end within 60 s of {what}")
     assert p.returncode != 0
     time.sleep(0.5)
     ranks = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
-    assert not ranks, f"ranks left after Ctrl-C: {ranks}"
+    assert not ranks, f"ranks left after {what}: {ranks}"
+
+
+def test_ctrl_c_on_mpirun_leaves_no_rank_and_no_file(data, tmp_path):
+    mpirun = _need_mpi()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    marker = f"ctrl-c-{os.getpid()}-{tmp_path.name}"
+    p, _ = _long_fit_under_way(mpirun, data[0], scratch, marker)
+    p.send_signal(signal.SIGINT)
+    _ended(p, marker, "Ctrl-C")
     left = list(scratch.iterdir())
     assert not left, left
+
+
+def test_a_killed_rank_ends_the_others_and_they_leave_no_file(data, tmp_path):
+    mpirun = _need_mpi()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    marker = f"killed-{os.getpid()}-{tmp_path.name}"
+    p, spills = _long_fit_under_way(mpirun, data[0], scratch, marker)
+    # The spill directory's name holds its process's id.
+    pids = sorted(int(q.name.split("-")[-2]) for q in spills)
+    os.kill(pids[-1], signal.SIGKILL)
+    _ended(p, marker, "SIGKILL to one rank")
+    # The killed rank's directory stays (no process can act on SIGKILL:
+    # the next runtime in the same directory removes it); the other
+    # rank, ended by mpirun's SIGTERM, removed its own.
+    left = sorted(q.name for q in scratch.iterdir())
+    assert left == [q.name for q in spills if int(q.name.split("-")[-2]) == pids[-1]], left
