@@ -72,11 +72,8 @@ import numpy as np  # noqa: E402
 TEST_ROWS = 1 << 16
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
-# The child's prelude: settings, the dask reader and cluster, the result.
-PRELUDE = '''
-import json, os, sys, time, traceback
-import numpy as np
-
+# The reader dask's arrays read a .npy with (a child's source text).
+NPY_READER = '''
 class NpyReader:
     """What da.from_array needs of an array, reading rows from the .npy
     through a memmap opened by the task itself (pickled as its path)."""
@@ -88,6 +85,13 @@ class NpyReader:
         out = np.array(m[key])
         del m
         return out
+'''
+
+# The child's prelude: settings, the dask reader and cluster, the result.
+PRELUDE = '''
+import json, os, sys, time, traceback
+import numpy as np
+''' + NPY_READER + '''
 
 def dask_array(path, chunk):
     import dask.array as da

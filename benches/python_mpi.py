@@ -35,6 +35,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fit_peers import NPY_READER  # noqa: E402
 from wholerun import drop_caches, size  # noqa: E402
 
 OUTCORE = r'''
@@ -58,19 +59,7 @@ with open(f"{out}.{rank}", "w") as f:
 DASK = r'''
 import json, os, resource, sys, time
 import numpy as np
-
-class NpyReader:
-    """What da.from_array needs, reading rows through a memmap the task
-    opens itself (pickled as its path)."""
-    def __init__(self, path):
-        m = np.load(path, mmap_mode="r")
-        self.path, self.shape, self.dtype, self.ndim = path, m.shape, m.dtype, m.ndim
-    def __getitem__(self, key):
-        m = np.load(self.path, mmap_mode="r")
-        out = np.array(m[key])
-        del m
-        return out
-
+''' + NPY_READER + r'''
 def rss():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 

@@ -198,9 +198,14 @@ def test_a_script_on_one_rank_grows_onto_free_slots_with_the_same_bytes(data, tm
     assert not left, left
 
 
-def _long_fit_under_way(mpirun, X, scratch, marker):
+def _long_fit_under_way(X, tmp_path):
     """mpirun -np 2 of a long K-means fit, once both ranks have their
-    spill directory in ``scratch``: the process and the directories."""
+    spill directory in a TMPDIR of its own: mpirun's process, the
+    directories, the TMPDIR, and a marker in the ranks' command lines."""
+    mpirun = _need_mpi()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    marker = f"long-fit-{os.getpid()}-{tmp_path.name}"
     code = (
         f"# {marker}\n"
         "import sys, numpy as np, outcore\n"
@@ -216,7 +221,7 @@ def _long_fit_under_way(mpirun, X, scratch, marker):
         spills = [q for q in scratch.iterdir() if q.name.startswith("outcore-spill")]
         if len(spills) == 2:
             time.sleep(0.5)
-            return p, spills
+            return p, spills, scratch, marker
         if p.poll() is not None:
             pytest.fail(f"the fit ended early: {p.communicate()}")
         time.sleep(0.05)
@@ -240,11 +245,7 @@ def _ended(p, marker, what):
 
 
 def test_ctrl_c_on_mpirun_leaves_no_rank_and_no_file(data, tmp_path):
-    mpirun = _need_mpi()
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    marker = f"ctrl-c-{os.getpid()}-{tmp_path.name}"
-    p, _ = _long_fit_under_way(mpirun, data[0], scratch, marker)
+    p, _, scratch, marker = _long_fit_under_way(data[0], tmp_path)
     p.send_signal(signal.SIGINT)
     _ended(p, marker, "Ctrl-C")
     left = list(scratch.iterdir())
@@ -252,11 +253,7 @@ def test_ctrl_c_on_mpirun_leaves_no_rank_and_no_file(data, tmp_path):
 
 
 def test_a_killed_rank_ends_the_others_and_they_leave_no_file(data, tmp_path):
-    mpirun = _need_mpi()
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    marker = f"killed-{os.getpid()}-{tmp_path.name}"
-    p, spills = _long_fit_under_way(mpirun, data[0], scratch, marker)
+    p, spills, scratch, marker = _long_fit_under_way(data[0], tmp_path)
     # The spill directory's name holds its process's id.
     pids = sorted(int(q.name.split("-")[-2]) for q in spills)
     os.kill(pids[-1], signal.SIGKILL)
