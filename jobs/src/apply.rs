@@ -16,7 +16,6 @@
 //! precision of `T`; the nearest centre in `f32` is found as a K-means
 //! fit finds it (its fused kernel), so `predict` gives a fit's labels.
 
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -141,11 +140,6 @@ real!(f64, matrixmultiply::dgemm, {
     }
 });
 
-thread_local! {
-    /// A worker's float32 rows, before they are widened.
-    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
 /// Where the rows come from.
 pub trait Rows<T>: Sync {
     /// Number of rows.
@@ -167,12 +161,29 @@ pub trait Rows<T>: Sync {
 pub struct FileRows {
     reader: BlockReader,
     cols: usize,
+    /// Float32 rows before they are widened, a buffer per worker at work,
+    /// used again (not per thread: the workers' threads outlive a pass,
+    /// and the buffers go with it).
+    spare: Mutex<Vec<Vec<f32>>>,
 }
 
 impl FileRows {
     /// The rows of `reader`, `cols` values each.
     pub fn new(reader: BlockReader, cols: usize) -> FileRows {
-        FileRows { reader, cols }
+        FileRows {
+            reader,
+            cols,
+            spare: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// `f` with a float32 buffer of this pass's.
+    fn with_scratch<R>(&self, f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
+        let lock = || self.spare.lock().unwrap_or_else(|p| p.into_inner());
+        let mut scratch = lock().pop().unwrap_or_default();
+        let r = f(&mut scratch);
+        lock().push(scratch);
+        r
     }
 }
 
@@ -184,7 +195,7 @@ impl<T: Real> Rows<T> for FileRows {
         self.cols
     }
     fn read(&self, first: u64, n: usize, out: &mut Vec<T>) -> Result<()> {
-        SCRATCH.with_borrow_mut(|scratch| {
+        self.with_scratch(|scratch| {
             T::read_f32(out, scratch, |v| {
                 *v = self.reader.read(first, n)?;
                 Ok(true)
@@ -193,7 +204,7 @@ impl<T: Real> Rows<T> for FileRows {
         Ok(())
     }
     fn read_now(&self, first: u64, n: usize, out: &mut Vec<T>) -> Result<bool> {
-        SCRATCH.with_borrow_mut(|scratch| {
+        self.with_scratch(|scratch| {
             T::read_f32(out, scratch, |v| self.reader.read_cached(first, n, v))
         })
     }
