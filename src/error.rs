@@ -183,6 +183,9 @@ pub enum Error {
         failed_writes: u64,
         /// The last failure: the spill file and the reason.
         last_error: String,
+        /// Whether that failure was in the executor's own encoding (its
+        /// `Serialize` returned an error or panicked), not in the file.
+        by_value: bool,
     },
 }
 
@@ -276,15 +279,22 @@ fn cap_lost(f: &mut fmt::Formatter<'_>, e: &Error) -> fmt::Result {
         in_memory,
         failed_writes,
         last_error,
+        by_value,
     } = e
     else {
         return Ok(());
+    };
+    let hint = if *by_value {
+        "the executors' type could not be encoded: its Serialize failed; no spill \
+         directory can help"
+    } else {
+        "free space in the spill directory, or choose another"
     };
     write!(
         f,
         "cannot keep the cap of {}: {failed_writes} spill write(s) failed (the last: \
          {last_error}), and {} is in memory; the runtime stopped before the next task \
-         (free space in the spill directory, or choose another)",
+         ({hint})",
         format_bytes(*cap),
         format_bytes(*in_memory)
     )

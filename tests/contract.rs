@@ -121,6 +121,46 @@ fn a_panicking_serialize_in_evict_all_is_an_error_not_a_hang() {
     assert_eq!(out.value("SUM"), Some((3u64 << 20).to_string()));
 }
 
+/// A runtime stopped because every spill write failed in the executors'
+/// `Serialize` (it panics here) said to free space in the spill
+/// directory, which cannot help: it now names the encoding instead.
+#[test]
+fn a_cap_lost_to_a_failing_serialize_names_it_not_the_disk() {
+    const T: &str = "a_cap_lost_to_a_failing_serialize_names_it_not_the_disk";
+    if is_child(T) {
+        let rt = Runtime::builder()
+            .mem_cap(MemoryCap::Bytes(16 << 20))
+            .prefetch(false)
+            .build()
+            .unwrap();
+        let hs: Vec<_> = (0..12u8)
+            .map(|i| rt.insert(Bomb::new(1 << 20, i)).unwrap())
+            .collect();
+        ARMED.store(true, Ordering::Relaxed);
+        // 8 MiB more than the executors: over the cap, and every eviction
+        // the trap tries fails in `Serialize`.
+        let ballast = std::hint::black_box(vec![1u8; 8 << 20]);
+        let mut stopped = None;
+        for h in &hs {
+            if let Err(e) = rt.read(h, |b: &Bomb| b.sum()) {
+                stopped = Some(e);
+                break;
+            }
+        }
+        ARMED.store(false, Ordering::Relaxed);
+        drop(ballast);
+        let e = stopped.expect("the runtime went on over its cap");
+        assert!(matches!(e, outcore::Error::CapLost { .. }), "{e}");
+        println!("MSG={}", e.to_string().replace(' ', "_"));
+        return;
+    }
+    let out = ok(T);
+    let msg = out.value("MSG").expect("message");
+    assert!(msg.contains("serialization_panicked"), "{msg}");
+    assert!(msg.contains("its_Serialize_failed"), "{msg}");
+    assert!(!msg.contains("free_space_in_the_spill_directory"), "{msg}");
+}
+
 /// Defect 2: a panic while a worker makes room for a load (another
 /// executor's `Serialize`) neither kills the worker nor hangs the batch.
 #[test]

@@ -20,6 +20,7 @@ use super::shared::{drop_user_value, panic_message, Shared};
 use crate::alloc::{self, linebuf::LineBuf, BypassGuard, Evictor, Freed};
 use crate::error::{Error, Result};
 use crate::executor::{EvictStep, Slot, State, NONE};
+use crate::spill::ValueFailed;
 use crate::stats::Counters;
 
 /// Outcome of one eviction attempt.
@@ -165,9 +166,11 @@ impl Shared {
                         slot.set_state(&mut g, State::Resident);
                         drop(g);
                         Counters::add(&self.counters().failed_writes, 1);
-                        let retry_at = self
-                            .writes()
-                            .failed(self.epoch_ms(), &format!("{}: {e}", path.display()));
+                        let retry_at = self.writes().failed(
+                            self.epoch_ms(),
+                            &format!("{}: {e}", path.display()),
+                            ValueFailed::is(&e),
+                        );
                         slot.write_retry_at.store(retry_at, Ordering::Relaxed);
                         Evicted::Failed(e)
                     }
@@ -188,7 +191,7 @@ impl Shared {
         // The value's `Serialize` is user code, and this may run inside
         // the allocator: a panic is a failed write.
         catch_unwind(AssertUnwindSafe(|| (slot.save)(v, path, slot.key(gen)))).unwrap_or_else(|p| {
-            Err(io::Error::other(format!(
+            Err(ValueFailed::error(format!(
                 "serialization panicked: {}",
                 panic_message(&*p)
             )))

@@ -133,6 +133,7 @@ struct CapLost {
     in_memory: u64,
     failed_writes: u64,
     last_error: String,
+    by_value: bool,
 }
 
 /// The next runtime's identity (see [`Shared::ident`]).
@@ -233,6 +234,7 @@ impl Shared {
                 in_memory,
                 failed_writes: self.counters.failed_writes.load(Ordering::Relaxed),
                 last_error: self.writes.last_error().unwrap_or_default(),
+                by_value: self.writes.last_by_value(),
             });
         }
         let l = self.cap_lost.get()?;
@@ -241,6 +243,7 @@ impl Shared {
             in_memory: l.in_memory,
             failed_writes: l.failed_writes,
             last_error: l.last_error.clone(),
+            by_value: l.by_value,
         })
     }
 

@@ -25,6 +25,9 @@ pub(crate) struct WriteHealth {
     last_error: Mutex<Option<LineBuf>>,
     /// Whether any write has failed (for the out-of-memory diagnostic).
     any_failed: AtomicBool,
+    /// Whether the last failure was in the value's own encoding (its
+    /// `Serialize`), not in the file.
+    last_by_value: AtomicBool,
     /// No dirty write is attempted before this time (ms since start).
     backoff_until: AtomicU64,
     /// Failures since the last write that succeeded.
@@ -40,6 +43,7 @@ impl WriteHealth {
         WriteHealth {
             last_error: Mutex::new(None),
             any_failed: AtomicBool::new(false),
+            last_by_value: AtomicBool::new(false),
             backoff_until: AtomicU64::new(0),
             failures_in_a_row: AtomicU64::new(0),
             fault_every: std::env::var("OUTCORE_FAULT_WRITE_EVERY")
@@ -69,10 +73,12 @@ impl WriteHealth {
         self.failures_in_a_row.store(0, Ordering::Relaxed);
     }
 
-    /// Records a failure at `now` with `message`; returns the time before
-    /// which the same executor must not be written again.
-    pub(crate) fn failed(&self, now: u64, message: &str) -> u64 {
+    /// Records a failure at `now` with `message` (`by_value`: in the
+    /// value's encoding); returns the time before which the same executor
+    /// must not be written again.
+    pub(crate) fn failed(&self, now: u64, message: &str, by_value: bool) -> u64 {
         self.any_failed.store(true, Ordering::Relaxed);
+        self.last_by_value.store(by_value, Ordering::Relaxed);
         if self.failures_in_a_row.fetch_add(1, Ordering::Relaxed) + 1 >= FAILURES_TO_PAUSE {
             self.backoff_until
                 .store(now + BACKOFF_MS, Ordering::Relaxed);
@@ -93,6 +99,11 @@ impl WriteHealth {
 
     pub(crate) fn any_failed(&self) -> bool {
         self.any_failed.load(Ordering::Relaxed)
+    }
+
+    /// Whether the last failure was in the value's own encoding.
+    pub(crate) fn last_by_value(&self) -> bool {
+        self.last_by_value.load(Ordering::Relaxed)
     }
 
     pub(crate) fn last_error(&self) -> Option<String> {

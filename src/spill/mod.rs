@@ -424,6 +424,32 @@ fn encode_payload_into<W: Write, T: Serialize>(
     Ok(tee)
 }
 
+/// A spill write that failed in the value's own encoding (its `Serialize`
+/// returned an error or panicked), not in the file: the payload of the
+/// `io::Error` it is reported as.
+#[derive(Debug)]
+pub(crate) struct ValueFailed(String);
+
+impl ValueFailed {
+    /// An `io::Error` of kind `Other` carrying the reason.
+    pub(crate) fn error(reason: String) -> io::Error {
+        io::Error::other(ValueFailed(reason))
+    }
+
+    /// Whether `e` is such a failure.
+    pub(crate) fn is(e: &io::Error) -> bool {
+        e.get_ref().is_some_and(|r| r.is::<ValueFailed>())
+    }
+}
+
+impl std::fmt::Display for ValueFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ValueFailed {}
+
 /// Writes `value` to `path` with the header for `key`. Returns the file's
 /// length. On error the file may be partial; the caller must not treat it as
 /// valid. Errors keep the underlying I/O error's kind.
@@ -439,7 +465,7 @@ pub fn write_file<T: Serialize>(path: &Path, key: FileKey, value: &T) -> io::Res
     w.write_all(&[0u8; HEADER_LEN]).map_err(context("write"))?;
     let tee = encode_payload_into(w, value).map_err(|e| match e {
         bincode::error::EncodeError::Io { inner, .. } => context("write")(inner),
-        other => io::Error::other(format!("encode: {other}")),
+        other => ValueFailed::error(format!("encode: {other}")),
     })?;
     let header = Header {
         key,
