@@ -298,20 +298,27 @@ fn bad_settings_and_inputs_end_with_one_line() {
 
 #[test]
 fn a_flag_that_does_not_apply_is_warned_about() {
-    let err = ok(&[
-        "pca",
+    let dir = tempfile::tempdir().unwrap();
+    let x = dir.path().join("x.npy");
+    ok(&[
+        "gen",
         "--synthetic",
         "1MiB",
         "--dims",
         "8",
-        "--max-ranks",
-        "4",
+        "--output",
+        s(&x),
     ]);
+    let err = ok(&["pca", "--input", s(&x), "--synthetic", "1MiB"]);
     assert!(
         err.lines().any(|l| l
-            == "outcore: warning: --max-ranks applies to kmeans and train (this job does not grow onto more ranks yet); ignored"),
+            == "outcore: warning: --synthetic applies to synthetic data, not to --input; ignored"),
         "{err}"
     );
+    // --max-ranks applies (the job grows under mpirun): no warning when
+    // the data fits.
+    let err = ok(&["pca", "--input", s(&x), "--max-ranks", "4"]);
+    assert!(!err.contains("warning"), "{err}");
 }
 
 #[test]

@@ -115,6 +115,9 @@ class LinearRegression(_LeastSquares):
         the same normal equations (Lawson and Hanson's active sets), as
         scikit-learn's ``scipy.optimize.nnls``.
     ENGINE
+    max_ranks : None, "auto" or int, default=None
+        As :class:`outcore.KMeans`: grow onto free MPI slots under
+        ``mpirun`` when the data does not fit the ranks' caps.
     Attributes
     ----------
     coef_ : ndarray of shape (n_features,) or (n_targets, n_features)
@@ -130,7 +133,8 @@ class LinearRegression(_LeastSquares):
     """
 
     def __init__(self, *, fit_intercept=True, copy_X=True, tol=1e-6, n_jobs=None, positive=False,
-                 verbose=0, mem_cap=None, spill_dir=None, timeline=None):
+                 verbose=0, mem_cap=None, spill_dir=None, timeline=None,
+                 max_ranks=None):
         self.fit_intercept = fit_intercept
         self.copy_X = copy_X
         self.tol = tol
@@ -140,6 +144,7 @@ class LinearRegression(_LeastSquares):
         self.mem_cap = mem_cap
         self.spill_dir = spill_dir
         self.timeline = timeline
+        self.max_ranks = max_ranks
 
     def fit(self, X, y, sample_weight=None):
         """Fit the linear model.
@@ -186,6 +191,9 @@ class Ridge(_LeastSquares):
         normal equations: the exact solution scikit-learn's "lbfgs"
         approaches). Needs ``solver`` "auto" or "lbfgs", as scikit-learn's.
     ENGINE
+    max_ranks : None, "auto" or int, default=None
+        As :class:`outcore.KMeans`: grow onto free MPI slots under
+        ``mpirun`` when the data does not fit the ranks' caps.
     Attributes
     ----------
     coef_ : ndarray of shape (n_features,) or (n_targets, n_features)
@@ -209,7 +217,8 @@ class Ridge(_LeastSquares):
 
     def __init__(self, alpha=1.0, *, fit_intercept=True, copy_X=True, max_iter=None, tol=1e-4,
                  solver="auto", positive=False, random_state=None, n_jobs=None, verbose=0,
-                 mem_cap=None, spill_dir=None, timeline=None):
+                 mem_cap=None, spill_dir=None, timeline=None,
+                 max_ranks=None):
         self.alpha = alpha
         self.fit_intercept = fit_intercept
         self.copy_X = copy_X
@@ -223,6 +232,7 @@ class Ridge(_LeastSquares):
         self.mem_cap = mem_cap
         self.spill_dir = spill_dir
         self.timeline = timeline
+        self.max_ranks = max_ranks
 
     def _alphas(self, n_targets):
         a = np.asarray(self.alpha, dtype=np.float64).ravel()

@@ -84,6 +84,9 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         Kept for compatibility (the power passes orthonormalise by
         Gram-Schmidt).
     ENGINE
+    max_ranks : None, "auto" or int, default=None
+        As :class:`outcore.KMeans`: grow onto free MPI slots under
+        ``mpirun`` when the data does not fit the ranks' caps.
     Attributes
     ----------
     components_ : ndarray of shape (n_components, n_features)
@@ -103,7 +106,8 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     def __init__(self, n_components=None, *, copy=True, whiten=False, svd_solver="auto", tol=0.0,
                  iterated_power="auto", n_oversamples=10, power_iteration_normalizer="auto",
-                 random_state=None, n_jobs=None, verbose=0, mem_cap=None, spill_dir=None, timeline=None):
+                 random_state=None, n_jobs=None, verbose=0, mem_cap=None, spill_dir=None, timeline=None,
+                 max_ranks=None):
         self.n_components = n_components
         self.copy = copy
         self.whiten = whiten
@@ -118,6 +122,7 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         self.mem_cap = mem_cap
         self.spill_dir = spill_dir
         self.timeline = timeline
+        self.max_ranks = max_ranks
 
     def _solver(self, rows, cols):
         """The solver scikit-learn's PCA would pick (``_fit_svd_solver``):

@@ -185,6 +185,9 @@ class SGDClassifier(ClassifierMixin, _SGD):
     PARAMS
     class_weight : dict, "balanced" or None, default=None
     ENGINE
+    max_ranks : None, "auto" or int, default=None
+        As :class:`outcore.KMeans`: grow onto free MPI slots under
+        ``mpirun`` when the data does not fit the ranks' caps.
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
@@ -200,7 +203,8 @@ class SGDClassifier(ClassifierMixin, _SGD):
                  max_iter=1000, tol=1e-3, shuffle=True, verbose=0, epsilon=0.1, n_jobs=None,
                  random_state=None, learning_rate="optimal", eta0=0.0, power_t=0.5, early_stopping=False,
                  validation_fraction=0.1, n_iter_no_change=5, class_weight=None, warm_start=False,
-                 average=False, mem_cap=None, spill_dir=None, timeline=None):
+                 average=False, mem_cap=None, spill_dir=None, timeline=None,
+                 max_ranks=None):
         self.loss = loss
         self.penalty = penalty
         self.alpha = alpha
@@ -225,6 +229,7 @@ class SGDClassifier(ClassifierMixin, _SGD):
         self.mem_cap = mem_cap
         self.spill_dir = spill_dir
         self.timeline = timeline
+        self.max_ranks = max_ranks
 
     def _codes(self, X, y, reset):
         if _data.is_file_input(X):
@@ -365,6 +370,9 @@ class SGDRegressor(RegressorMixin, _SGD):
     loss : {"squared_error", "huber", "epsilon_insensitive", "squared_epsilon_insensitive"}, default="squared_error"
     PARAMS
     ENGINE
+    max_ranks : None, "auto" or int, default=None
+        As :class:`outcore.KMeans`: grow onto free MPI slots under
+        ``mpirun`` when the data does not fit the ranks' caps.
     Attributes
     ----------
     coef_ : ndarray of shape (n_features,)
@@ -379,7 +387,8 @@ class SGDRegressor(RegressorMixin, _SGD):
                  max_iter=1000, tol=1e-3, shuffle=True, verbose=0, epsilon=0.1, random_state=None,
                  learning_rate="invscaling", eta0=0.01, power_t=0.25, early_stopping=False,
                  validation_fraction=0.1, n_iter_no_change=5, warm_start=False, average=False,
-                 n_jobs=None, mem_cap=None, spill_dir=None, timeline=None):
+                 n_jobs=None, mem_cap=None, spill_dir=None, timeline=None,
+                 max_ranks=None):
         self.loss = loss
         self.penalty = penalty
         self.alpha = alpha
@@ -403,6 +412,7 @@ class SGDRegressor(RegressorMixin, _SGD):
         self.mem_cap = mem_cap
         self.spill_dir = spill_dir
         self.timeline = timeline
+        self.max_ranks = max_ranks
 
     def _targets(self, X, y, reset):
         if _data.is_file_input(X):

@@ -2,10 +2,13 @@
 //! `Ridge`) and PCA, on data files the Python side names or writes.
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 
+use outcore_jobs::grow::{self, Growth};
 use outcore_jobs::job::{self, Algorithm, Input, Layout, Targets};
 use outcore_jobs::linear::{Linear, LinearConfig};
 use outcore_jobs::pca::{Components, Pca, Solver};
+use outcore_jobs::ranks::Shards;
 use outcore_jobs::sgd::{Loss, Penalty, Schedule, Sgd, SgdConfig, SgdModel};
 use outcore_jobs::{Source, Workers};
 use pyo3::exceptions::PyValueError;
@@ -13,32 +16,67 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use serde::Serialize;
 
-use crate::run::{le_bytes, run_job, Settings};
+use crate::run::{le_bytes, run_job, Engine, Settings};
 
-/// Loads `input` and fits `alg` to it under `settings`: the fitted model
-/// and the statistics (JSON, the command line's `--stats`).
+/// Loads `input` and fits the algorithm `make` makes from `seed` (rank
+/// 0's, handed over by a growth) under `settings`: the fitted model and
+/// the statistics (JSON, the command line's `--stats`).
 fn fit<A>(
     py: Python<'_>,
     settings: &Settings,
     input: &Input<'_>,
-    mut alg: A,
+    (mut seed, make): (Option<u64>, impl FnOnce(Option<u64>) -> A + Send),
 ) -> PyResult<(A::Fitted, String)>
 where
-    A: Algorithm + Send,
+    A: Algorithm,
     A::Fitted: Serialize + Send,
 {
     let (session, part_bytes) = settings.session(py, |cap, pb, n| Workers::plan(cap, 0, pb, n))?;
-    run_job(py, &session, || {
-        let data = job::load(&session, input, Layout::default(), part_bytes, |_, _| {})?;
+    let (fitted, json, notes) = run_job(py, &session, || {
+        let (data, growth, notes) = load(&session, input, part_bytes, &mut seed)?;
+        let mut alg = make(seed);
         job::check(&session, &data, &mut alg)?;
-        let (fitted, run) = job::fit(&session, &data, &mut alg, |p| {
+        let (fitted, mut run) = job::fit(&session, &data, &mut alg, |p| {
             settings.say(|| format!("pass {}: {:.2}s", p.index, p.seconds));
         })?;
+        run.growth.extend(growth);
         let stats = session.runtime().stats();
         let json = run.to_json(&session, &fitted, &stats)?;
         let json = json.map(|j| j.to_string()).unwrap_or_default();
-        Ok((fitted, crate::run::from_root(&session, json)))
-    })
+        Ok((fitted, crate::run::from_root(&session, json), notes))
+    })?;
+    crate::run::tell(py, settings, &notes)?;
+    Ok((fitted, json))
+}
+
+/// `input` loaded into the session, grown onto free MPI slots as
+/// `max_ranks` allows when it does not fit: the data, the growth, and the
+/// lines about it. After a growth, `seed` is rank 0's on every rank (a
+/// spawned rank drew its own before it joined). Collective.
+fn load(
+    session: &Engine,
+    input: &Input<'_>,
+    part_bytes: u64,
+    seed: &mut Option<u64>,
+) -> outcore_jobs::Result<(job::Data, Option<Growth>, Vec<String>)> {
+    let layout = Layout::default();
+    let notes = Mutex::new(Vec::new());
+    let note = |line| notes.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+    let rows = input.source.shape()?.0;
+    let bound = Shards::new(rows.div_ceil(layout.task_rows), layout.shards).count();
+    let (data, growth) = grow::load_and_grow(session, session.grow, bound, note, |s, again| {
+        if let (true, Some(v)) = (again, seed.as_mut()) {
+            let mut b = [*v];
+            s.ranks().broadcast_u64(&mut b);
+            *v = b[0];
+        }
+        job::load(s, input, layout, part_bytes, |_, _| {})
+    })?;
+    Ok((
+        data,
+        growth,
+        notes.into_inner().unwrap_or_else(|p| p.into_inner()),
+    ))
 }
 
 /// Least squares of the targets in `targets` (a 1-D or 2-D float `.npy`)
@@ -70,7 +108,7 @@ pub(crate) fn linear_fit<'py>(
         alpha,
         positive,
     });
-    let (f, stats) = fit(py, settings, &input, alg)?;
+    let (f, stats) = fit(py, settings, &input, (None, move |_| alg))?;
     let d = PyDict::new(py);
     d.set_item(
         "coef",
@@ -113,19 +151,29 @@ pub(crate) fn pca_fit<'py>(
         (None, None) => Components::All,
     };
     let rows = src.shape().map_err(crate::to_py)?.0;
-    let mut alg = Pca::new(components);
-    if gram {
-        alg = alg.keep_gram();
-    }
-    if let Some((oversamples, iterations, seed)) = randomized {
-        let ranks = crate::ranks::ranks(py)?;
-        alg = alg.solver(Solver::Randomized {
-            oversamples,
-            iterations,
-            seed: crate::ranks::shared_seed(py, &ranks, seed),
-        });
-    }
-    let (f, stats) = fit(py, settings, &Input::rows(&src), alg)?;
+    let seed = match randomized {
+        Some((_, _, seed)) => Some(crate::ranks::shared_seed(
+            py,
+            &crate::ranks::ranks(py)?,
+            seed,
+        )),
+        None => None,
+    };
+    let make = move |seed: Option<u64>| {
+        let mut alg = Pca::new(components);
+        if gram {
+            alg = alg.keep_gram();
+        }
+        if let (Some((oversamples, iterations, _)), Some(seed)) = (randomized, seed) {
+            alg = alg.solver(Solver::Randomized {
+                oversamples,
+                iterations,
+                seed,
+            });
+        }
+        alg
+    };
+    let (f, stats) = fit(py, settings, &Input::rows(&src), (seed, make))?;
     let d = PyDict::new(py);
     d.set_item(
         "components",
@@ -177,18 +225,22 @@ pub(crate) fn sgd_fit<'py>(
         targets: Targets::File(ys),
         weights: weights.as_deref(),
     };
-    let mut alg = Sgd::new(cfg);
     let (session, part_bytes) = settings.session(py, |cap, pb, n| Workers::plan(cap, 0, pb, n))?;
-    let (f, stats) = run_job(py, &session, || {
-        let data = job::load(&session, &input, Layout::default(), part_bytes, |_, _| {})?;
-        let (fitted, run) = job::fit_online(&session, &data, &mut alg, |p| {
+    let (f, stats, notes) = run_job(py, &session, || {
+        let mut seed = Some(cfg.seed);
+        let (data, growth, notes) = load(&session, &input, part_bytes, &mut seed)?;
+        cfg.seed = seed.unwrap_or(cfg.seed);
+        let mut alg = Sgd::new(cfg);
+        let (fitted, mut run) = job::fit_online(&session, &data, &mut alg, |p| {
             settings.say(|| format!("epoch {}: {:.2}s", p.index, p.seconds));
         })?;
+        run.growth.extend(growth);
         let s = session.runtime().stats();
         let json = run.to_json(&session, &fitted, &s)?;
         let json = json.map(|j| j.to_string()).unwrap_or_default();
-        Ok((fitted, crate::run::from_root(&session, json)))
+        Ok((fitted, crate::run::from_root(&session, json), notes))
     })?;
+    crate::run::tell(py, settings, &notes)?;
     let d = PyDict::new(py);
     let bytes = |v: &[f64]| PyBytes::new(py, &le_bytes(v, f64::to_le_bytes));
     d.set_item("coef", bytes(&f.coef))?;

@@ -164,7 +164,8 @@ def test_mpi4py_initialised_first_shares_its_world(data, tmp_path):
     assert "same 2" in r.stdout
 
 
-@pytest.mark.parametrize("which", ["KMeans", "KMeans-unseeded", "LogisticRegression"])
+@pytest.mark.parametrize("which", ["KMeans", "KMeans-unseeded", "LogisticRegression", "Ridge", "PCA",
+                                   "SGDClassifier", "SGDClassifier-unseeded"])
 def test_a_script_on_one_rank_grows_onto_free_slots_with_the_same_bytes(data, tmp_path, which):
     mpirun = _need_mpi()
     X, y = data
@@ -188,7 +189,7 @@ def test_a_script_on_one_rank_grows_onto_free_slots_with_the_same_bytes(data, tm
         assert got["ranks"] == len(ranks), (name, got)
         assert got["growth"] and got["growth"][0]["from"] == 1, got
         assert got["growth"][0]["to"] == len(ranks), got
-        if which == "KMeans-unseeded":
+        if which.endswith("-unseeded"):
             # A seed of its own: every rank's the same, not one process's.
             assert got["first"] == ranks["rank-0.json"]["first"], f"{name} differs from rank 0"
             continue

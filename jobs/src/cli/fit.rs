@@ -6,10 +6,11 @@ use std::path::PathBuf;
 
 use clap::Args;
 use outcore::{format_bytes, MemoryCap};
+use outcore_jobs::grow::Growth;
 use outcore_jobs::job::{self, Algorithm, Data, Input, Layout, Online, RunStats, Targets};
 use outcore_jobs::linear::{Linear, LinearConfig};
 use outcore_jobs::pca::{Components, Pca, Solver};
-use outcore_jobs::ranks::Ranks;
+use outcore_jobs::ranks::{Ranks, Shards};
 use outcore_jobs::{check_outputs, npy, write_json, Error, Result, Session, Source, Workers};
 use serde::Serialize;
 
@@ -279,10 +280,6 @@ pub(super) fn source(
     output: &Option<PathBuf>,
 ) -> Result<Source> {
     warn_dims(given, a.input.as_deref());
-    given.warn_unused(
-        &[("max_ranks", "--max-ranks")],
-        "applies to kmeans and train (this job does not grow onto more ranks yet)",
-    );
     if a.input.is_some() {
         given.warn_unused(
             &[("synthetic", "--synthetic")],
@@ -315,12 +312,13 @@ fn fit_job<A: Algorithm>(
     ranks: &Ranks,
     name: &str,
 ) -> Result<(Session, A::Fitted, RunStats)> {
-    let (session, data) = load(a, input, ranks)?;
+    let (session, data, growth) = load(a, input, ranks)?;
     job::check(&session, &data, alg)?;
     say_start(&session, &data, name, &alg.describe(&data.shape));
-    let (fit, run) = job::fit(&session, &data, alg, |p| {
+    let (fit, mut run) = job::fit(&session, &data, alg, |p| {
         say!("pass {}: {:.2}s, {} sums", p.index, p.seconds, p.sums);
     })?;
+    run.growth.extend(growth);
     Ok((session, fit, run))
 }
 
@@ -332,17 +330,19 @@ pub(super) fn fit_online_job<A: Online>(
     ranks: &Ranks,
     name: &str,
 ) -> Result<(Session, A::Fitted, RunStats)> {
-    let (session, data) = load(a, input, ranks)?;
+    let (session, data, growth) = load(a, input, ranks)?;
     say_start(&session, &data, name, &alg.describe(&data.shape));
-    let (fit, run) = job::fit_online(&session, &data, alg, |p| {
+    let (fit, mut run) = job::fit_online(&session, &data, alg, |p| {
         say!("epoch {}: {:.2}s", p.index, p.seconds);
     })?;
+    run.growth.extend(growth);
     Ok((session, fit, run))
 }
 
 /// The session under the memory flags, and `input` loaded into it (a
-/// progress bar on a terminal).
-fn load(a: &RowsArgs, input: &Input<'_>, ranks: &Ranks) -> Result<(Session, Data)> {
+/// progress bar on a terminal), grown onto free slots as `--max-ranks`
+/// allows when it does not fit.
+fn load(a: &RowsArgs, input: &Input<'_>, ranks: &Ranks) -> Result<(Session, Data, Option<Growth>)> {
     let (rows, dims) = input.source.shape()?;
     let default_cap = match a.input {
         None => MemoryCap::Bytes(256 << 20),
@@ -365,11 +365,13 @@ fn load(a: &RowsArgs, input: &Input<'_>, ranks: &Ranks) -> Result<(Session, Data
     };
     let mut fb = Feedback::new();
     fb.stage("loading", rows);
-    let data = job::load(&session, input, layout, part_bytes, |done, _| {
-        fb.progress(done)
+    // The most ranks the job spreads over: a shard each.
+    let bound = Shards::new(rows.div_ceil(layout.task_rows), layout.shards).count();
+    let (data, growth) = super::grow::load_and_grow(&session, a.mem.max_ranks, bound, |s, _| {
+        job::load(s, input, layout, part_bytes, |done, _| fb.progress(done))
     })?;
     fb.done();
-    Ok((session, data))
+    Ok((session, data, growth))
 }
 
 /// The run's first lines: what runs, and the warnings.

@@ -48,6 +48,11 @@ pub struct RunStats {
     pub partitions: usize,
     /// The passes, in order.
     pub passes: Vec<Pass>,
+    /// The growth onto more ranks after the load, if the job grew (set
+    /// by the caller of [`load_and_grow`](crate::grow::load_and_grow);
+    /// reported with the session's figures).
+    #[serde(skip)]
+    pub growth: Vec<crate::grow::Growth>,
 }
 
 /// A fit's own figures: the run's and the algorithm's result's.
@@ -71,6 +76,7 @@ impl RunStats {
             shards: data.shards.count(),
             partitions: data.x.parts.len(),
             passes: Vec::new(),
+            growth: Vec::new(),
         }
     }
 
@@ -90,7 +96,7 @@ impl RunStats {
         let job = Fit { run: self, result };
         let figures = RunFigures {
             job: &job,
-            session: report.figures(session, stats, &[]),
+            session: report.figures(session, stats, &self.growth),
         };
         figures.to_json().map(Some)
     }

@@ -169,6 +169,30 @@ fn training_grows_onto_free_slots_with_the_same_model() {
 }
 
 #[test]
+fn the_job_interfaces_jobs_grow_onto_free_slots_with_the_same_model() {
+    if !have_mpirun() {
+        return;
+    }
+    // 48 MiB of data, 3x a cap of 16 MiB.
+    for job in ["linear", "pca", "sgd"] {
+        grows_with_the_same_bytes(
+            &[
+                job,
+                "--synthetic",
+                "48MiB",
+                "--dims",
+                "32",
+                "--mem-cap",
+                "16MiB",
+                "--output",
+                "m.npy",
+            ],
+            &["m.npy"],
+        );
+    }
+}
+
+#[test]
 fn a_job_started_on_one_simulated_node_grows_onto_the_other() {
     if !have_mpirun() {
         return;

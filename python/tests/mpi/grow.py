@@ -1,5 +1,6 @@
-"""Run by test_mpi.py: ``sys.argv[1]`` ("KMeans", "KMeans-unseeded"
-or "LogisticRegression") with ``max_ranks="auto"`` as the script's first
+"""Run by test_mpi.py: ``sys.argv[1]`` ("KMeans", "KMeans-unseeded",
+"LogisticRegression", "Ridge", "PCA", "SGDClassifier" or
+"SGDClassifier-unseeded") with ``max_ranks="auto"`` as the script's first
 fit, then a KMeans fit on the ranks the first one grew to; writes each
 rank's digests, ranks and growth to ``sys.argv[4]/rank-R.json``."""
 import hashlib
@@ -29,6 +30,16 @@ if which.startswith("KMeans"):
     seed = None if which == "KMeans-unseeded" else 0
     first = outcore.KMeans(n_clusters=5, random_state=seed, n_init=1, mem_cap=cap, max_ranks="auto").fit(X)
     fitted = {"first": digest(first.cluster_centers_, first.labels_)}
+elif which == "Ridge":
+    first = outcore.Ridge(alpha=0.5, mem_cap=cap, max_ranks="auto").fit(X, y.astype(np.float64))
+    fitted = {"first": digest(first.coef_, [first.intercept_])}
+elif which == "PCA":
+    first = outcore.PCA(n_components=3, mem_cap=cap, max_ranks="auto").fit(X)
+    fitted = {"first": digest(first.components_, first.explained_variance_)}
+elif which.startswith("SGDClassifier"):
+    seed = None if which.endswith("-unseeded") else 0
+    first = outcore.SGDClassifier(random_state=seed, max_iter=3, tol=None, mem_cap=cap, max_ranks="auto").fit(X, y)
+    fitted = {"first": digest(first.coef_, first.intercept_)}
 else:
     first = outcore.LogisticRegression(max_iter=20, mem_cap=cap, max_ranks="auto").fit(X, y)
     fitted = {"first": digest(first.coef_, first.intercept_)}
