@@ -264,3 +264,21 @@ def test_a_killed_rank_ends_the_others_and_they_leave_no_file(data, tmp_path):
     # rank, ended by mpirun's SIGTERM, removed its own.
     left = sorted(q.name for q in scratch.iterdir())
     assert left == [q.name for q in spills if int(q.name.split("-")[-2]) == pids[-1]], left
+
+
+def test_a_missing_mpi_library_is_one_clear_import_error(tmp_path):
+    _need_mpi()
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("hiding the MPI library needs root and unshare(1)")
+    ldd = subprocess.run(["ldd", _core.__file__], capture_output=True, text=True).stdout
+    lib = next((ln.split("=>")[1].split()[0] for ln in ldd.splitlines() if "libmpi.so" in ln), None)
+    assert lib, ldd
+    lib = os.path.realpath(lib)
+    # The library replaced by an empty file, in a mount namespace of the
+    # child's own.
+    script = f"mount --bind /dev/null {lib} && exec {sys.executable} -c 'import outcore'"
+    r = _run(["unshare", "-m", "sh", "-c", script], _env(tmp_path), timeout=60)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: outcore was built with MPI, but the MPI library cannot be loaded"), r.stderr
+    assert "reinstall outcore without MPI" in last, last
