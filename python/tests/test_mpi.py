@@ -282,3 +282,20 @@ def test_a_missing_mpi_library_is_one_clear_import_error(tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: outcore was built with MPI, but the MPI library cannot be loaded"), r.stderr
     assert "reinstall outcore without MPI" in last, last
+
+
+def test_outcore_mpi_off_keeps_each_rank_to_itself(data, tmp_path):
+    mpirun = _need_mpi()
+    X, _ = data
+    code = (
+        "import sys, numpy as np, outcore\n"
+        "from outcore import _core\n"
+        "X = np.load(sys.argv[1], mmap_mode='r')[:5000]\n"
+        "km = outcore.KMeans(n_clusters=3, n_init=1, random_state=0).fit(X)\n"
+        "print('alone', _core.mpi_rank(), km.stats_['ranks'], flush=True)\n"
+    )
+    env = _env(tmp_path)
+    env["OUTCORE_MPI"] = "off"
+    r = _run(_mpirun(mpirun, 2) + ["-x", "OUTCORE_MPI", sys.executable, "-c", code, str(X)], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("alone (0, 1) 1") == 2, r.stdout
