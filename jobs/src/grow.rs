@@ -210,9 +210,9 @@ pub fn choose(h: Holding, universe: Option<usize>, max: MaxRanks, shards: usize)
         };
     };
     let max = match max {
-        MaxRanks::Auto => None,
+        // Fixed: refused above when the ranks there do not hold the data.
+        MaxRanks::Auto | MaxRanks::Fixed => None,
         MaxRanks::At(n) => Some((n, Limit::MaxRanks(n))),
-        MaxRanks::Fixed => Some((h.ranks, Limit::Fixed)),
     };
     let (mut to, mut why) = (needed, None);
     let bounds = [
@@ -279,7 +279,7 @@ pub fn load_and_grow<T>(
     session: &Session,
     max: Option<MaxRanks>,
     bound: usize,
-    say: impl Fn(String),
+    mut say: impl FnMut(String),
     mut load: impl FnMut(&Session, bool) -> Result<T>,
 ) -> Result<(T, Option<Growth>)> {
     let started = std::time::Instant::now();
@@ -290,7 +290,7 @@ pub fn load_and_grow<T>(
     };
     let grew = match joining {
         true => Some(join(session)),
-        false => after_load(session, max, bound, &say),
+        false => after_load(session, max, bound, &mut say),
     };
     let Some((from, to)) = grew else {
         let data = data.ok_or_else(|| Error::Input("a spawned rank found no growth".into()))?;
@@ -315,11 +315,11 @@ fn after_load(
     session: &Session,
     max: Option<MaxRanks>,
     bound: usize,
-    say: &impl Fn(String),
+    say: &mut impl FnMut(String),
 ) -> Option<(usize, usize)> {
     let max = max?;
     let root = session.is_root();
-    let tell = |line: String| {
+    let mut tell = |line: String| {
         if root {
             say(line);
         }

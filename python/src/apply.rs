@@ -380,5 +380,4 @@ fn run<T: Real + Element>(
         || apply::apply(&rows, task, plan),
         || stop.store(true, Ordering::Relaxed),
     )
-    .map_err(crate::run::Failure::into_py)
 }

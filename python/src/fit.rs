@@ -2,13 +2,11 @@
 //! `Ridge`) and PCA, on data files the Python side names or writes.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 use outcore_jobs::grow::{self, Growth};
 use outcore_jobs::job::{self, Algorithm, Input, Layout, Targets};
 use outcore_jobs::linear::{Linear, LinearConfig};
 use outcore_jobs::pca::{Components, Pca, Solver};
-use outcore_jobs::ranks::Shards;
 use outcore_jobs::sgd::{Loss, Penalty, Schedule, Sgd, SgdConfig, SgdModel};
 use outcore_jobs::{Source, Workers};
 use pyo3::exceptions::PyValueError;
@@ -60,23 +58,16 @@ fn load(
     seed: &mut Option<u64>,
 ) -> outcore_jobs::Result<(job::Data, Option<Growth>, Vec<String>)> {
     let layout = Layout::default();
-    let notes = Mutex::new(Vec::new());
-    let note = |line| notes.lock().unwrap_or_else(|p| p.into_inner()).push(line);
-    let rows = input.source.shape()?.0;
-    let bound = Shards::new(rows.div_ceil(layout.task_rows), layout.shards).count();
+    let mut notes = Vec::new();
+    let bound = layout.most_ranks(input.source.shape()?.0);
+    let note = |line| notes.push(line);
     let (data, growth) = grow::load_and_grow(session, session.grow, bound, note, |s, again| {
         if let (true, Some(v)) = (again, seed.as_mut()) {
-            let mut b = [*v];
-            s.ranks().broadcast_u64(&mut b);
-            *v = b[0];
+            crate::ranks::hand_over_seed(s.ranks(), v);
         }
         job::load(s, input, layout, part_bytes, |_, _| {})
     })?;
-    Ok((
-        data,
-        growth,
-        notes.into_inner().unwrap_or_else(|p| p.into_inner()),
-    ))
+    Ok((data, growth, notes))
 }
 
 /// Least squares of the targets in `targets` (a 1-D or 2-D float `.npy`)

@@ -264,9 +264,9 @@ fn fit(
 ) -> outcore_jobs::Result<(Outcome, Extra)> {
     let t = Instant::now();
     // Grown: every rank loads its shards again (a spawned one, first).
-    let notes = std::sync::Mutex::new(Vec::new());
+    let mut notes = Vec::new();
     let bound = kmeans::shards(src.shape()?.0, cfg).count();
-    let note = |line: String| notes.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+    let note = |line| notes.push(line);
     let (ds, growth) = grow::load_and_grow(session, grow, bound, note, |s, again| {
         if again {
             hand_over(s.ranks(), cfg);
@@ -320,7 +320,7 @@ fn fit(
         data,
         traffic,
         growth,
-        notes: notes.into_inner().unwrap_or_else(|p| p.into_inner()),
+        notes,
     };
     Ok((out, extra))
 }
@@ -329,9 +329,7 @@ fn fit(
 /// own seed (and a callable its own centres) before it joined. Collective
 /// over the grown ranks.
 fn hand_over(ranks: &outcore_jobs::ranks::Ranks, cfg: &mut Config) {
-    let mut seed = [cfg.seed];
-    ranks.broadcast_u64(&mut seed);
-    cfg.seed = seed[0];
+    crate::ranks::hand_over_seed(ranks, &mut cfg.seed);
     if let Init::Given(c) = &mut cfg.init {
         ranks.broadcast(c);
     }

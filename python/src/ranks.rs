@@ -151,6 +151,14 @@ pub(crate) fn shared_seed(py: Python<'_>, ranks: &Ranks, seed: u64) -> u64 {
     v[0]
 }
 
+/// After a growth, rank 0's `seed` on every rank: a spawned rank drew its
+/// own before it joined. Collective over the grown ranks.
+pub(crate) fn hand_over_seed(ranks: &Ranks, seed: &mut u64) {
+    let mut v = [*seed];
+    ranks.broadcast_u64(&mut v);
+    *seed = v[0];
+}
+
 /// Rank 0's `bytes` on every rank (initial centres a callable made from
 /// a seed of its own). Collective, as [`shared_seed`].
 pub(crate) fn shared_bytes(py: Python<'_>, ranks: &Ranks, bytes: &mut Vec<u8>) {

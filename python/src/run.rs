@@ -301,41 +301,18 @@ pub(crate) fn run_job<T: Send>(
     let ranks = session.ranks();
     let out = run_interruptible(py, job, || stop.interrupt());
     if ranks.size() == 1 {
-        return out.map_err(Failure::into_py);
+        return out;
     }
     out.map_err(|e| {
         let every_rank = py.detach(|| crate::ranks::failed(ranks));
-        let e = e.into_py();
-        if !every_rank {
-            let line = format!(
-                "rank {} of {}: {} (the other ranks wait for this one: its exit ends them)",
-                ranks.rank(),
-                ranks.size(),
-                e.value(py)
-            );
-            return PyErr::from_type(e.get_type(py), line);
-        }
-        let line = format!("rank {} of {}: {}", ranks.rank(), ranks.size(), e.value(py));
+        let alone = match every_rank {
+            true => "",
+            false => " (the other ranks wait for this one: its exit ends them)",
+        };
+        let (r, n) = (ranks.rank(), ranks.size());
+        let line = format!("rank {r} of {n}: {}{alone}", e.value(py));
         PyErr::from_type(e.get_type(py), line)
     })
-}
-
-/// How a job run by [`run_interruptible`] failed.
-pub(crate) enum Failure {
-    /// Its own error.
-    Job(outcore_jobs::Error),
-    /// The exception of a signal (Ctrl-C), or of a panic.
-    Python(PyErr),
-}
-
-impl Failure {
-    /// The exception to raise.
-    pub(crate) fn into_py(self) -> PyErr {
-        match self {
-            Failure::Job(e) => crate::to_py(e),
-            Failure::Python(e) => e,
-        }
-    }
 }
 
 /// [`run_job`] for work outside a session: `interrupt` is called once on
@@ -344,7 +321,7 @@ pub(crate) fn run_interruptible<T: Send>(
     py: Python<'_>,
     job: impl FnOnce() -> outcore_jobs::Result<T> + Send,
     interrupt: impl Fn(),
-) -> Result<T, Failure> {
+) -> PyResult<T> {
     let ended = Ended::default();
     std::thread::scope(|s| {
         let h = s.spawn(|| {
@@ -363,11 +340,11 @@ pub(crate) fn run_interruptible<T: Send>(
         }
         let out = h.join();
         match (signal, out) {
-            (Some(e), _) => Err(Failure::Python(e)),
-            (None, Ok(r)) => r.map_err(Failure::Job),
-            (None, Err(_)) => Err(Failure::Python(PyRuntimeError::new_err(
+            (Some(e), _) => Err(e),
+            (None, Ok(r)) => r.map_err(crate::to_py),
+            (None, Err(_)) => Err(PyRuntimeError::new_err(
                 "the job panicked (a bug in outcore: please report it)",
-            ))),
+            )),
         }
     })
 }

@@ -2,10 +2,8 @@
 //! class indices.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 use outcore_jobs::grow::{self, Growth};
-use outcore_jobs::ranks::Shards;
 use outcore_jobs::train::{self, Penalty, Solver, TrainConfig, TrainStats};
 use outcore_jobs::{Labels, Session, Source, Workers};
 use pyo3::prelude::*;
@@ -77,11 +75,10 @@ pub(crate) fn logistic_fit<'py>(
     })?;
     let shard_bytes = train::aligned_shard_bytes(part_bytes, dims);
     let labels = Labels::File(labels);
-    // L-BFGS spreads over one reduction shard per rank at most.
-    let bound = Shards::new(rows.div_ceil(train::TASK_ROWS as u64), cfg.shards).count();
+    let bound = train::spread_limit(&cfg, rows, dims, shard_bytes);
     let (out, stats, notes) = run_job(py, &session, || {
-        let notes = Mutex::new(Vec::new());
-        let note = |line| notes.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+        let mut notes = Vec::new();
+        let note = |line| notes.push(line);
         let targets = train::Targets {
             labels: &labels,
             weights: weights.as_deref(),
@@ -103,11 +100,7 @@ pub(crate) fn logistic_fit<'py>(
         })?;
         let figures = TrainStats::new(&cfg, &job, &out);
         let stats = stats(&session, &figures, growth.as_slice());
-        Ok((
-            out,
-            stats,
-            notes.into_inner().unwrap_or_else(|p| p.into_inner()),
-        ))
+        Ok((out, stats, notes))
     })?;
     crate::run::tell(py, settings, &notes)?;
     let d = PyDict::new(py);

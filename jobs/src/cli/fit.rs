@@ -10,7 +10,7 @@ use outcore_jobs::grow::Growth;
 use outcore_jobs::job::{self, Algorithm, Data, Input, Layout, Online, RunStats, Targets};
 use outcore_jobs::linear::{Linear, LinearConfig};
 use outcore_jobs::pca::{Components, Pca, Solver};
-use outcore_jobs::ranks::{Ranks, Shards};
+use outcore_jobs::ranks::Ranks;
 use outcore_jobs::{check_outputs, npy, write_json, Error, Result, Session, Source, Workers};
 use serde::Serialize;
 
@@ -365,8 +365,7 @@ fn load(a: &RowsArgs, input: &Input<'_>, ranks: &Ranks) -> Result<(Session, Data
     };
     let mut fb = Feedback::new();
     fb.stage("loading", rows);
-    // The most ranks the job spreads over: a shard each.
-    let bound = Shards::new(rows.div_ceil(layout.task_rows), layout.shards).count();
+    let bound = layout.most_ranks(rows);
     let (data, growth) = super::grow::load_and_grow(&session, a.mem.max_ranks, bound, |s, _| {
         job::load(s, input, layout, part_bytes, |done, _| fb.progress(done))
     })?;

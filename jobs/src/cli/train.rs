@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use outcore::{format_bytes, MemoryCap, Stats};
 use outcore_jobs::grow::Growth;
-use outcore_jobs::ranks::{Ranks, Shards};
+use outcore_jobs::ranks::Ranks;
 use outcore_jobs::train::{
     self, final_accuracy, Event, Job, Solver, TrainConfig, TrainStats, Trained,
 };
@@ -138,7 +138,7 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     // Whole L-BFGS tasks per shard: the model does not depend on the
     // sharding.
     let shard_bytes = train::aligned_shard_bytes(shard_bytes, dims);
-    let bound = spread_limit(&plan, rows, dims, shard_bytes);
+    let bound = train::spread_limit(&plan.cfg, rows, dims, shard_bytes);
     let (job, growth) = grow::load_and_grow(&session, a.mem.max_ranks, bound, |s, again| {
         // After growth, of rank 0's shard size (local SGD's model
         // depends on it).
@@ -151,20 +151,6 @@ pub(super) fn run(a: TrainArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     let out = fit(&session, &job, &plan.cfg)?;
     session.phase("output");
     report(&a, session, (&plan.cfg, growth), &job, &out)
-}
-
-/// The most ranks the job can be spread over: one reduction shard each
-/// (L-BFGS), one shard executor each (local SGD).
-fn spread_limit(plan: &Plan, rows: u64, dims: usize, shard_bytes: u64) -> usize {
-    match plan.cfg.solver {
-        Solver::Lbfgs => {
-            Shards::new(rows.div_ceil(train::TASK_ROWS as u64), plan.cfg.shards).count()
-        }
-        Solver::Sgd => {
-            let per = (shard_bytes / (4 * dims as u64 + 4)).max(1);
-            usize::try_from(rows.div_ceil(per)).unwrap_or(usize::MAX)
-        }
-    }
 }
 
 /// What a command line asks for, its flags checked.

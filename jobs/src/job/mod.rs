@@ -93,6 +93,14 @@ pub struct Layout {
     pub shards: usize,
 }
 
+impl Layout {
+    /// The most ranks a job of `rows` rows can be spread over: one shard
+    /// each (a growth's bound).
+    pub fn most_ranks(&self, rows: u64) -> usize {
+        crate::ranks::Shards::new(rows.div_ceil(self.task_rows.max(1)), self.shards).count()
+    }
+}
+
 impl Default for Layout {
     fn default() -> Layout {
         Layout {

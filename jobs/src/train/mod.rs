@@ -79,6 +79,21 @@ pub use stats::{final_accuracy, TrainStats};
 /// Shards hold whole tasks (see [`aligned_shard_bytes`]).
 pub const TASK_ROWS: usize = 2048;
 
+/// The most ranks a job under `cfg` can be spread over (`rows` of `dims`
+/// columns in shards of `shard_bytes`): one reduction shard each
+/// (L-BFGS), one shard executor each (local SGD). A growth's bound.
+pub fn spread_limit(cfg: &TrainConfig, rows: u64, dims: usize, shard_bytes: u64) -> usize {
+    match cfg.solver {
+        Solver::Lbfgs => {
+            crate::ranks::Shards::new(rows.div_ceil(TASK_ROWS as u64), cfg.shards).count()
+        }
+        Solver::Sgd => {
+            let per = (shard_bytes / (4 * dims as u64 + 4)).max(1);
+            usize::try_from(rows.div_ceil(per)).unwrap_or(usize::MAX)
+        }
+    }
+}
+
 /// Shard size in bytes for `bytes` of `dims`-wide labelled rows, rounded
 /// to a whole number of [`TASK_ROWS`] tasks (at least one), so that tasks
 /// never straddle shards and the result does not depend on the sharding.
