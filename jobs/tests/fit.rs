@@ -133,6 +133,8 @@ fn sgd_gives_the_same_bytes_under_any_cap_partitions_and_workers() {
             "elasticnet",
             "--max-iter",
             "3",
+            "--average",
+            "1000",
         ]);
         args.extend([
             "--tol",
@@ -350,6 +352,33 @@ fn a_model_too_large_for_the_cap_is_refused_with_its_consumers() {
             && line.contains("memory cap of 24.0 MiB"),
         "{line}"
     );
+    // The passes fit 72 MiB (four such matrices and the scratch), the
+    // eigendecomposition after them does not: refused before any pass,
+    // naming it, rather than run over the cap at the end.
+    let line = one_line(&[
+        "pca",
+        "--input",
+        s(&x),
+        "--mem-cap",
+        "80MiB",
+        "--workers",
+        "1",
+    ]);
+    assert!(
+        line.contains("PCA on 1500 columns needs") && line.contains("the eigendecomposition"),
+        "{line}"
+    );
+    // Where both fit, the fit holds the cap.
+    let out = ok(&[
+        "pca",
+        "--input",
+        s(&x),
+        "--mem-cap",
+        "100MiB",
+        "--workers",
+        "1",
+    ]);
+    assert!(out.contains("components kept"), "{out}");
 }
 
 /// `--positive`: every coefficient >= 0, at least one of the unconstrained

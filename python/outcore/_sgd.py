@@ -67,8 +67,9 @@ class _SGD(BaseEstimator):
             raise ValueError(f"l1_ratio must be in [0, 1], not {self.l1_ratio!r}")
         if self.early_stopping and not 0 < self.validation_fraction < 1:
             raise ValueError("validation_fraction must be in range (0, 1)")
-        if self.average:
-            raise ValueError("average is not supported by outcore's SGD")
+        a = self.average
+        if not (isinstance(a, (bool, np.bool_)) or (isinstance(a, numbers.Integral) and a > 0)):
+            raise ValueError(f"average must be a bool or an int > 0, not {a!r}")
 
     def _params(self, classes, max_iter, class_weight, early_stopping):
         tol = None if self.tol is None else float(self.tol)
@@ -81,6 +82,7 @@ class _SGD(BaseEstimator):
             "validation_fraction": float(self.validation_fraction),
             "n_iter_no_change": int(self.n_iter_no_change), "epsilon": float(self.epsilon),
             "class_weight": [float(c) for c in class_weight],
+            "average": int(self.average),
         }
 
     def _run(self, X, codes, sample_weight, params, warm, reset):
@@ -104,7 +106,8 @@ class _SGD(BaseEstimator):
                                     params, warm)
         d = data.cols
         coef = np.frombuffer(out["coef"], dtype="<f8").reshape(-1, d).copy()
-        self._state = {k: out[k] for k in ("q", "u", "eta")}
+        self._state = {k: out[k] for k in ("q", "u", "eta", "w", "b", "aw", "ab")}
+        self._keep_average(d)
         self.t_ = float(out["t"])
         self.n_iter_ = int(out["n_iter"])
         self.stats_ = json.loads(out["stats"])
@@ -115,6 +118,20 @@ class _SGD(BaseEstimator):
             )
         return coef, np.asarray(out["intercept"], dtype=np.float64)
 
+    def _keep_average(self, d):
+        """scikit-learn's private ``_standard_coef``, ``_average_coef`` and
+        their intercepts, present exactly when ``average`` is on."""
+        names = ("_standard_coef", "_standard_intercept", "_average_coef", "_average_intercept")
+        if not self.average:
+            for n in names:
+                self.__dict__.pop(n, None)
+            return
+        st = self._state
+        shape = (-1,) if isinstance(self, RegressorMixin) else (-1, d)
+        for n, (w, b) in zip(names[::2], ((st["w"], st["b"]), (st["aw"], st["ab"]))):
+            setattr(self, n, np.frombuffer(w, dtype="<f8").reshape(shape).copy())
+            setattr(self, n.replace("coef", "intercept"), np.asarray(b, dtype=np.float64))
+
     def _warm(self, coef_init, intercept_init, models, d):
         """The model to go on from: given, kept (``warm_start``), or none."""
         if coef_init is None and intercept_init is None:
@@ -124,15 +141,22 @@ class _SGD(BaseEstimator):
         coef = np.zeros((models, d)) if coef_init is None else np.asarray(coef_init, dtype=np.float64)
         b = np.zeros(models) if intercept_init is None else np.asarray(intercept_init, dtype=np.float64)
         coef, b = coef.reshape(models, d), b.reshape(models)
+        # As scikit-learn's fit: the averages start again from zeros.
         return {"coef": coef.tobytes(), "intercept": [float(v) for v in b], "q": b"", "u": 0.0,
-                "t": 1.0, "eta": float(self.eta0)}
+                "t": 1.0, "eta": float(self.eta0), "aw": b"", "ab": []}
 
     def _carried(self):
-        """The model after the last fit, for ``partial_fit``."""
-        coef = np.atleast_2d(self.coef_)
-        return {"coef": np.ascontiguousarray(coef, dtype=np.float64).tobytes(),
-                "intercept": [float(v) for v in np.atleast_1d(self.intercept_)],
-                "q": self._state["q"], "u": self._state["u"], "t": self.t_, "eta": self._state["eta"]}
+        """The model after the last fit, for ``partial_fit``: with
+        ``average``, the last weights (``coef_`` may be their mean) and the
+        running means."""
+        s = self._state
+        if self.average:
+            coef, b = s["w"], list(s["b"])
+        else:
+            coef = np.ascontiguousarray(np.atleast_2d(self.coef_), dtype=np.float64).tobytes()
+            b = [float(v) for v in np.atleast_1d(self.intercept_)]
+        return {"coef": coef, "intercept": b, "q": s["q"], "u": s["u"], "t": self.t_, "eta": s["eta"],
+                "aw": s["aw"], "ab": list(s["ab"])}
 
     def _decision(self, X):
         check_is_fitted(self)
@@ -167,8 +191,10 @@ _PARAMS_DOC = """
     validation_fraction : float, default=0.1
     n_iter_no_change : int, default=5
     warm_start : bool, default=False
-    average : bool, default=False
-        Must be False (averaged SGD is not supported).
+    average : bool or int, default=False
+        Averaged SGD: ``coef_`` and ``intercept_`` are the mean of the
+        weights over the updates from the ``average``-th on (``True``: all),
+        once there has been one.
     epsilon : float, default=0.1
         Huber's and the epsilon-insensitive losses' epsilon."""
 

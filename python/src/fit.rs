@@ -189,8 +189,10 @@ pub(crate) fn pca_fit<'py>(
 /// with `classes` > 0, else values) on the rows of `path`: `params` is a
 /// dict of the settings (scikit-learn's names), `warm` the model to go on
 /// from (`coef` bytes of float64, `intercept`, `q` bytes, `u`, `t`,
-/// `eta`). A dict of `coef` (bytes of float64, models x dims),
-/// `intercept`, `n_iter`, `t`, `converged`, `q`, `u`, `eta` and `stats`.
+/// `eta`, and averaged SGD's `aw` bytes and `ab`). A dict of `coef`
+/// (bytes of float64, models x dims), `intercept`, `n_iter`, `t`,
+/// `converged`, `q`, `u`, `eta`, `stats`, and the model to go on from:
+/// the last weights `w` (bytes) and `b`, and the averages `aw` and `ab`.
 #[pyfunction]
 #[pyo3(signature = (settings, path, targets, weights, params, warm=None))]
 pub(crate) fn sgd_fit<'py>(
@@ -242,6 +244,10 @@ pub(crate) fn sgd_fit<'py>(
     d.set_item("q", bytes(&f.model.q))?;
     d.set_item("u", f.model.u)?;
     d.set_item("eta", f.model.eta)?;
+    d.set_item("w", bytes(&f.model.w))?;
+    d.set_item("b", f.model.b.clone())?;
+    d.set_item("aw", bytes(&f.model.aw))?;
+    d.set_item("ab", f.model.ab.clone())?;
     d.set_item("stats", stats)?;
     Ok(d)
 }
@@ -306,6 +312,7 @@ fn sgd_config(p: &Bound<'_, PyDict>) -> PyResult<SgdConfig> {
         n_iter_no_change: item(p, "n_iter_no_change")?.extract()?,
         warm: None,
         class_weight: item(p, "class_weight")?.extract()?,
+        average: item(p, "average")?.extract()?,
     })
 }
 
@@ -317,7 +324,7 @@ fn warm_model(w: &Bound<'_, PyDict>, cfg: &SgdConfig, dims: usize) -> PyResult<S
             .collect()
     };
     let models = if cfg.classes > 2 { cfg.classes } else { 1 };
-    SgdModel::resume(
+    let mut m = SgdModel::resume(
         (models, dims),
         (
             floats(item(w, "coef")?.extract()?),
@@ -326,5 +333,9 @@ fn warm_model(w: &Bound<'_, PyDict>, cfg: &SgdConfig, dims: usize) -> PyResult<S
         (floats(item(w, "q")?.extract()?), item(w, "u")?.extract()?),
         (item(w, "t")?.extract()?, item(w, "eta")?.extract()?),
     )
-    .map_err(crate::to_py)
+    .map_err(crate::to_py)?;
+    // The averages carried on (`partial_fit`); empty: they start again.
+    m.aw = floats(item(w, "aw")?.extract()?);
+    m.ab = item(w, "ab")?.extract()?;
+    Ok(m)
 }

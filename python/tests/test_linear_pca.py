@@ -189,11 +189,13 @@ def test_sgd_regressor_r2_matches_scikit_learn(loss):
     assert abs(a - b) < 0.01, (a, b)
 
 
-def test_sgd_partial_fit_over_chunks_is_one_epoch_over_all_of_them(cli, tmp_path):
+@pytest.mark.parametrize("average", [False, 2_000])
+def test_sgd_partial_fit_over_chunks_is_one_epoch_over_all_of_them(cli, tmp_path, average):
     X, y = separable(n=20_000, d=12)
     np.save(tmp_path / "x.npy", X.astype(np.float32))
     np.save(tmp_path / "y.npy", y.astype(np.float32))
-    kw = dict(loss="log_loss", shuffle=False, max_iter=1, tol=None, learning_rate="invscaling", eta0=0.05)
+    kw = dict(loss="log_loss", shuffle=False, max_iter=1, tol=None, learning_rate="invscaling", eta0=0.05,
+              average=average)
     chunks = outcore.SGDClassifier(**kw)
     for start in range(0, len(y), 3_000):
         chunks.partial_fit(X[start:start + 3_000], y[start:start + 3_000], classes=np.unique(y))
@@ -203,11 +205,33 @@ def test_sgd_partial_fit_over_chunks_is_one_epoch_over_all_of_them(cli, tmp_path
     out = tmp_path / "m.npy"
     subprocess.run([cli, "sgd", "--input", str(tmp_path / "x.npy"), "--targets", str(tmp_path / "y.npy"),
                     "--classes", "3", "--loss", "log_loss", "--no-shuffle", "--max-iter", "1", "--tol", "none",
-                    "--learning-rate", "invscaling", "--eta0", "0.05", "--output", str(out)],
+                    "--learning-rate", "invscaling", "--eta0", "0.05", "--average", str(int(average)),
+                    "--output", str(out)],
                    check=True, capture_output=True)
     model = np.load(out)
     assert model[:, :-1].tobytes() == whole.coef_.tobytes()
     assert model[:, -1].tobytes() == whole.intercept_.tobytes()
+
+
+def test_averaged_sgd_matches_scikit_learn():
+    X, y = separable()
+    Xtr, Xte, ytr, yte = X[:30_000], X[30_000:], y[:30_000], y[30_000:]
+    for loss in ["hinge", "log_loss"]:
+        kw = dict(loss=loss, max_iter=5, tol=None, average=True)
+        ours = np.mean([outcore.SGDClassifier(random_state=s, **kw).fit(Xtr, ytr).score(Xte, yte)
+                        for s in range(4)])
+        theirs = np.mean([linear_model.SGDClassifier(random_state=s, **kw).fit(Xtr, ytr).score(Xte, yte)
+                          for s in range(4)])
+        assert abs(ours - theirs) < 0.01, (loss, ours, theirs)
+    X, y = datasets.make_regression(30_000, 20, noise=5.0, random_state=0)
+    kw = dict(max_iter=5, tol=None, random_state=0, average=1_000)
+    a = outcore.SGDRegressor(**kw).fit(X[:20_000], y[:20_000])
+    b = linear_model.SGDRegressor(**kw).fit(X[:20_000], y[:20_000])
+    assert abs(a.score(X[20_000:], y[20_000:]) - b.score(X[20_000:], y[20_000:])) < 0.01
+    # The mean, not the last weights: they differ, and the last are kept.
+    assert not np.array_equal(a.coef_, a._standard_coef)
+    with pytest.raises(ValueError, match="average"):
+        outcore.SGDRegressor(average=-1).fit(X[:100], y[:100])
 
 
 def test_sgd_same_bytes_under_a_cap_from_a_memmap_and_early_stopping(tmp_path):

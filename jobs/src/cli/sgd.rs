@@ -105,6 +105,10 @@ pub(super) struct SgdArgs {
     /// Epochs without improvement before stopping.
     #[arg(long, default_value_t = 5)]
     n_iter_no_change: usize,
+    /// Averaged SGD: the model is the mean of the weights from update N
+    /// on (1: every update; 0: off, the last weights).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    average: u64,
     /// Huber's and the epsilon-insensitive losses' epsilon.
     #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     epsilon: f64,
@@ -241,5 +245,6 @@ fn config(a: &SgdArgs) -> Result<SgdConfig> {
         n_iter_no_change: positive("--n-iter-no-change", a.n_iter_no_change)?,
         warm: None,
         class_weight: Vec::new(),
+        average: a.average,
     })
 }

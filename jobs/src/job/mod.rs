@@ -230,6 +230,15 @@ pub trait Algorithm {
     /// the start ([`check`]).
     fn most_sums(&self, shape: &Shape) -> usize;
 
+    /// The working memory of the step after the largest pass, besides
+    /// that pass's sums (an eigendecomposition's workspace), and its name
+    /// for a refusal. The step runs once the pass's partial sums are
+    /// freed, so [`check`] checks it against the cap on its own. None by
+    /// default: a step holds little beside the sums.
+    fn step_memory(&self, _shape: &Shape) -> Option<(&'static str, u64)> {
+        None
+    }
+
     /// Adds one task's rows into `out` (`sums` values, zeros on entry).
     /// Runs on the workers; it must not fail (bad values are refused as
     /// the rows are read).

@@ -218,14 +218,20 @@ fn budget(session: &Session, data: &Data, len: usize) -> [(&'static str, u64); 3
 }
 
 /// Checks `alg`'s settings against `data` ([`Algorithm::start`]) and
-/// that its largest pass fits the cap ([`Algorithm::most_sums`]): one
-/// line naming what it would hold, before any pass runs. [`fit`] checks
+/// that its largest pass ([`Algorithm::most_sums`]) and its last step
+/// ([`Algorithm::step_memory`]) each fit the cap: one line naming what it
+/// would hold, before any pass runs. [`fit`] checks
 /// too; a caller that says what will run checks first.
 pub fn check<A: Algorithm>(session: &Session, data: &Data, alg: &mut A) -> Result<()> {
     alg.start(&data.shape)?;
     let pool = MemoryPool::new(session.runtime().cap(), alg.describe(&data.shape));
     let len = alg.most_sums(&data.shape);
-    pool.try_reserve_all(&budget(session, data, len)).map(drop)
+    pool.try_reserve_all(&budget(session, data, len))?;
+    if let Some((name, bytes)) = alg.step_memory(&data.shape) {
+        let sums = ("the pass's sums", (len as u64).saturating_mul(8));
+        pool.try_reserve_all(&[sums, (name, bytes)])?;
+    }
+    Ok(())
 }
 
 /// The sums of each task of the partition `x` (its targets `y`), with

@@ -16,7 +16,7 @@
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::job::linalg::{cholesky, cholesky_solve, eigh};
+use crate::job::linalg::{cholesky, cholesky_solve, eigh, eigh_bytes};
 use crate::job::moments::{add_centred_gram, add_means, means, means_len};
 use crate::job::{Algorithm, Rows, Shape, Step};
 
@@ -164,6 +164,14 @@ impl Algorithm for Linear {
 
     fn most_sums(&self, shape: &Shape) -> usize {
         (shape.dims + shape.targets).pow(2)
+    }
+
+    fn step_memory(&self, shape: &Shape) -> Option<(&'static str, u64)> {
+        // The Gram matrix of the columns, its Cholesky factor and the
+        // spectrum's eigendecomposition.
+        let d = shape.dims;
+        let bytes = eigh_bytes(d) + 2 * (d as u64).pow(2) * 8;
+        Some(("the solve and its eigendecomposition", bytes))
     }
 
     fn task(state: &Pass, rows: &Rows<'_>, out: &mut [f64]) {

@@ -13,7 +13,7 @@
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::job::linalg::eigh;
+use crate::job::linalg::{eigh, eigh_bytes};
 use crate::job::moments::{add_centred_gram, add_means, add_projected, means, means_len};
 
 mod randomized;
@@ -184,6 +184,14 @@ impl Algorithm for Pca {
         match self.solver {
             Solver::Exact => shape.dims * shape.dims,
             Solver::Randomized { .. } => shape.dims * (self.width(shape.dims) + 1),
+        }
+    }
+
+    fn step_memory(&self, shape: &Shape) -> Option<(&'static str, u64)> {
+        let d = shape.dims;
+        match self.solver {
+            Solver::Exact => Some(("the eigendecomposition", eigh_bytes(d))),
+            Solver::Randomized { .. } => None,
         }
     }
 

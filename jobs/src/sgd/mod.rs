@@ -12,6 +12,8 @@
 //! every row. After each epoch, the average objective over the training
 //! rows (or, with early stopping, the score on held-out rows) decides
 //! whether to stop, as scikit-learn's `tol` and `n_iter_no_change` do.
+//! Averaged SGD (`average`) keeps the running mean of each model's
+//! weights beside them and fits to it.
 //!
 //! The epoch's order of rows is the driver's (shuffled by the seed at
 //! the granularity of its tasks): the model depends on it, on the
@@ -97,6 +99,10 @@ pub struct SgdConfig {
     /// scikit-learn's, it scales the updates on a binary model's
     /// positive rows (binary: its negative rows by class 0's).
     pub class_weight: Vec<f64>,
+    /// Averaged SGD (scikit-learn's `average`): from the update that
+    /// makes `t` reach this value on, keep the running mean of the
+    /// weights, and fit to it once it has taken an update. 0: off.
+    pub average: u64,
 }
 
 impl Default for SgdConfig {
@@ -120,6 +126,7 @@ impl Default for SgdConfig {
             n_iter_no_change: 5,
             warm: None,
             class_weight: Vec::new(),
+            average: 0,
         }
     }
 }
@@ -154,6 +161,12 @@ pub struct SgdModel {
     stale: usize,
     /// Whether the stopping rule stopped the fit.
     pub converged: bool,
+    /// Averaged SGD's running means of the weights (`models x dims`) and
+    /// of the intercepts; empty without averaging, zeros when it starts
+    /// (as scikit-learn's `fit`; `partial_fit` carries them on).
+    pub aw: Vec<f64>,
+    /// See `aw`.
+    pub ab: Vec<f64>,
     /// Epochs of this fit.
     epochs: usize,
 }
@@ -332,6 +345,11 @@ impl Online for Sgd {
                 ..SgdModel::default()
             },
         };
+        if c.average == 0 {
+            (m.aw, m.ab) = (Vec::new(), Vec::new());
+        } else if m.aw.len() != m.w.len() || m.ab.len() != m.b.len() {
+            (m.aw, m.ab) = (vec![0.0; m.w.len()], vec![0.0; m.b.len()]);
+        }
         m.best = f64::INFINITY;
         m.stale = 0;
         m.converged = false;
@@ -392,19 +410,25 @@ impl Online for Sgd {
     }
 
     fn values(m: &SgdModel) -> Vec<f64> {
-        let mut v = Vec::with_capacity(m.w.len() * 2 + m.b.len() + 8);
+        let mut v = Vec::with_capacity(m.w.len() * 2 + m.b.len() + m.aw.len() + m.ab.len() + 6);
         v.extend(&m.w);
         v.extend(&m.b);
         v.extend(&m.q);
         v.extend([m.u, m.t, m.eta, m.count as f64, m.loss, m.objective]);
+        v.extend(&m.aw);
+        v.extend(&m.ab);
         v
     }
 
     fn set_values(m: &mut SgdModel, v: &[f64]) {
         let (nw, nb) = (m.w.len(), m.b.len());
-        if v.len() != 2 * nw + nb + 6 {
+        let (naw, nab) = (m.aw.len(), m.ab.len());
+        if v.len() != 2 * nw + nb + 6 + naw + nab {
             return;
         }
+        let a = &v[2 * nw + nb + 6..];
+        m.aw.copy_from_slice(&a[..naw]);
+        m.ab.copy_from_slice(&a[naw..]);
         m.w.copy_from_slice(&v[..nw]);
         m.b.copy_from_slice(&v[nw..nw + nb]);
         m.q.copy_from_slice(&v[nw + nb..2 * nw + nb]);
@@ -488,10 +512,16 @@ impl Online for Sgd {
         Ok(epoch >= s.cfg.max_iter)
     }
 
-    fn finish(&mut self, _: &Settings, m: SgdModel) -> Result<SgdFit> {
+    fn finish(&mut self, s: &Settings, m: SgdModel) -> Result<SgdFit> {
+        // scikit-learn's rule: the averages once they have taken an update.
+        let averaged = s.cfg.average > 0 && s.cfg.average as f64 <= m.t - 1.0;
+        let (coef, intercept) = match averaged {
+            true => (m.aw.clone(), m.ab.clone()),
+            false => (m.w.clone(), m.b.clone()),
+        };
         Ok(SgdFit {
-            coef: m.w.clone(),
-            intercept: m.b.clone(),
+            coef,
+            intercept,
             n_iter: m.epochs,
             t: m.t,
             converged: m.converged,
@@ -571,6 +601,16 @@ fn step(s: &Settings, m: &mut SgdModel, k: usize, x: &[f64], (label, sw): (f64, 
         if c.fit_intercept {
             m.b[k] += update;
         }
+    }
+    // The running mean takes every update from `t = average` on, before
+    // the L1 truncation (as scikit-learn's).
+    if c.average > 0 && c.average as f64 <= m.t {
+        let n = m.t - c.average as f64 + 1.0;
+        let aw = &mut m.aw[k * d..(k + 1) * d];
+        for (a, &v) in aw.iter_mut().zip(w.iter()) {
+            *a += (v - *a) / n;
+        }
+        m.ab[k] += (m.b[k] - m.ab[k]) / n;
     }
     if l1 > 0.0 {
         m.u += l1 * eta * c.alpha;

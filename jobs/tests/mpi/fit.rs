@@ -146,6 +146,8 @@ fn sgd_is_the_same_on_any_number_of_ranks() {
             "--tol",
             "none",
             "--early-stopping",
+            "--average",
+            "500",
             "--mem-cap",
             "2MiB",
             "--partitions",
