@@ -20,7 +20,7 @@ use std::any::Any;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -190,6 +190,9 @@ pub(crate) struct Slot {
     /// After a failed write: no new attempt before this time (ms since
     /// the runtime started).
     pub write_retry_at: AtomicU64,
+    /// The runtime's count of executors in state `Evicted`, kept by
+    /// [`Slot::set_state`] and the slot's creation and drop.
+    evicted: Arc<AtomicUsize>,
 }
 
 /// The slot's mutex guard; allocations are kept out of the trap while it is
@@ -222,6 +225,9 @@ impl Drop for Slot {
             Ok(i) => i,
             Err(poisoned) => poisoned.into_inner(),
         };
+        if inner.state == State::Evicted {
+            self.evicted.fetch_sub(1, Ordering::Relaxed);
+        }
         drop_user_value(inner.value.take());
     }
 }
@@ -244,10 +250,12 @@ impl Slot {
         lineage: Option<(RebuildFn, bool)>,
         size: usize,
         now: u64,
+        evicted: Arc<AtomicUsize>,
     ) -> Slot {
         let state = if value.is_some() {
             State::Resident
         } else {
+            evicted.fetch_add(1, Ordering::Relaxed);
             State::Evicted
         };
         let (lineage, lineage_repeatable) = match lineage {
@@ -287,6 +295,7 @@ impl Slot {
             cycle_pos: AtomicU64::new(NONE),
             prefetched: AtomicBool::new(false),
             write_retry_at: AtomicU64::new(0),
+            evicted,
         }
     }
 
@@ -323,6 +332,11 @@ impl Slot {
 
     /// Sets the state (under the lock) and wakes waiters.
     pub(crate) fn set_state(&self, g: &mut SlotGuard<'_>, s: State) {
+        match (g.state == State::Evicted, s == State::Evicted) {
+            (false, true) => self.evicted.fetch_add(1, Ordering::Relaxed),
+            (true, false) => self.evicted.fetch_sub(1, Ordering::Relaxed),
+            _ => 0,
+        };
         g.state = s;
         self.state_code.store(s as u8, Ordering::Release);
         self.cond.notify_all();

@@ -323,7 +323,16 @@ impl Runtime {
             None => format!("executor #{id}"),
         };
         let resident = value.is_some();
-        let slot = Arc::new(Slot::new(id, label, value, lineage, size, sh.tick()));
+        let evicted = sh.evicted_count();
+        let slot = Arc::new(Slot::new(
+            id,
+            label,
+            value,
+            lineage,
+            size,
+            sh.tick(),
+            evicted,
+        ));
         let n = sh.registry().insert(id, slot.clone());
         sh.room_to_rank(n);
         sh.bump_generation();

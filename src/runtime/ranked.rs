@@ -157,7 +157,17 @@ mod tests {
     #[test]
     fn picks_in_rank_order_either_way_including_additions() {
         let slots: Vec<Arc<Slot>> = (0..6)
-            .map(|i| Arc::new(Slot::new::<u8>(i, format!("#{i}"), None, None, 0, 0)))
+            .map(|i| {
+                Arc::new(Slot::new::<u8>(
+                    i,
+                    format!("#{i}"),
+                    None,
+                    None,
+                    0,
+                    0,
+                    Default::default(),
+                ))
+            })
             .collect();
         let ranks = [5u64, 1, 9, 3, 7, u64::MAX];
         for highest_first in [true, false] {
