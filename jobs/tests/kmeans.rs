@@ -314,7 +314,12 @@ fn minibatch_inertia_is_within_two_percent_of_lloyd() {
 #[test]
 fn results_are_identical_with_and_without_a_cap() {
     let dir = tempfile::tempdir().unwrap();
-    for algo in ["minibatch", "lloyd"] {
+    for (algo, init) in [
+        ("minibatch", "k-means++"),
+        ("lloyd", "k-means++"),
+        ("minibatch", "k-means||"),
+        ("lloyd", "k-means||"),
+    ] {
         let mut outputs = Vec::new();
         for (name, extra) in [
             ("none", vec!["--mem-cap", "none", "--partitions", "16"]),
@@ -329,8 +334,8 @@ fn results_are_identical_with_and_without_a_cap() {
                 vec!["--mem-cap", "none", "--partitions", "5"],
             ),
         ] {
-            let out = dir.path().join(format!("{algo}-{name}.npy"));
-            let stats = dir.path().join(format!("{algo}-{name}.json"));
+            let out = dir.path().join(format!("{algo}-{init}-{name}.npy"));
+            let stats = dir.path().join(format!("{algo}-{init}-{name}.json"));
             let mut args = vec![
                 "kmeans",
                 "--synthetic",
@@ -353,6 +358,8 @@ fn results_are_identical_with_and_without_a_cap() {
                 "2",
                 "--algorithm",
                 algo,
+                "--init",
+                init,
                 "--output",
                 out.to_str().unwrap(),
                 "--stats",
@@ -375,10 +382,61 @@ fn results_are_identical_with_and_without_a_cap() {
         for (name, bytes) in &outputs[1..] {
             assert!(
                 bytes == &outputs[0].1,
-                "{algo}: centroids with {name} differ from the uncapped run"
+                "{algo} {init}: centroids with {name} differ from the uncapped run"
             );
         }
     }
+}
+
+/// k-means||: five passes over data that does not fit (two rounds of two,
+/// then the candidates' weights), and starting centres as good as
+/// k-means++'s on well-separated blobs.
+#[test]
+fn k_means_parallel_reads_the_data_five_times_and_finds_the_blobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = 6;
+    let x = blobs(40_000, &centres(), 0.5, 7);
+    let data = write_data(dir.path(), &x, d);
+    let bytes = (x.len() * 4) as u64;
+    let run = |init: &str, cap: &str| {
+        let stats = dir.path().join(format!("{init}-{cap}.json"));
+        let args = [
+            "kmeans",
+            "--input",
+            data.to_str().unwrap(),
+            "--k",
+            "5",
+            "--init",
+            init,
+            "--algorithm",
+            "lloyd",
+            "--iterations",
+            "1",
+            "--mem-cap",
+            cap,
+            "--partitions",
+            "8",
+            "--stats",
+            stats.to_str().unwrap(),
+        ];
+        let (code, err) = bin_common::outcore_cli(&args);
+        assert_eq!(code, Some(0), "{init} {cap}: {err}");
+        stats_of(&stats)
+    };
+    let capped = run("k-means||", "256KiB");
+    let read = capped["init_bytes_read"].as_u64().unwrap();
+    assert!(
+        read >= 4 * bytes && read <= 6 * bytes,
+        "k-means|| read {read} bytes of {bytes}: {capped}"
+    );
+    let parallel = run("k-means||", "none")["inertia"].as_f64().unwrap();
+    let plus_plus = run("k-means++", "none")["inertia"].as_f64().unwrap();
+    // One Lloyd iteration from either start: every blob has its centre
+    // (a missed blob would cost about 40x the inertia of the noise).
+    assert!(
+        parallel < plus_plus * 1.05,
+        "k-means|| {parallel} against k-means++ {plus_plus}"
+    );
 }
 
 /// A `.npy` input is never copied to spill files: under a cap, evicted

@@ -396,6 +396,48 @@ fn lloyd_from_a_file_is_the_same_on_any_number_of_ranks() {
     assert!(s["relocated"].as_u64().unwrap() >= 3, "{s}");
 }
 
+/// k-means||: the cost, the draws, the candidates' weights (sample
+/// weights make their sums inexact) and the variance behind mini-batch's
+/// tolerance, over every rank's rows.
+#[test]
+fn k_means_parallel_is_the_same_on_any_number_of_ranks() {
+    if !have_mpirun() {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let x = gen(data.path(), "6MiB", 24);
+    let w = weights(data.path(), (6 << 20) / (24 * 4));
+    same_bytes_for_every_count(
+        &[
+            "kmeans",
+            "--input",
+            x.to_str().unwrap(),
+            "--sample-weight",
+            w.to_str().unwrap(),
+            "--init",
+            "k-means||",
+            "--k",
+            "8",
+            "--epochs",
+            "2",
+            "--tol",
+            "1e-2",
+            "--task-points",
+            "500",
+            "--mem-cap",
+            "2MiB",
+            "--partitions",
+            "24",
+            "--output",
+            "c.npy",
+            "--labels",
+            "l.npy",
+        ],
+        &["c.npy", "l.npy"],
+        &["inertia", "init_inertia", "steps"],
+    );
+}
+
 #[test]
 fn minibatch_reassignment_is_the_same_on_any_number_of_ranks() {
     if !have_mpirun() {

@@ -181,10 +181,12 @@ class _KMeansBase(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixi
         _int_param(self, "n_clusters", 1)
         init = self.init
         if isinstance(init, str):
-            if init not in ("k-means++", "random"):
-                raise _bad(self, "init", "a str among {'k-means++', 'random'}, a callable or an array-like", init)
+            if init not in ("k-means++", "random", "k-means||"):
+                raise _bad(self, "init", "a str among {'k-means++', 'random', 'k-means||'}, a callable or an "
+                           "array-like", init)
         elif not callable(init) and not _is_arraylike_not_scalar(init):
-            raise _bad(self, "init", "a str among {'k-means++', 'random'}, a callable or an array-like", init)
+            raise _bad(self, "init", "a str among {'k-means++', 'random', 'k-means||'}, a callable or an "
+                       "array-like", init)
         if not (isinstance(self.n_init, str) and self.n_init == "auto"):
             _int_param(self, "n_init", 1)
         _int_param(self, "max_iter", 1)
@@ -196,7 +198,8 @@ class _KMeansBase(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixi
             raise ValueError(f"n_samples={n_samples} should be >= n_clusters={self.n_clusters}.")
         init = self.init
         if isinstance(self.n_init, str):
-            self._n_init = 1 if isinstance(init, str) and init == "k-means++" else self._default_n_init
+            self._n_init = 1 if isinstance(init, str) and init in ("k-means++", "k-means||") \
+                else self._default_n_init
             if _is_arraylike_not_scalar(init):
                 self._n_init = 1
         else:
@@ -247,7 +250,9 @@ class _KMeansBase(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixi
             x_squared_norms = None if x_squared_norms is None else x_squared_norms[idx]
             sample_weight = sample_weight[idx]
             n_samples = X.shape[0]
-        if isinstance(init, str) and init == "k-means++":
+        if isinstance(init, str) and init in ("k-means++", "k-means||"):
+            # k-means|| is for data too big for one sample; a batch in
+            # memory takes k-means++, as dask-ml's partial_fit does.
             centers, _ = kmeans_plusplus(X, k, x_squared_norms=x_squared_norms, sample_weight=sample_weight,
                                          random_state=random_state)
         elif isinstance(init, str) and init == "random":
@@ -401,17 +406,20 @@ class KMeans(_KMeansBase):
     ----------
     n_clusters : int, default=8
         The number of clusters to form.
-    init : {"k-means++", "random"}, callable or array-like of shape (n_clusters, n_features), default="k-means++"
+    init : {"k-means++", "random", "k-means||"}, callable or array-like of shape (n_clusters, n_features), default="k-means++"
         How the initial centres are chosen: by the engine, on a sample of
-        the rows ("k-means++", "random"); given; or ``init(X, n_clusters,
+        the rows ("k-means++", "random") or over five passes of all of them
+        ("k-means||", dask-ml's and Spark's default: two rounds drawing
+        about ``2 * n_clusters`` candidates each, then a weighted k-means++
+        over the candidates); given; or ``init(X, n_clusters,
         random_state=...)``, called on X as an array (a ``.npy`` file
         mapped from disk) with a ``RandomState`` (unlike scikit-learn's,
         X is not centred first, so the centres it returns are in X's
         coordinates).
     n_init : "auto" or int, default="auto"
         Runs from different initial centres; the best (lowest inertia) is
-        kept. "auto": 1 for "k-means++" and given centres, 10 for "random"
-        and a callable.
+        kept. "auto": 1 for "k-means++", "k-means||" and given centres, 10
+        for "random" and a callable.
     max_iter : int, default=300
         Iterations of Lloyd's algorithm for one run.
     tol : float, default=1e-4
@@ -529,9 +537,10 @@ class MiniBatchKMeans(_KMeansBase):
     Parameters
     ----------
     n_clusters : int, default=8
-    init : {"k-means++", "random"}, callable or array-like of shape (n_clusters, n_features), default="k-means++"
+    init : {"k-means++", "random", "k-means||"}, callable or array-like of shape (n_clusters, n_features), default="k-means++"
         As :class:`outcore.KMeans`; a callable is called on ``init_size``
-        rows drawn from X, as scikit-learn's.
+        rows drawn from X, as scikit-learn's. ``partial_fit`` draws
+        "k-means||" as "k-means++" on its first batch.
     max_iter : int, default=100
         Passes (epochs) over the data.
     batch_size : int, default=1024
@@ -554,7 +563,7 @@ class MiniBatchKMeans(_KMeansBase):
         and "random" are drawn by the engine on its own sample (at least
         10,000 rows and 20 per cluster, when there are that many).
     n_init : "auto" or int, default="auto"
-        Runs; "auto": 1 for "k-means++" and given centres, 3 for "random"
+        Runs; "auto": 1 for "k-means++", "k-means||" and given centres, 3 for "random"
         and a callable. Each "k-means++" or "random" init is a whole run
         (the best final inertia is kept); callable inits are compared on
         ``init_size`` rows before one run, as scikit-learn's.

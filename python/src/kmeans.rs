@@ -42,6 +42,7 @@ impl Params {
         let init = match self.init.as_str() {
             "k-means++" => Init::KMeansPlusPlus,
             "random" => Init::Random,
+            "k-means||" => Init::KMeansParallel,
             "given" => {
                 let c = f32s(self.centers.as_deref().unwrap_or_default());
                 if c.len() != self.k * dims {
@@ -250,6 +251,7 @@ fn init_name(init: &Init) -> &'static str {
     match init {
         Init::KMeansPlusPlus => "k-means++",
         Init::Random => "random",
+        Init::KMeansParallel => "k-means||",
         Init::Given(_) => "given centres",
     }
 }

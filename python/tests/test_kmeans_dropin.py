@@ -224,3 +224,25 @@ def test_no_warning_for_a_plain_fit(X):
         warnings.simplefilter("error")
         outcore.KMeans(4, random_state=0).fit(X)
         outcore.MiniBatchKMeans(4, random_state=0).fit(X).partial_fit(X)
+
+
+def test_k_means_parallel_init_is_the_same_under_a_cap_and_as_good_as_k_means_plus_plus(tmp_path):
+    X, _ = make_blobs(60_000, 16, centers=12, cluster_std=1.0, random_state=3)
+    X = X.astype(np.float32)
+    path = tmp_path / "X.npy"
+    np.save(path, X)
+    kw = dict(n_clusters=12, init="k-means||", random_state=5, max_iter=20)
+    a = outcore.KMeans(**kw).fit(X)
+    b = outcore.KMeans(mem_cap="2MiB", n_jobs=1, **kw).fit(np.load(path, mmap_mode="r"))
+    assert a.cluster_centers_.tobytes() == b.cluster_centers_.tobytes()
+    assert b.stats_["evictions"] > 0 and a.n_iter_ >= 1
+    plus = outcore.KMeans(n_clusters=12, random_state=5, max_iter=20).fit(X)
+    theirs = sk.KMeans(n_clusters=12, random_state=5, max_iter=20, n_init=1).fit(X)
+    assert a.inertia_ <= 1.02 * min(plus.inertia_, theirs.inertia_), (a.inertia_, plus.inertia_, theirs.inertia_)
+    mb = outcore.MiniBatchKMeans(n_clusters=12, init="k-means||", random_state=5).fit(X)
+    assert mb.inertia_ <= 1.05 * theirs.inertia_
+    # partial_fit's first batch is in memory: k-means++ on it.
+    pf = outcore.MiniBatchKMeans(n_clusters=12, init="k-means||", random_state=5).partial_fit(X[:5_000])
+    assert pf.cluster_centers_.shape == (12, 16)
+    with pytest.raises(ValueError, match="k-means\\|\\|"):
+        outcore.KMeans(n_clusters=2, init="k-means|").fit(X[:100])

@@ -41,11 +41,12 @@ pub(super) struct KmeansArgs {
     /// Algorithm.
     #[arg(long, value_enum, default_value_t = AlgorithmArg::Minibatch)]
     algorithm: AlgorithmArg,
-    /// Initialisation: kmeans++, random, or a .npy file of k x D centres.
+    /// Initialisation: kmeans++ (on a sample), random, k-means|| (over
+    /// five passes of all the rows), or a .npy file of k x D centres.
     #[arg(
         long,
         default_value = "kmeans++",
-        value_name = "kmeans++|random|FILE.npy"
+        value_name = "kmeans++|random|k-means|||FILE.npy"
     )]
     init: String,
     /// Mini-batch: sweeps over the data.
@@ -414,7 +415,7 @@ fn check_files(a: &KmeansArgs) -> Result<()> {
         ("--timeline", &a.mem.timeline),
     ];
     let init_file = match a.init.as_str() {
-        "kmeans++" | "k-means++" | "random" => None,
+        "kmeans++" | "k-means++" | "random" | "k-means||" | "kmeans||" => None,
         file => Some(PathBuf::from(file)),
     };
     let inputs = [
@@ -467,6 +468,7 @@ fn initial_centres(a: &KmeansArgs, dims: usize) -> Result<(Init, usize)> {
     Ok(match a.init.as_str() {
         "kmeans++" | "k-means++" => (Init::KMeansPlusPlus, a.k.unwrap_or(100)),
         "random" => (Init::Random, a.k.unwrap_or(100)),
+        "k-means||" | "kmeans||" => (Init::KMeansParallel, a.k.unwrap_or(100)),
         file => {
             let (v, r, c) = npy::read_matrix(Path::new(file))?;
             if c != dims {

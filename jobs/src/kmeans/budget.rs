@@ -55,6 +55,7 @@ impl Needs {
         let row = 4 * d + 8;
         let init = match cfg.init {
             Init::Given(_) => 0,
+            Init::KMeansParallel => super::parallel::scratch_bytes(rows, dims, cfg.k),
             _ => init_sample_bytes(rows, dims, cfg.k) + plus_plus_scratch(rows, dims, cfg.k),
         };
         Needs {

@@ -306,7 +306,7 @@ fn random_weighted(w: &[f64], k: usize, rng: &mut Xoshiro256PlusPlus) -> Result<
 /// the squared distance to the nearest chosen centre; of 2 + ln(k) such
 /// draws, the one that lowers the (weighted) total most is kept. Returns
 /// the indices of the chosen rows.
-fn kmeans_plus_plus(
+pub(super) fn kmeans_plus_plus(
     (s, d): (&[f32], usize),
     k: usize,
     w: Option<&[f64]>,

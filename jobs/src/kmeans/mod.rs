@@ -52,6 +52,7 @@
 //! - `minibatch.rs`: mini-batch epochs: the running-mean update and early stopping.
 //! - `lloyd.rs`: Lloyd iterations: centres to the means, the tolerance from the data's variance.
 //! - `init.rs`: the initial centres (k-means++, random or given) and the sample they come from.
+//! - `parallel.rs`: k-means|| initial centres, drawn over passes of all the rows.
 
 mod assign;
 mod budget;
@@ -61,6 +62,7 @@ mod init;
 mod kernel;
 mod lloyd;
 mod minibatch;
+mod parallel;
 mod plan;
 mod prune;
 mod reassign;
@@ -285,6 +287,9 @@ pub enum Init {
     KMeansPlusPlus,
     /// k distinct points of a sample, chosen at random.
     Random,
+    /// k-means|| (Bahmani et al.): candidates drawn over a few passes of
+    /// all the rows, then a weighted k-means++ over them (`parallel.rs`).
+    KMeansParallel,
     /// Given centres (`k x dims`).
     Given(Vec<f32>),
 }
@@ -727,7 +732,10 @@ fn run_once(
     // data chosen during one stays right for the next.
     plan.declare(rt, ds, plan.sweep_order().into_iter().map(|(t, _)| t));
     let t = Instant::now();
-    let (mut centers, variance) = init::initial_centers(rt, ds, cfg, plan.ranks, seed)?;
+    let (mut centers, variance) = match cfg.init {
+        Init::KMeansParallel => parallel::initial_centers(rt, ds, cfg, plan, seed)?,
+        _ => init::initial_centers(rt, ds, cfg, plan.ranks, seed)?,
+    };
     on(Event::Initialized {
         seconds: t.elapsed().as_secs_f64(),
     });
