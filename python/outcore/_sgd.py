@@ -42,7 +42,15 @@ class _SGD(BaseEstimator):
         ),
     }
 
-    def _check_params(self, losses):
+    def _check_params(self, losses, partial=False):
+        if self.early_stopping and partial:
+            raise ValueError("early_stopping should be False with partial_fit")
+        if isinstance(self.power_t, numbers.Real) and self.power_t < 0:
+            warnings.warn(
+                "Negative values for `power_t` are deprecated in version 1.8 and will raise an error in 1.10. "
+                "Use values in the range [0.0, inf) instead.",
+                FutureWarning,
+            )
         if self.loss not in losses:
             raise ValueError(f"loss must be one of {losses}, not {self.loss!r}")
         if self.penalty not in ("l2", "l1", "elasticnet", None):
@@ -97,6 +105,17 @@ class _SGD(BaseEstimator):
                 raise ValueError(
                     f"Found input variables with inconsistent numbers of samples: [{data.rows}, {len(codes)}]"
                 )
+            if params["early_stopping"]:
+                # scikit-learn's split sizes (the engine holds out rows by
+                # a hash of their index, about as many).
+                n_val = int(np.ceil(params["validation_fraction"] * data.rows))
+                if n_val == 0 or n_val == data.rows:
+                    raise ValueError(
+                        f"Splitting {data.rows} samples into a train set and a validation set with "
+                        f"validation_fraction={params['validation_fraction']!r} led to an empty set "
+                        f"({data.rows - n_val} and {n_val} samples). Please either change validation_fraction, "
+                        "increase number of samples, or disable early_stopping."
+                    )
             w = None
             if sample_weight is not None:
                 w = _check_sample_weight(sample_weight, np.empty((data.rows, 0)), dtype=np.float64)
@@ -140,6 +159,12 @@ class _SGD(BaseEstimator):
             coef_init, intercept_init = self.coef_, self.intercept_
         coef = np.zeros((models, d)) if coef_init is None else np.asarray(coef_init, dtype=np.float64)
         b = np.zeros(models) if intercept_init is None else np.asarray(intercept_init, dtype=np.float64)
+        # scikit-learn's shapes: (models, d) with several models, else d
+        # values in any shape, and one intercept or a scalar.
+        if coef.size != models * d or (models > 1 and coef.shape != (models, d)):
+            raise ValueError("Provided coef_init does not match dataset.")
+        if b.size != models or (models > 1 and b.shape != (models,)):
+            raise ValueError("Provided intercept_init does not match dataset.")
         coef, b = coef.reshape(models, d), b.reshape(models)
         # As scikit-learn's fit: the averages start again from zeros.
         return {"coef": coef.tobytes(), "intercept": [float(v) for v in b], "q": b"", "u": 0.0,
@@ -325,7 +350,14 @@ class SGDClassifier(ClassifierMixin, _SGD):
         -------
         self : object
         """
-        self._check_params(_CLASSIFY + _REGRESS)
+        self._check_params(_CLASSIFY + _REGRESS, partial=True)
+        if self.class_weight == "balanced":
+            raise ValueError(
+                "class_weight 'balanced' is not supported for partial_fit. In order to use 'balanced' weights, "
+                "use compute_class_weight('balanced', classes=classes, y=y). In place of y you can use a large "
+                "enough sample of the full training set target to properly estimate the class frequency "
+                "distributions. Pass the resulting weights as the class_weight parameter."
+            )
         first = not hasattr(self, "classes_")
         if first:
             if classes is None:
@@ -478,7 +510,7 @@ class SGDRegressor(RegressorMixin, _SGD):
         -------
         self : object
         """
-        self._check_params(_REGRESS)
+        self._check_params(_REGRESS, partial=True)
         first = not hasattr(self, "coef_")
         X, y = self._targets(X, y, reset=first)
         warm = None if first else self._carried()

@@ -371,3 +371,22 @@ def test_positive_coefficients_match_scikit_learn():
     assert ours.solver_ == "lbfgs"
     with pytest.raises(ValueError, match="does not support positive fitting"):
         outcore.Ridge(positive=True, solver="cholesky").fit(X, y)
+
+
+def test_sgd_refuses_what_scikit_learn_refuses_with_its_words():
+    X, y = separable(n=200, d=12)
+    with pytest.raises(ValueError, match="early_stopping should be False with partial_fit"):
+        outcore.SGDRegressor(early_stopping=True).partial_fit(X, y.astype(float))
+    with pytest.raises(ValueError, match="class_weight 'balanced' is not supported for partial_fit"):
+        outcore.SGDClassifier(class_weight="balanced").partial_fit(X, y, classes=np.unique(y))
+    with pytest.raises(ValueError, match="Provided coef_init does not match dataset"):
+        outcore.SGDClassifier().fit(X, y, coef_init=np.zeros((3,)))
+    with pytest.raises(ValueError, match="Provided intercept_init does not match dataset"):
+        outcore.SGDClassifier().fit(X, y, intercept_init=np.zeros((2,)))
+    with pytest.raises(ValueError, match="led to an empty set"):
+        outcore.SGDClassifier(early_stopping=True, validation_fraction=0.999).fit(X[:10], y[:10])
+    with pytest.warns(FutureWarning, match="Negative values for `power_t`"):
+        outcore.SGDRegressor(power_t=-1.0, max_iter=2, tol=None).fit(X, y.astype(float))
+    # A binary model takes coef_init of d values in any shape, and a scalar intercept.
+    b = y < 1
+    outcore.SGDClassifier(max_iter=2, tol=None).fit(X, b, coef_init=np.zeros((1, 12)), intercept_init=0)
