@@ -49,11 +49,13 @@ fn most_candidates(rows: u64, k: usize) -> u64 {
 }
 
 /// Bytes the initialisation holds besides the data: the candidates
-/// (their values twice, as rows and packed as centres), their weights,
-/// and the k-means++ over them (distances and groups per candidate).
+/// (their values as rows and packed for the kernel, and a round's draws
+/// twice while they are gathered: three copies of a row at most), their
+/// weights, and the k-means++ over them (distances and groups per
+/// candidate).
 pub(super) fn scratch_bytes(rows: u64, dims: usize, k: usize) -> u64 {
     let m = most_candidates(rows, k);
-    m * (8 * dims as u64 + 64) + super::prune::Groups::bytes(m, k)
+    m * (12 * dims as u64 + 64) + super::prune::Groups::bytes(m, k)
 }
 
 /// The initial centres and the data's mean per-feature variance (the
@@ -74,24 +76,31 @@ pub(super) fn initial_centers(
     };
     let mut variance = 0.0;
     for round in 0..ROUNDS {
-        let c = Arc::new(Centers::new(cand.len(d), d, cand.values.clone()));
-        let reference = (round == 0).then(|| cand.values[..d].to_vec());
+        // The candidates lent to the passes as centres, and taken back
+        // (no second copy of them: at 10,000-D, 4k of them are 160 MB).
+        let m = cand.len(d);
+        let c = Arc::new(Centers::new(m, d, std::mem::take(&mut cand.values)));
+        let reference = (round == 0).then(|| c.values[..d].to_vec());
         let (phi, v) = total_cost(rt, ds, plan, &c, reference)?;
         if round == 0 {
             variance = v;
         }
+        let key = seed ^ 0x6b6d_7c7c ^ ((round as u64) << 56);
+        // phi = 0: every row sits on a candidate, and no draw can add one.
+        let picked = match phi > 0.0 {
+            true => draw(rt, ds, plan, &c, key, l / phi)?,
+            false => Vec::new(),
+        };
+        cand.values = take_values(c)?;
+        cand.values.extend_from_slice(&picked);
         if phi <= 0.0 {
-            // Every row sits on a candidate: no draw can add one.
             break;
         }
-        let key = seed ^ 0x6b6d_7c7c ^ ((round as u64) << 56);
-        let picked = draw(rt, ds, plan, &c, key, l / phi)?;
-        cand.values.extend_from_slice(&picked);
     }
     let m = cand.len(d);
-    let c = Arc::new(Centers::new(m, d, cand.values.clone()));
+    let c = Arc::new(Centers::new(m, d, std::mem::take(&mut cand.values)));
     cand.weights = candidate_weights(rt, ds, plan, &c)?;
-    drop(c);
+    cand.values = take_values(c)?;
     let positive = cand.weights.iter().filter(|&&w| w > 0.0).count();
     if positive < k {
         return Err(Error::Input(format!(
@@ -112,6 +121,13 @@ pub(super) fn initial_centers(
     }
     plan.ranks.broadcast(&mut values);
     Ok((Centers::new(k, d, values), variance))
+}
+
+/// The values of centres lent to the passes, once they are back.
+fn take_values(c: Arc<Centers>) -> Result<Vec<f32>> {
+    Arc::into_inner(c)
+        .map(|c| c.values)
+        .ok_or_else(|| Error::Input("internal: k-means|| candidates still lent".into()))
 }
 
 /// The candidates so far: `len` rows of values, and (after the last pass)
@@ -253,6 +269,9 @@ fn draw(
         .flat_map(|(r, _)| [(r >> 32) as u32, *r as u32])
         .collect();
     let values: Vec<f32> = mine.into_iter().flat_map(|(_, v)| v).collect();
+    if plan.ranks.size() == 1 {
+        return Ok(values);
+    }
     let all_rows = plan.ranks.all_gather_u32(&rows)?;
     let all = plan.ranks.all_gather(&values)?;
     if all.len() != all_rows.len() / 2 * d {
