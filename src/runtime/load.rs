@@ -193,16 +193,27 @@ impl Shared {
     /// when no load is needed or none can help (no other thread pins or
     /// loads anything: the join is then as alone as it will ever be, and
     /// its load goes ahead as any other). [`NoRoom`] when the room is
-    /// held by other threads' pins or loads: the join must give back what
-    /// it holds and try again. Waiting instead, holding its first
+    /// held by other threads' pins or loads, or another thread is loading
+    /// or writing the executor: the join must give back what it holds and
+    /// try again. Waiting instead, holding its first
     /// executors, it could wait for a thread that waits for it (two joins
     /// each holding one executor and each loading another).
     pub(crate) fn join_room(
         &self,
         slot: &Slot,
     ) -> std::result::Result<Option<alloc::LoadClaim>, NoRoom> {
-        if crate::cap::rlimit_as().is_none() || slot.lock().state.pin_step() != PinStep::Load {
+        if crate::cap::rlimit_as().is_none() {
             return Ok(None);
+        }
+        match slot.lock().state {
+            // Another thread loads it, or writes it out: waiting for that
+            // while holding this join's first executors could wait for
+            // ever, since that load may be waiting for the room they
+            // hold (a demand load's patience is a minute). The join gives
+            // them back and tries again once it is through.
+            State::Loading | State::Evicting => return Err(NoRoom),
+            s if s.pin_step() != PinStep::Load => return Ok(None),
+            _ => {}
         }
         let bytes = slot
             .size
