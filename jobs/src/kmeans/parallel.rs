@@ -147,16 +147,7 @@ impl Candidates {
 /// by the rank that holds it and sent to every rank.
 fn first_row(rt: &Runtime, ds: &Dataset, plan: &Plan<'_>, seed: u64) -> Result<(Vec<f64>, f64)> {
     let row = mix(seed ^ 0x0f17_57c0, 0) % ds.rows.max(1);
-    let owner = plan.rank_of_row(row);
-    let mut x = vec![0f64; ds.dims + 1];
-    if owner == plan.ranks.rank() {
-        let (values, w) = super::relocate::read_row(rt, ds, row)?;
-        x[..ds.dims].copy_from_slice(&values);
-        x[ds.dims] = w;
-    }
-    plan.ranks.broadcast_from(owner, &mut x);
-    let w = x.pop().unwrap_or(1.0);
-    Ok((x, w))
+    super::relocate::row_everywhere(rt, ds, plan, row, plan.rank_of_row(row))
 }
 
 /// Runs `task` on every chunk of this rank's rows (read-only, side by
@@ -177,11 +168,6 @@ fn sweep<R: Send + 'static>(
         b.read_shared(&ds.parts[ch.part], move |p: &Partition| task(p, ch));
     }
     crate::fold_in_order(b, |i, r| each(owner[i], r))
-}
-
-/// Each local shard's vector, summed in shard order over every rank.
-fn shard_sums(plan: &Plan<'_>, shards: &[Vec<f64>], len: usize) -> Result<Vec<f64>> {
-    plan.ranks.ordered_sum(shards, len)
 }
 
 /// `phi`, the (weighted) sum of the rows' squared distances to their
@@ -212,7 +198,7 @@ fn total_cost(
         add(&mut shards[s], &v);
         Ok(())
     })?;
-    let all = shard_sums(plan, &shards, len)?;
+    let all = plan.ranks.ordered_sum(&shards, len)?;
     let variance = if len > 1 {
         let n = ds.rows as f64;
         let (s1, s2) = all[1..].split_at(d);
@@ -302,7 +288,7 @@ fn candidate_weights(
         add(&mut shards[s], &v);
         Ok(())
     })?;
-    shard_sums(plan, &shards, m)
+    plan.ranks.ordered_sum(&shards, m)
 }
 
 #[cfg(test)]

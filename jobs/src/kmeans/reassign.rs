@@ -12,7 +12,7 @@
 //! the rank holding a chosen row sends it to the others.
 
 use super::plan::Plan;
-use super::relocate::read_row;
+use super::relocate::row_everywhere;
 use super::{Centers, Dataset};
 use crate::error::Result;
 use crate::input::mix;
@@ -72,11 +72,7 @@ impl Reassign {
         let picks = draw(plan, (b, batch_tasks), light.len(), key);
         let d = c.dims;
         for (&j, &(row, owner)) in light.iter().zip(&picks) {
-            let mut x = vec![0f64; d];
-            if owner == plan.ranks.rank() {
-                x = read_row(rt, ds, row)?.0;
-            }
-            plan.ranks.broadcast_from(owner, &mut x);
+            let (x, _) = row_everywhere(rt, ds, plan, row, owner)?;
             for (v, &x) in c.values[j * d..(j + 1) * d].iter_mut().zip(&x) {
                 *v = x as f32;
             }

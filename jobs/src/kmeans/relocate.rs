@@ -76,15 +76,8 @@ pub(super) fn relocate(
     }
     let d = c.dims;
     for (&new, &(far, owner)) in empty.iter().zip(&chosen) {
-        let mut x = vec![0f64; d + 1];
-        if owner == plan.ranks.rank() {
-            let (values, w) = read_row(rt, ds, far.row)?;
-            x[..d].copy_from_slice(&values);
-            x[d] = w;
-        }
-        plan.ranks.broadcast_from(owner, &mut x);
-        let (x, w) = x.split_at(d);
-        let (w, old) = (w[0], far.label as usize);
+        let (x, w) = row_everywhere(rt, ds, plan, far.row, owner)?;
+        let old = far.label as usize;
         for (j, &v) in x.iter().enumerate() {
             let v = w * v;
             r.sums[old * d + j] -= v;
@@ -166,8 +159,48 @@ fn merge_ranks(plan: &Plan<'_>, local: &[Far], m: usize) -> Result<Vec<(Far, usi
     Ok(all)
 }
 
+/// Global row `row`, read by `owner` (the rank that holds it), in f64,
+/// and its sample weight, on every rank. Collective. The owner sends
+/// whether its read succeeded with the row: when it failed, every rank
+/// returns an error (the owner its own), rather than the others waiting
+/// for a row that never comes.
+pub(super) fn row_everywhere(
+    rt: &Runtime,
+    ds: &Dataset,
+    plan: &Plan<'_>,
+    row: u64,
+    owner: usize,
+) -> Result<(Vec<f64>, f64)> {
+    let d = ds.dims;
+    // The values, the weight, and 1 for a row read.
+    let mut x = vec![0f64; d + 2];
+    let mut failed = None;
+    if owner == plan.ranks.rank() {
+        match read_row(rt, ds, row) {
+            Ok((values, w)) => {
+                x[..d].copy_from_slice(&values);
+                (x[d], x[d + 1]) = (w, 1.0);
+            }
+            Err(e) => failed = Some(e),
+        }
+    }
+    plan.ranks.broadcast_from(owner, &mut x);
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if x[d + 1] != 1.0 {
+        return Err(crate::error::Error::Input(format!(
+            "process {owner} of {} could not read row {row} (its own error says why)",
+            plan.ranks.size()
+        )));
+    }
+    let w = x[d];
+    x.truncate(d);
+    Ok((x, w))
+}
+
 /// Global row `row` of this rank's data, in f64, and its sample weight.
-pub(super) fn read_row(rt: &Runtime, ds: &Dataset, row: u64) -> Result<(Vec<f64>, f64)> {
+fn read_row(rt: &Runtime, ds: &Dataset, row: u64) -> Result<(Vec<f64>, f64)> {
     let mut first = ds.first_row;
     for (part, &rows) in ds.part_rows.iter().enumerate() {
         let end = first + u64::from(rows);
