@@ -720,12 +720,17 @@ fn try_acquire_all<R>(sh: &Shared, t: &Task<R>) -> Result<Option<Vec<Held>>> {
             }
         };
         let got = match access {
-            Access::Shared => sh.acquire_shared(slot).map(Held::Shared),
-            a => sh.acquire(slot, a.writes()).map(Held::Alone),
+            Access::Shared => sh.acquire_shared(slot).map(|p| p.map(Held::Shared)),
+            a => sh.acquire(slot, a.writes()).map(|v| v.map(Held::Alone)),
         };
         drop(room);
         match got {
-            Ok(h) => held.push(h),
+            Ok(Some(h)) => held.push(h),
+            // It gave way to a load in flight (see `load::gives_way`).
+            Ok(None) => {
+                give_all_back(held);
+                return Ok(None);
+            }
             Err(e) => {
                 give_all_back(held);
                 return Err(e);

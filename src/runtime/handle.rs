@@ -90,12 +90,18 @@ impl<T: Send + 'static> Handle<T> {
         // In a fork child the executor is the parent's: left as it is
         // (see `Drop`).
         shared.check_process()?;
-        let v = match shared.acquire(&slot, true) {
-            Ok(v) => v,
-            Err(e) => {
-                // Poisoned or damaged: the handle is gone, so is the value.
-                shared.remove(&slot, true);
-                return Err(e);
+        // A task that holds executors and calls this under an address-space
+        // limit is told to give way to a load in flight; it has nothing of
+        // this call's to give back, so it looks again shortly.
+        let v = loop {
+            match shared.acquire(&slot, true) {
+                Ok(Some(v)) => break v,
+                Ok(None) => std::thread::sleep(std::time::Duration::from_millis(1)),
+                Err(e) => {
+                    // Poisoned or damaged: the handle is gone, so is the value.
+                    shared.remove(&slot, true);
+                    return Err(e);
+                }
             }
         };
         shared.remove(&slot, false);

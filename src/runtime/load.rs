@@ -193,27 +193,18 @@ impl Shared {
     /// when no load is needed or none can help (no other thread pins or
     /// loads anything: the join is then as alone as it will ever be, and
     /// its load goes ahead as any other). [`NoRoom`] when the room is
-    /// held by other threads' pins or loads, or another thread is loading
-    /// or writing the executor: the join must give back what it holds and
-    /// try again. Waiting instead, holding its first
+    /// held by other threads' pins or loads: the join must give back what
+    /// it holds and try again. Waiting instead, holding its first
     /// executors, it could wait for a thread that waits for it (two joins
     /// each holding one executor and each loading another).
     pub(crate) fn join_room(
         &self,
         slot: &Slot,
     ) -> std::result::Result<Option<alloc::LoadClaim>, NoRoom> {
-        if crate::cap::rlimit_as().is_none() {
+        // An executor another thread loads or writes is not waited for
+        // either: the acquire gives way (`gives_way`).
+        if crate::cap::rlimit_as().is_none() || slot.lock().state.pin_step() != PinStep::Load {
             return Ok(None);
-        }
-        match slot.lock().state {
-            // Another thread loads it, or writes it out: waiting for that
-            // while holding this join's first executors could wait for
-            // ever, since that load may be waiting for the room they
-            // hold (a demand load's patience is a minute). The join gives
-            // them back and tries again once it is through.
-            State::Loading | State::Evicting => return Err(NoRoom),
-            s if s.pin_step() != PinStep::Load => return Ok(None),
-            _ => {}
         }
         let bytes = slot
             .size
@@ -300,8 +291,10 @@ impl Shared {
         }
     }
 
-    /// Takes an executor's value for a task: loads it if needed and pins it.
-    pub(crate) fn acquire(&self, slot: &Slot, write: bool) -> Result<Box<dyn Any + Send>> {
+    /// Takes an executor's value for a task: loads it if needed and pins
+    /// it. `None` when this thread holds executors and should give them
+    /// back rather than wait (see [`gives_way`]).
+    pub(crate) fn acquire(&self, slot: &Slot, write: bool) -> Result<Option<Box<dyn Any + Send>>> {
         let start = Instant::now();
         let mut waited = false;
         let mut g = slot.lock();
@@ -327,7 +320,7 @@ impl Shared {
                     self.pin();
                     held(1);
                     self.count_pinned(slot, waited, start);
-                    return Ok(v);
+                    return Ok(Some(v));
                 }
                 PinStep::Load => {
                     waited = true;
@@ -340,6 +333,7 @@ impl Shared {
                         executor: slot.label.clone(),
                     });
                 }
+                PinStep::Wait if gives_way(g.state) => return Ok(None),
                 PinStep::Wait => {
                     waited = true;
                     g = slot.wait(g);
@@ -401,7 +395,7 @@ impl Shared {
     /// the task gets a pointer to it, valid until its
     /// [`release_shared`](Self::release_shared). Waits while a task holds
     /// it alone, or while it moves.
-    pub(crate) fn acquire_shared(&self, slot: &Slot) -> Result<*const (dyn Any + Send)> {
+    pub(crate) fn acquire_shared(&self, slot: &Slot) -> Result<Option<*const (dyn Any + Send)>> {
         let start = Instant::now();
         let mut waited = false;
         let mut g = slot.lock();
@@ -430,7 +424,7 @@ impl Shared {
                     held(1);
                 }
                 self.count_pinned(slot, waited, start);
-                return Ok(ptr);
+                return Ok(Some(ptr));
             }
             match g.state.pin_step() {
                 PinStep::Load => {
@@ -442,6 +436,7 @@ impl Shared {
                         executor: slot.label.clone(),
                     });
                 }
+                PinStep::Wait if gives_way(g.state) => return Ok(None),
                 PinStep::Pin | PinStep::Wait => {
                     waited = true;
                     g = slot.wait(g);
@@ -608,6 +603,17 @@ thread_local! {
     /// a shared pin counts on the thread that made it). `claim_load` does
     /// not wait for these.
     static HELD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Whether a thread that wants an executor in `state` gives back what it
+/// holds instead of waiting: under an address-space limit, while it holds
+/// executors and another thread loads or writes this one. That load may
+/// be waiting for the very room this thread holds (a demand load's
+/// patience is a minute), so waiting could wait for ever.
+fn gives_way(state: State) -> bool {
+    matches!(state, State::Loading | State::Evicting)
+        && HELD.with(Cell::get) > 0
+        && crate::cap::rlimit_as().is_some()
 }
 
 /// Counts a pin this thread made (+1) or gave back (-1).
