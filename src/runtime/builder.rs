@@ -204,28 +204,20 @@ impl Builder {
         // and the headroom, taken only where they fit).
         let prefetchers = if self.prefetch { prefetchers() } else { 0 };
         for i in 0..workers {
-            let what = || format!("worker thread {i} of {workers}");
             let sh = shared.clone();
-            let t = thread_room()
-                .and_then(|()| {
-                    std::thread::Builder::new()
-                        .name(format!("outcore-worker-{i}"))
-                        .spawn(move || super::pool::worker_loop(sh.pool()))
-                })
-                .map_err(|e| thread_error(&what(), &e))?;
-            guard.threads.push(t);
+            guard.threads.push(start_thread(
+                format!("outcore-worker-{i}"),
+                || format!("worker thread {i} of {workers}"),
+                move || super::pool::worker_loop(sh.pool()),
+            )?);
         }
         for i in 0..prefetchers {
-            let what = || format!("prefetch thread {i}");
             let sh = shared.clone();
-            let t = thread_room()
-                .and_then(|()| {
-                    std::thread::Builder::new()
-                        .name(format!("outcore-prefetch-{i}"))
-                        .spawn(move || prefetch_loop(sh))
-                })
-                .map_err(|e| thread_error(&what(), &e))?;
-            guard.prefetchers.push(t);
+            guard.prefetchers.push(start_thread(
+                format!("outcore-prefetch-{i}"),
+                || format!("prefetch thread {i}"),
+                move || prefetch_loop(sh),
+            )?);
         }
         guard.registration = Some(
             alloc::register(
@@ -264,6 +256,33 @@ fn thread_error(what: &str, e: &std::io::Error) -> Error {
 /// can catch it, and the process aborts. A thread counts its stack
 /// (`RUST_MIN_STACK`, or the standard library's 2 MiB) and 256 KiB for
 /// its guard page, signal stack and first allocations.
+/// Starts one of the runtime's threads, named `name`, running `f`, and
+/// waits until it runs: the C library maps a thread's stack at the spawn,
+/// but std maps its signal stack only once the thread starts, and a
+/// thread that started late, after the next threads' stacks and the
+/// trap's reserve took the address space, could not map it and aborted
+/// the process (a build under `RLIMIT_AS` in tests/hard_limit.rs, on a
+/// loaded machine). `what` names the thread in an error.
+fn start_thread(
+    name: String,
+    what: impl FnOnce() -> String,
+    f: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>> {
+    let (started, running) = std::sync::mpsc::channel::<()>();
+    let t = thread_room()
+        .and_then(|()| {
+            std::thread::Builder::new().name(name).spawn(move || {
+                let _ = started.send(());
+                f()
+            })
+        })
+        .map_err(|e| thread_error(&what(), &e))?;
+    // An error only when the thread ended without sending (it cannot
+    // fail otherwise): there is nothing to wait for then.
+    let _ = running.recv();
+    Ok(t)
+}
+
 fn thread_room() -> std::io::Result<()> {
     if crate::cap::rlimit_as().is_none() {
         return Ok(());
