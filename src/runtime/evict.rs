@@ -43,6 +43,16 @@ pub(crate) fn kept_budget(cap: usize, used: usize, limit: usize) -> usize {
     cap.saturating_sub(used).min(limit)
 }
 
+/// Without a cap, the freed pages jemalloc may keep, as a share of the
+/// bytes in use: 1/64.
+pub(crate) const UNCAPPED_KEPT_SHARE: usize = 64;
+
+/// The freed pages an uncapped runtime lets jemalloc keep when `used`
+/// bytes are in use (see [`UNCAPPED_KEPT_SHARE`]): at least 4 MiB.
+pub(crate) fn uncapped_budget(used: usize) -> usize {
+    (used / UNCAPPED_KEPT_SHARE).max(4 << 20)
+}
+
 /// The level proactive eviction brings the bytes in use down to: the low
 /// watermark less what is resident outside the accounting (`outside`, at
 /// most an eighth of the cap), so that the resident set, which `top` and
@@ -291,6 +301,7 @@ impl Shared {
     /// with nothing more to come.
     pub(crate) fn trim_after_load(&self) {
         if self.soft_cap().is_none() {
+            self.trim(0);
             return;
         }
         if let Some(rss) = crate::cap::resident_set() {
@@ -318,8 +329,20 @@ impl Shared {
     /// by what is not an executor (a job's model-sized sums, its sample)
     /// and taken again by another thread's arena were kept until the next
     /// load (at k = 1000, 10,000-D, 591 MiB resident under 512 MiB).
+    ///
+    /// Without a cap, the kept pages are purged when they exceed
+    /// [`UNCAPPED_KEPT_SHARE`] of the bytes in use: jemalloc's own decay
+    /// keeps them ten seconds, and an uncapped K-means at 10,000-D held
+    /// 1.36x its data resident (the initialisation's sample and the
+    /// loads' leftovers, freed and kept) for 1.23x in use.
     pub(crate) fn trim(&self, bytes: usize) {
-        let Some(cap) = self.soft_cap() else { return };
+        let Some(cap) = self.soft_cap() else {
+            let kept = alloc::kept_pages();
+            if kept > 0 && kept > uncapped_budget(alloc::current_usage()) {
+                alloc::purge();
+            }
+            return;
+        };
         let kept = alloc::kept_pages();
         let used = alloc::current_usage();
         let rss = crate::cap::resident_set();

@@ -468,8 +468,22 @@ impl Runtime {
     /// big value, so that room is made ahead of time instead of in the
     /// allocation trap. Returns whether the bytes fit (always true with no
     /// cap).
+    ///
+    /// Without a cap nothing is evicted, but the freed pages the allocator
+    /// keeps for reuse are returned to the system when they are more than
+    /// 1/64 of the bytes in use: call it after freeing a large temporary
+    /// (a sample, a model-sized vector), so that the resident set `top`
+    /// shows follows the bytes in use. The runtime does the same after
+    /// each load.
     pub fn make_room(&self, bytes: usize) -> bool {
-        self.shared.check_process().is_ok() && self.shared.make_room(bytes, None)
+        if self.shared.check_process().is_err() {
+            return false;
+        }
+        if self.shared.soft_cap().is_none() {
+            self.shared.trim(bytes);
+            return true;
+        }
+        self.shared.make_room(bytes, None)
     }
 
     /// Evicts every idle executor now (writing the dirty ones). Returns how

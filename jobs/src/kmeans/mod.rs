@@ -590,7 +590,7 @@ fn drive(
     let mut out = best.ok_or_else(|| Error::Input("no run".into()))?;
     if let Some(sink) = labels {
         on(Event::FinalPass);
-        final_pass(rt, ds, &plan, &out.centers, Some(sink))?;
+        final_pass(rt, ds, &plan, &mut out.centers, Some(sink))?;
     }
     out.init_inertia = init_inertia;
     Ok(out)
@@ -736,6 +736,9 @@ fn run_once(
         Init::KMeansParallel => parallel::initial_centers(rt, ds, cfg, plan, seed)?,
         _ => init::initial_centers(rt, ds, cfg, plan.ranks, seed)?,
     };
+    // The initialisation's sample is freed: without a cap, its pages go
+    // back to the system now rather than after jemalloc's decay.
+    rt.make_room(0);
     on(Event::Initialized {
         seconds: t.elapsed().as_secs_f64(),
     });
@@ -766,8 +769,14 @@ fn run_once(
             break;
         }
     }
+    // The final pass holds the centres alone: the steps' sums go first.
+    let steps = solver.steps();
+    let combine = pass.combine;
+    drop(solver);
+    drop(pass);
+    rt.make_room(0);
     on(Event::FinalPass);
-    let inertia = final_pass(rt, ds, plan, &centers, labels)?;
+    let inertia = final_pass(rt, ds, plan, &mut centers, labels)?;
     Ok(Outcome {
         centers,
         inertia,
@@ -775,12 +784,12 @@ fn run_once(
         epoch_seconds: history.seconds,
         epoch_inertia: history.inertia,
         epoch_kernel_seconds: history.kernel,
-        steps: solver.steps(),
+        steps,
         converged: history.converged,
         best_init: 0,
         init_inertia: Vec::new(),
-        combine_seconds: pass.combine.0,
-        combines: pass.combine.1,
+        combine_seconds: combine.0,
+        combines: combine.1,
         relocated: history.relocated,
     })
 }
@@ -826,10 +835,20 @@ fn final_pass(
     rt: &Runtime,
     ds: &Dataset,
     plan: &Plan<'_>,
-    c: &Centers,
+    c: &mut Centers,
+    labels: Option<LabelSink<'_>>,
+) -> Result<f64> {
+    lend(c, |shared| final_sweep(rt, ds, plan, shared, labels))
+}
+
+/// [`final_pass`] over the lent centres.
+fn final_sweep(
+    rt: &Runtime,
+    ds: &Dataset,
+    plan: &Plan<'_>,
+    shared: &Arc<Centers>,
     mut labels: Option<LabelSink<'_>>,
 ) -> Result<f64> {
-    let shared = Arc::new(c.clone());
     let mut accs = vec![vec![0f64]; plan.mine.len()];
     let want = Want {
         labels: labels.is_some(),
@@ -848,7 +867,7 @@ fn final_pass(
         None => plan.sweep_order(),
     };
     let (list, owner) = plan.chunks_of(&order);
-    sweep(rt, ds, &list, &shared, want, None, |i, p| {
+    sweep(rt, ds, &list, shared, want, None, |i, p| {
         accs[owner[i]][0] += p.inertia;
         match labels.as_mut() {
             Some(sink) => sink(&p.labels),
