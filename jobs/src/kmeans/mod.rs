@@ -51,6 +51,7 @@
 //! - `kernel/`: the fused AVX2/FMA (and AVX-512) distance and argmin kernel.
 //! - `minibatch.rs`: mini-batch epochs: the running-mean update and early stopping.
 //! - `lloyd.rs`: Lloyd iterations: centres to the means, the tolerance from the data's variance.
+//! - `label.rs`: the final pass (inertia, labels) and [`predict`].
 //! - `init.rs`: the initial centres (k-means++, random or given) and the sample they come from.
 //! - `parallel.rs`: k-means|| initial centres, drawn over passes of all the rows.
 
@@ -60,6 +61,7 @@ mod data;
 mod fold;
 mod init;
 mod kernel;
+mod label;
 mod lloyd;
 mod minibatch;
 mod parallel;
@@ -77,16 +79,17 @@ use std::time::Instant;
 
 pub use data::{Dataset, Partition};
 pub use init::init_sample_bytes;
+pub use label::predict;
 pub use shards::{rank_rows, shards};
 pub use stats::{Delta, KmeansStats, Loaded, Traffic};
 
 pub(crate) use self::assign::label_rows;
-use self::assign::{sweep, Packed, Want};
+use self::assign::Packed;
 use self::budget::Needs;
 use self::fold::Summing;
 use self::lloyd::Lloyd;
 use self::minibatch::MiniBatch;
-use self::plan::{chunks, Chunk, Plan};
+use self::plan::{Chunk, Plan};
 use crate::error::{Error, Result};
 use crate::input::{mix, Source};
 use crate::{Session, Workers};
@@ -590,7 +593,7 @@ fn drive(
     let mut out = best.ok_or_else(|| Error::Input("no run".into()))?;
     if let Some(sink) = labels {
         on(Event::FinalPass);
-        final_pass(rt, ds, &plan, &mut out.centers, Some(sink))?;
+        label::final_pass(rt, ds, &plan, &mut out.centers, Some(sink))?;
     }
     out.init_inertia = init_inertia;
     Ok(out)
@@ -776,7 +779,7 @@ fn run_once(
     drop(pass);
     rt.make_room(0);
     on(Event::FinalPass);
-    let inertia = final_pass(rt, ds, plan, &mut centers, labels)?;
+    let inertia = label::final_pass(rt, ds, plan, &mut centers, labels)?;
     Ok(Outcome {
         centers,
         inertia,
@@ -826,85 +829,4 @@ impl History {
         self.converged = swept.converged;
         swept.converged
     }
-}
-
-/// Inertia of `c` over all the data (added by shard, then across shards),
-/// and with a sink this rank's labels, handed to it task by task in row
-/// order.
-fn final_pass(
-    rt: &Runtime,
-    ds: &Dataset,
-    plan: &Plan<'_>,
-    c: &mut Centers,
-    labels: Option<LabelSink<'_>>,
-) -> Result<f64> {
-    lend(c, |shared| final_sweep(rt, ds, plan, shared, labels))
-}
-
-/// [`final_pass`] over the lent centres.
-fn final_sweep(
-    rt: &Runtime,
-    ds: &Dataset,
-    plan: &Plan<'_>,
-    shared: &Arc<Centers>,
-    mut labels: Option<LabelSink<'_>>,
-) -> Result<f64> {
-    let mut accs = vec![vec![0f64]; plan.mine.len()];
-    let want = Want {
-        labels: labels.is_some(),
-        ..Want::default()
-    };
-    // Without labels, in the passes' order (the resident part of the data
-    // stays right); with, in row order (the order is declared again), so
-    // the labels go out as they come. Each shard's tasks come in task
-    // order either way, so the inertia is the same, bit for bit.
-    let order = match labels {
-        Some(_) => {
-            let rows = plan.local_tasks();
-            plan.declare(rt, ds, rows.iter().map(|&(t, _)| t));
-            rows
-        }
-        None => plan.sweep_order(),
-    };
-    let (list, owner) = plan.chunks_of(&order);
-    sweep(rt, ds, &list, shared, want, None, |i, p| {
-        accs[owner[i]][0] += p.inertia;
-        match labels.as_mut() {
-            Some(sink) => sink(&p.labels),
-            None => Ok(()),
-        }
-    })?;
-    Ok(plan.ranks.ordered_sum(&accs, 1)?[0])
-}
-
-/// Labels every row with its nearest centre (ties to the lowest index, as
-/// scikit-learn) and, when `dists` is set, its squared distance to it,
-/// sweeping the data in order. `on_block` receives the labels (and
-/// distances, else an empty slice) of consecutive blocks of rows, in row
-/// order, so the caller can stream them out: at most a few blocks of
-/// results are held at once.
-pub fn predict(
-    session: &Session,
-    ds: &Dataset,
-    centers: &Centers,
-    dists: bool,
-    task_points: usize,
-    mut on_block: impl FnMut(&[u32], &[f32]) -> Result<()>,
-) -> Result<()> {
-    if centers.dims != ds.dims {
-        return Err(Error::Input(format!(
-            "the centres have {} dimensions, the data has {}",
-            centers.dims, ds.dims
-        )));
-    }
-    let shared = Arc::new(centers.clone());
-    let want = Want {
-        labels: true,
-        dists,
-        ..Want::default()
-    };
-    let list = chunks(ds, task_points.max(1));
-    sweep(session.runtime(), ds, &list, &shared, want, None, |_, p| {
-        on_block(&p.labels, &p.dists)
-    })
 }
