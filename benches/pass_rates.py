@@ -18,20 +18,14 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 import warnings
 
 import numpy as np
 
-
-def write_npy(path, rows, cols, seed=0):
-    """A float32 .npy written block by block."""
-    rng = np.random.default_rng(seed)
-    with open(path, "wb") as f:
-        np.lib.format.write_array_header_2_0(f, {"descr": "<f4", "fortran_order": False, "shape": (rows, cols)})
-        for start in range(0, rows, 65536):
-            n = min(65536, rows - start)
-            f.write((rng.normal(size=(n, cols)) + (np.arange(n) % 8)[:, None] * 2).astype("<f4").tobytes())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from python_apply import write_npy  # noqa: E402
 
 
 def timed(f, repeat):
@@ -53,7 +47,7 @@ def main():
     ap.add_argument("--peers", action="store_true", help="also logistic regression in memory against scikit-learn(-intelex)")
     args = ap.parse_args()
     if not os.path.exists(args.path):
-        write_npy(args.path, (args.mib << 20) // 512, 128)
+        write_npy(args.path, (args.mib << 20) // 512, 128, spread=2)
     import outcore
 
     warnings.simplefilter("ignore")

@@ -21,14 +21,15 @@ import warnings
 import numpy as np
 
 
-def write_npy(path, rows, cols, seed=0):
-    """A float32 .npy written block by block."""
+def write_npy(path, rows, cols, seed=0, spread=4):
+    """A float32 .npy written block by block: eight Gaussian blobs, their
+    means `spread` apart on every column."""
     rng = np.random.default_rng(seed)
     with open(path, "wb") as f:
         np.lib.format.write_array_header_2_0(f, {"descr": "<f4", "fortran_order": False, "shape": (rows, cols)})
         for start in range(0, rows, 65536):
             n = min(65536, rows - start)
-            f.write((rng.normal(size=(n, cols)) + (np.arange(n) % 8)[:, None] * 4).astype("<f4").tobytes())
+            f.write((rng.normal(size=(n, cols)) + (np.arange(n) % 8)[:, None] * spread).astype("<f4").tobytes())
 
 
 def drop_caches():
