@@ -300,11 +300,8 @@ impl Shared {
     /// accounting (for the eviction target) and [`trim`](Self::trim)s
     /// with nothing more to come.
     pub(crate) fn trim_after_load(&self) {
-        if self.soft_cap().is_none() {
-            self.trim(0);
-            return;
-        }
-        if let Some(rss) = crate::cap::resident_set() {
+        let measured = self.soft_cap().and_then(|_| crate::cap::resident_set());
+        if let Some(rss) = measured {
             let outside = usize::try_from(rss).unwrap_or(usize::MAX);
             let outside = outside
                 .saturating_sub(alloc::current_usage())
@@ -325,7 +322,8 @@ impl Shared {
     /// held 516 MiB resident; in a memory cgroup sized just above the cap,
     /// keeping them all pushed the job into swap (77,000 major faults in a
     /// 4 GiB run). Checked after loads, before room is made for an
-    /// allocation, and when a prefetcher finds nothing to do: pages freed
+    /// allocation, and (with a cap) when a prefetcher finds nothing to
+    /// do: pages freed
     /// by what is not an executor (a job's model-sized sums, its sample)
     /// and taken again by another thread's arena were kept until the next
     /// load (at k = 1000, 10,000-D, 591 MiB resident under 512 MiB).
@@ -336,19 +334,22 @@ impl Shared {
     /// 1.36x its data resident (the initialisation's sample and the
     /// loads' leftovers, freed and kept) for 1.23x in use.
     pub(crate) fn trim(&self, bytes: usize) {
-        let Some(cap) = self.soft_cap() else {
-            let kept = alloc::kept_pages();
-            if kept > 0 && kept > uncapped_budget(alloc::current_usage()) {
-                alloc::purge();
-            }
-            return;
-        };
         let kept = alloc::kept_pages();
+        if kept == 0 {
+            return;
+        }
         let used = alloc::current_usage();
-        let rss = crate::cap::resident_set();
-        let cap_bytes = usize::try_from(cap).unwrap_or(usize::MAX);
-        let budget = kept_budget(cap_bytes, used.saturating_add(bytes), self.dirty_budget());
-        if kept > 0 && (kept > budget || rss.is_some_and(|rss| rss > cap - cap / 64)) {
+        let over = match self.soft_cap() {
+            None => kept > uncapped_budget(used),
+            Some(cap) => {
+                let rss = crate::cap::resident_set();
+                let cap_bytes = usize::try_from(cap).unwrap_or(usize::MAX);
+                let budget =
+                    kept_budget(cap_bytes, used.saturating_add(bytes), self.dirty_budget());
+                kept > budget || rss.is_some_and(|rss| rss > cap - cap / 64)
+            }
+        };
+        if over {
             alloc::purge();
         }
     }
@@ -356,10 +357,10 @@ impl Shared {
     /// Evicts until `bytes` more fit under the eviction target, taking only
     /// victims ranked above `above` when given. Returns whether they fit.
     pub(crate) fn make_room(&self, bytes: usize, above: Option<u64>) -> bool {
+        self.trim(bytes);
         let Some(cap) = self.soft_cap() else {
             return true;
         };
-        self.trim(bytes);
         let cap = self.eviction_target(cap);
         let mut skip: Vec<u64> = Vec::new();
         // No purge afterwards: jemalloc reuses the freed extents for the

@@ -476,14 +476,7 @@ impl Runtime {
     /// shows follows the bytes in use. The runtime does the same after
     /// each load.
     pub fn make_room(&self, bytes: usize) -> bool {
-        if self.shared.check_process().is_err() {
-            return false;
-        }
-        if self.shared.soft_cap().is_none() {
-            self.shared.trim(bytes);
-            return true;
-        }
-        self.shared.make_room(bytes, None)
+        self.shared.check_process().is_ok() && self.shared.make_room(bytes, None)
     }
 
     /// Evicts every idle executor now (writing the dirty ones). Returns how

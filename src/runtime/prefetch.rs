@@ -269,8 +269,13 @@ pub(crate) fn prefetchers() -> usize {
 pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
     while !sh.pool().is_shut_down() {
         if !sh.prefetch_on() || !sh.prefetch_step() {
-            // Nothing to load: pages freed meanwhile are trimmed here too.
-            sh.trim(0);
+            // Nothing to load: pages freed meanwhile are trimmed here too,
+            // under a cap. Without one, trimming every 50 ms purged what
+            // the tasks free and take again: in-memory Lloyd iterations
+            // at 128-D were 13% slower (loads and `make_room` trim).
+            if sh.soft_cap().is_some() {
+                sh.trim(0);
+            }
             sh.wait_for_prefetch_work(Duration::from_millis(50));
         }
     }
