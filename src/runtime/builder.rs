@@ -251,11 +251,6 @@ fn thread_error(what: &str, e: &std::io::Error) -> Error {
     }
 }
 
-/// Under an address-space limit, whether a thread's stack fits: a thread
-/// that starts and then cannot map its signal stack panics where nothing
-/// can catch it, and the process aborts. A thread counts its stack
-/// (`RUST_MIN_STACK`, or the standard library's 2 MiB) and 256 KiB for
-/// its guard page, signal stack and first allocations.
 /// Starts one of the runtime's threads, named `name`, running `f`, and
 /// waits until it runs: the C library maps a thread's stack at the spawn,
 /// but std maps its signal stack only once the thread starts, and a
@@ -283,6 +278,11 @@ fn start_thread(
     Ok(t)
 }
 
+/// Under an address-space limit, whether a thread's stack fits: a thread
+/// that starts and then cannot map its signal stack panics where nothing
+/// can catch it, and the process aborts. A thread counts its stack
+/// (`RUST_MIN_STACK`, or the standard library's 2 MiB) and 256 KiB for
+/// its guard page, signal stack and first allocations.
 fn thread_room() -> std::io::Result<()> {
     if crate::cap::rlimit_as().is_none() {
         return Ok(());

@@ -483,12 +483,12 @@ impl Shared {
         self.generation.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The marker that moves whenever an executor becomes `Evicted`.
     /// The count of executors in state `Evicted`, for a new slot to keep.
     pub(crate) fn evicted_count(&self) -> Arc<AtomicUsize> {
         self.evicted_now.clone()
     }
 
+    /// The marker that moves whenever an executor becomes `Evicted`.
     pub(crate) fn evicted_mark(&self) -> u64 {
         self.evicted_mark.load(Ordering::Acquire)
     }

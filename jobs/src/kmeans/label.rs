@@ -18,17 +18,6 @@ pub(super) fn final_pass(
     ds: &Dataset,
     plan: &Plan<'_>,
     c: &mut Centers,
-    labels: Option<LabelSink<'_>>,
-) -> Result<f64> {
-    lend(c, |shared| final_sweep(rt, ds, plan, shared, labels))
-}
-
-/// [`final_pass`] over the lent centres.
-fn final_sweep(
-    rt: &Runtime,
-    ds: &Dataset,
-    plan: &Plan<'_>,
-    shared: &Arc<Centers>,
     mut labels: Option<LabelSink<'_>>,
 ) -> Result<f64> {
     let mut accs = vec![vec![0f64]; plan.mine.len()];
@@ -49,12 +38,15 @@ fn final_sweep(
         None => plan.sweep_order(),
     };
     let (list, owner) = plan.chunks_of(&order);
-    sweep(rt, ds, &list, shared, want, None, |i, p| {
-        accs[owner[i]][0] += p.inertia;
-        match labels.as_mut() {
-            Some(sink) => sink(&p.labels),
-            None => Ok(()),
-        }
+    // The centres are lent to the tasks, not copied.
+    lend(c, |shared| {
+        sweep(rt, ds, &list, shared, want, None, |i, p| {
+            accs[owner[i]][0] += p.inertia;
+            match labels.as_mut() {
+                Some(sink) => sink(&p.labels),
+                None => Ok(()),
+            }
+        })
     })?;
     Ok(plan.ranks.ordered_sum(&accs, 1)?[0])
 }
