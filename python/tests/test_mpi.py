@@ -292,10 +292,19 @@ def test_outcore_mpi_off_keeps_each_rank_to_itself(data, tmp_path):
         "from outcore import _core\n"
         "X = np.load(sys.argv[1], mmap_mode='r')[:5000]\n"
         "km = outcore.KMeans(n_clusters=3, n_init=1, random_state=0).fit(X)\n"
-        "print('alone', _core.mpi_rank(), km.stats_['ranks'], flush=True)\n"
+        # One file per rank: two ranks' prints share mpirun's stdout, and an
+        # unbuffered Python writes a print's pieces one by one.
+        "import os\n"
+        "rank = os.environ['OMPI_COMM_WORLD_RANK']\n"
+        "with open(os.path.join(sys.argv[2], 'alone.' + rank), 'w') as f:\n"
+        "    f.write(f\"alone {_core.mpi_rank()} {km.stats_['ranks']}\")\n"
     )
     env = _env(tmp_path)
     env["OUTCORE_MPI"] = "off"
-    r = _run(_mpirun(mpirun, 2) + ["-x", "OUTCORE_MPI", sys.executable, "-c", code, str(X)], env)
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-c", code, str(X), str(out)]
+    r = _run(_mpirun(mpirun, 2) + ["-x", "OUTCORE_MPI"] + cmd, env)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("alone (0, 1) 1") == 2, r.stdout
+    got = sorted((f.name, f.read_text()) for f in out.iterdir())
+    assert got == [("alone.0", "alone (0, 1) 1"), ("alone.1", "alone (0, 1) 1")], got
