@@ -26,6 +26,13 @@ pub(crate) struct Counters {
     pub bytes_written: AtomicU64,
     pub bytes_read: AtomicU64,
     pub direct_bytes_read: AtomicU64,
+    pub tier_puts: AtomicU64,
+    pub tier_bytes_sent: AtomicU64,
+    pub tier_loads: AtomicU64,
+    pub tier_bytes_loaded: AtomicU64,
+    pub tier_fallbacks: AtomicU64,
+    /// The warning about the first failure of the spill tier.
+    tier_warning: OnceLock<String>,
     pub tasks: AtomicU64,
     pub join_retries: AtomicU64,
     pub load_wait_nanos: AtomicU64,
@@ -58,6 +65,18 @@ impl Counters {
         }
         if prefetched {
             Counters::add(&self.prefetches, 1);
+        }
+    }
+
+    /// Counts a failure of the spill tier `tier` (named), met for
+    /// `executor`; the first one also leaves a warning.
+    pub(crate) fn note_tier_failure(&self, tier: &str, executor: &str, error: &std::io::Error) {
+        Counters::add(&self.tier_fallbacks, 1);
+        if self.tier_warning.get().is_none() {
+            let _ = self.tier_warning.set(format!(
+                "the spill tier ({tier}) failed for {executor}: {error}; executors it \
+                 held are read from the disk or rebuilt from their lineage instead"
+            ));
         }
     }
 
@@ -157,6 +176,21 @@ pub struct Stats {
     /// loaded value's memory: the bytes of large [`PodVec`](crate::PodVec)s,
     /// where the spill directory's filesystem allows it.
     pub direct_bytes_read: u64,
+    /// Images put into the spill tier (see
+    /// [`Builder::spill_tier`](crate::Builder::spill_tier)).
+    pub tier_puts: u64,
+    /// Bytes of those images.
+    pub tier_bytes_sent: u64,
+    /// Executors loaded from the spill tier (counted in
+    /// [`loads`](Stats::loads) too; not in [`bytes_read`](Stats::bytes_read)).
+    pub tier_loads: u64,
+    /// Bytes of the images those loads read.
+    pub tier_bytes_loaded: u64,
+    /// Times the spill tier failed (a put or a get; an image it no
+    /// longer held, or handed back damaged): the executor went to the disk
+    /// or was read from it, or rebuilt from its lineage, instead. The
+    /// first one leaves a line in [`warnings`](Stats::warnings).
+    pub tier_fallbacks: u64,
     /// Tasks run.
     pub tasks: u64,
     /// Times a task over several executors (a join) gave back the ones it
@@ -209,10 +243,12 @@ pub struct Stats {
     pub trap_seconds: f64,
     /// Time threads spent waiting for another thread's trap, in seconds.
     pub wait_seconds: f64,
-    /// What the runtime found wrong in the way it is used, each kind said
-    /// once (the first executor larger than the cap: see
-    /// [`oversized`](Stats::oversized)), in plain sentences that name the
-    /// executor, its size and the cap. Empty when all is well.
+    /// What the runtime found wrong, each kind said once, in plain
+    /// sentences: the first executor larger than the cap (see
+    /// [`oversized`](Stats::oversized)), naming it, its size and the cap;
+    /// the first failure of the spill tier (see
+    /// [`tier_fallbacks`](Stats::tier_fallbacks)), naming the tier, the
+    /// executor and the error. Empty when all is well.
     pub warnings: Vec<String>,
 }
 
@@ -235,6 +271,11 @@ impl Stats {
             bytes_written: g(&c.bytes_written),
             bytes_read: g(&c.bytes_read),
             direct_bytes_read: g(&c.direct_bytes_read),
+            tier_puts: g(&c.tier_puts),
+            tier_bytes_sent: g(&c.tier_bytes_sent),
+            tier_loads: g(&c.tier_loads),
+            tier_bytes_loaded: g(&c.tier_bytes_loaded),
+            tier_fallbacks: g(&c.tier_fallbacks),
             tasks: g(&c.tasks),
             join_retries: g(&c.join_retries),
             load_wait_seconds: g(&c.load_wait_nanos) as f64 * 1e-9,
@@ -251,7 +292,10 @@ impl Stats {
             oversized: g(&c.oversized),
             trap_seconds: g(&COUNTERS.trap_nanos) as f64 * 1e-9,
             wait_seconds: g(&COUNTERS.wait_nanos) as f64 * 1e-9,
-            warnings: c.oversized_warning.get().cloned().into_iter().collect(),
+            warnings: [&c.oversized_warning, &c.tier_warning]
+                .into_iter()
+                .filter_map(|w| w.get().cloned())
+                .collect(),
         }
     }
 

@@ -61,7 +61,7 @@ impl std::error::Error for Damage {
 }
 
 use crate::alloc::BypassGuard;
-use crate::spill::{self, FileKey};
+use crate::spill::{self, FileKey, SpillTier};
 
 /// Sentinel for "none" in the atomic mirrors.
 pub(crate) const NONE: u64 = u64::MAX;
@@ -73,6 +73,13 @@ pub(crate) type LoadFn = fn(&Path, FileKey) -> io::Result<(Box<dyn Any + Send>, 
 /// Measures a type-erased value: the bytes it encodes to (`None` when its
 /// `Serialize` fails or panics).
 pub(crate) type MeasureFn = fn(&(dyn Any + Send)) -> Option<usize>;
+/// Puts a type-erased value's image into a spill tier: its length, or
+/// `None` when the tier declined it.
+pub(crate) type TierPutFn =
+    fn(&(dyn Any + Send), &dyn SpillTier, FileKey, u64) -> io::Result<Option<u64>>;
+/// Reads a type-erased value's image back from a spill tier: the value and
+/// the image's length.
+pub(crate) type TierGetFn = fn(&dyn SpillTier, FileKey) -> io::Result<(Box<dyn Any + Send>, u64)>;
 /// Rebuilds a type-erased value from its lineage.
 pub(crate) type RebuildFn = Box<dyn Fn() -> io::Result<Box<dyn Any + Send>> + Send + Sync>;
 
@@ -92,6 +99,28 @@ fn save_impl<T: Serialize + 'static>(
             "internal: executor value has an unexpected type",
         )),
     }
+}
+
+fn tier_put_impl<T: Serialize + 'static>(
+    v: &(dyn Any + Send),
+    tier: &dyn SpillTier,
+    key: FileKey,
+    len: u64,
+) -> io::Result<Option<u64>> {
+    match v.downcast_ref::<T>() {
+        Some(t) => spill::tier::put_value(tier, key, len, t),
+        None => Err(io::Error::other(
+            "internal: executor value has an unexpected type",
+        )),
+    }
+}
+
+fn tier_get_impl<T: DeserializeOwned + Send + 'static>(
+    tier: &dyn SpillTier,
+    key: FileKey,
+) -> io::Result<(Box<dyn Any + Send>, u64)> {
+    let (v, n) = spill::tier::get_value::<T>(tier, key)?;
+    Ok((Box::new(v), n))
 }
 
 fn measure_impl<T: Serialize + 'static>(v: &(dyn Any + Send)) -> Option<usize> {
@@ -141,6 +170,10 @@ pub(crate) struct Inner {
     pub file_gen: u64,
     /// Next generation to write.
     pub next_gen: u64,
+    /// Generation of the image a spill tier holds (0: none). Valid while
+    /// the executor is clean: whoever makes it dirty takes it (see
+    /// [`Slot::make_dirty`]) and has the tier forget it.
+    pub tier_gen: u64,
     /// Dispatch sequence numbers of pending tasks, in order.
     pub pending: std::collections::VecDeque<u64>,
     /// Why the executor is damaged (a failed load), when it is.
@@ -162,6 +195,8 @@ pub(crate) struct Slot {
     pub fingerprint: u64,
     pub save: SaveFn,
     pub load: LoadFn,
+    pub tier_put: TierPutFn,
+    pub tier_get: TierGetFn,
     /// The bytes the value encodes to (its size after a task changed it).
     pub measure: MeasureFn,
     /// How to rebuild the value instead of reading a spill file, when the
@@ -272,6 +307,8 @@ impl Slot {
             fingerprint: spill::fingerprint::<T>(),
             save: save_impl::<T>,
             load: load_impl::<T>,
+            tier_put: tier_put_impl::<T>,
+            tier_get: tier_get_impl::<T>,
             measure: measure_impl::<T>,
             lineage,
             lineage_repeatable,
@@ -281,6 +318,7 @@ impl Slot {
                 dirty: !from_lineage,
                 file_gen: if from_lineage { FROM_LINEAGE } else { 0 },
                 next_gen: 1,
+                tier_gen: 0,
                 pending: std::collections::VecDeque::new(),
                 damage: None,
                 drop_on_release: false,
@@ -353,6 +391,17 @@ impl Slot {
             g.pending.front().copied().unwrap_or(NONE),
             Ordering::Release,
         );
+    }
+
+    /// Marks the value changed (it differs from every copy): the tier's
+    /// image, if there is one, is stale; its generation is returned, for
+    /// the caller to have the tier forget it once the lock is released.
+    pub(crate) fn make_dirty(g: &mut SlotGuard<'_>) -> Option<u64> {
+        g.dirty = true;
+        match std::mem::take(&mut g.tier_gen) {
+            0 => None,
+            gen => Some(gen),
+        }
     }
 
     pub(crate) fn key(&self, generation: u64) -> FileKey {

@@ -11,7 +11,7 @@ use crate::alloc::{self, Evictor, Registration};
 use crate::cap::MemoryCap;
 use crate::error::{Error, Result};
 use crate::policy::EvictionPolicy;
-use crate::spill::SpillStore;
+use crate::spill::{SpillStore, SpillTier};
 
 /// The most worker threads a runtime starts. Each thread takes a stack and
 /// the standard library's signal stack, mapped separately; tens of
@@ -43,6 +43,17 @@ pub struct Builder {
     spill_dir: Option<PathBuf>,
     prefetch: bool,
     stop_when_cap_lost: bool,
+    tier: Option<TierRef>,
+}
+
+/// The spill tier a builder was given (printed by its name).
+#[derive(Clone)]
+struct TierRef(Arc<dyn SpillTier>);
+
+impl std::fmt::Debug for TierRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SpillTier").field(&self.0.name()).finish()
+    }
 }
 
 impl Default for Builder {
@@ -54,6 +65,7 @@ impl Default for Builder {
             spill_dir: None,
             prefetch: true,
             stop_when_cap_lost: true,
+            tier: None,
         }
     }
 }
@@ -152,6 +164,16 @@ impl Builder {
         self
     }
 
+    /// A place for evicted executors besides the spill directory, tried
+    /// first (default: none): see [`SpillTier`]. The disk still takes the
+    /// evictions made inside the allocation trap, and every write of an
+    /// executor changed since its last one, so the tier is never the only
+    /// copy of a value.
+    pub fn spill_tier(mut self, tier: Arc<dyn SpillTier>) -> Self {
+        self.tier = Some(TierRef(tier));
+        self
+    }
+
     /// Starts the runtime: creates the spill directory, registers with the
     /// allocator and starts the workers and the prefetchers. If anything
     /// fails part-way, the threads already started are stopped and the
@@ -191,6 +213,7 @@ impl Builder {
             workers,
             self.prefetch,
             self.stop_when_cap_lost,
+            self.tier.map(|t| t.0),
         );
         let mut guard = StartGuard {
             shared: shared.clone(),

@@ -6,6 +6,12 @@
 //! dropped with no write; a dirty one is written first, outside its slot
 //! lock (state `Evicting`), and a failed write puts it back intact (see
 //! `writes.rs` for the backoff).
+//!
+//! With a spill tier ([`SpillTier`]), outside the trap: a clean executor
+//! the tier does not hold yet is put there before it is dropped; a dirty
+//! one is written to the disk, then put there too. The tier is never the
+//! only copy, so it may fail or forget at any time: loads then read the
+//! disk or the lineage (`load.rs`).
 
 use std::any::Any;
 use std::io;
@@ -19,8 +25,8 @@ use super::registry::Member;
 use super::shared::{drop_user_value, panic_message, Shared};
 use crate::alloc::{self, linebuf::LineBuf, BypassGuard, Evictor, Freed};
 use crate::error::{Error, Result};
-use crate::executor::{EvictStep, Slot, State, NONE};
-use crate::spill::ValueFailed;
+use crate::executor::{EvictStep, Slot, SlotGuard, State, FROM_LINEAGE, NONE};
+use crate::spill::{SpillTier, ValueFailed};
 use crate::stats::Counters;
 
 /// Outcome of one eviction attempt.
@@ -125,67 +131,192 @@ impl Shared {
             return Evicted::Busy;
         };
         let size = slot.size.load(Ordering::Relaxed);
+        let to_tier = !trap && self.tier().is_some();
         match g.state.evict_step(g.dirty, g.file_gen != 0) {
             EvictStep::Skip => Evicted::Skipped,
+            EvictStep::DropClean if to_tier && g.tier_gen == 0 => self.evict_to_tier(slot, g, size),
             EvictStep::DropClean => {
                 let v = g.value.take();
-                let unused = slot.prefetched.swap(false, Ordering::Relaxed);
-                slot.set_state(&mut g, State::Evicted);
-                self.note_evicted();
-                drop(g);
-                drop_user_value(v);
-                self.count_eviction(trap, true, unused, size);
+                self.finish_eviction(slot, g, v, trap, true, size);
                 Evicted::Freed(size)
             }
-            EvictStep::Write => {
-                let now = self.epoch_ms();
-                if !asked
-                    && !self
-                        .writes()
-                        .may_write(now, slot.write_retry_at.load(Ordering::Relaxed))
-                {
-                    return Evicted::Skipped;
+            EvictStep::Write => self.write_out(slot, g, trap, asked, size),
+        }
+    }
+
+    /// Evicts `slot` (locked, `g`), clean and not in the tier yet: its
+    /// image goes there (the tier is faster to read back than the disk or
+    /// the lineage), then it is dropped as any clean executor.
+    fn evict_to_tier(&self, slot: &Slot, mut g: SlotGuard<'_>, size: usize) -> Evicted {
+        let Some(v) = g.value.take() else {
+            return Evicted::Skipped;
+        };
+        let gen = if g.file_gen == FROM_LINEAGE {
+            g.next_gen += 1;
+            g.next_gen - 1
+        } else {
+            g.file_gen
+        };
+        slot.set_state(&mut g, State::Evicting);
+        drop(g);
+        let _bypass = BypassGuard::new();
+        let put = self.put_in_tier(slot, &*v, gen, size);
+        let mut g = slot.lock();
+        if put {
+            g.tier_gen = gen;
+        }
+        self.finish_eviction(slot, g, Some(v), false, true, size);
+        Evicted::Freed(size)
+    }
+
+    /// Evicts `slot` (locked, `g`), changed since its last copy: writes it
+    /// to the disk (and, outside the trap, puts the same copy into the
+    /// tier, where loads then read it). A failed write leaves it resident.
+    fn write_out(
+        &self,
+        slot: &Slot,
+        mut g: SlotGuard<'_>,
+        trap: bool,
+        asked: bool,
+        size: usize,
+    ) -> Evicted {
+        let now = self.epoch_ms();
+        if !asked
+            && !self
+                .writes()
+                .may_write(now, slot.write_retry_at.load(Ordering::Relaxed))
+        {
+            return Evicted::Skipped;
+        }
+        let Some(v) = g.value.take() else {
+            return Evicted::Skipped;
+        };
+        let gen = g.next_gen;
+        g.next_gen += 1;
+        slot.set_state(&mut g, State::Evicting);
+        drop(g);
+        let _bypass = BypassGuard::new();
+        let path = self.store().path_for(slot.id);
+        let result = self.save(slot, &*v, &path, gen);
+        let put = !trap && result.is_ok() && self.put_in_tier(slot, &*v, gen, size);
+        let mut g = slot.lock();
+        match result {
+            Ok(written) => {
+                self.writes().succeeded();
+                g.file_gen = gen;
+                g.dirty = false;
+                if put {
+                    g.tier_gen = gen;
                 }
-                let Some(v) = g.value.take() else {
-                    return Evicted::Skipped;
-                };
-                let gen = g.next_gen;
-                g.next_gen += 1;
-                slot.set_state(&mut g, State::Evicting);
-                drop(g);
-                let _bypass = BypassGuard::new();
-                let path = self.store().path_for(slot.id);
-                let result = self.save(slot, &*v, &path, gen);
-                let mut g = slot.lock();
-                match result {
-                    Ok(written) => {
-                        self.writes().succeeded();
-                        g.file_gen = gen;
-                        g.dirty = false;
-                        let unused = slot.prefetched.swap(false, Ordering::Relaxed);
-                        slot.set_state(&mut g, State::Evicted);
-                        self.note_evicted();
-                        drop(g);
-                        drop_user_value(v);
-                        Counters::add(&self.counters().bytes_written, written);
-                        self.count_eviction(trap, false, unused, size);
-                        Evicted::Freed(size.max(written as usize))
-                    }
-                    Err(e) => {
-                        g.value = Some(v);
-                        slot.set_state(&mut g, State::Resident);
-                        drop(g);
-                        Counters::add(&self.counters().failed_writes, 1);
-                        let retry_at = self.writes().failed(
-                            self.epoch_ms(),
-                            &format!("{}: {e}", path.display()),
-                            ValueFailed::is(&e),
-                        );
-                        slot.write_retry_at.store(retry_at, Ordering::Relaxed);
-                        Evicted::Failed(e)
-                    }
-                }
+                Counters::add(&self.counters().bytes_written, written);
+                self.finish_eviction(slot, g, Some(v), trap, false, size);
+                Evicted::Freed(size.max(written as usize))
             }
+            Err(e) => {
+                g.value = Some(v);
+                slot.set_state(&mut g, State::Resident);
+                drop(g);
+                Counters::add(&self.counters().failed_writes, 1);
+                let retry_at = self.writes().failed(
+                    self.epoch_ms(),
+                    &format!("{}: {e}", path.display()),
+                    ValueFailed::is(&e),
+                );
+                slot.write_retry_at.store(retry_at, Ordering::Relaxed);
+                Evicted::Failed(e)
+            }
+        }
+    }
+
+    /// Ends the eviction of `slot` (locked, `g`), whose value `v` has a
+    /// copy now: the executor is `Evicted`, the value dropped and the
+    /// eviction counted (`clean`: nothing was written to the disk).
+    fn finish_eviction(
+        &self,
+        slot: &Slot,
+        mut g: SlotGuard<'_>,
+        v: Option<Box<dyn Any + Send>>,
+        trap: bool,
+        clean: bool,
+        size: usize,
+    ) {
+        let unused = slot.prefetched.swap(false, Ordering::Relaxed);
+        slot.set_state(&mut g, State::Evicted);
+        self.note_evicted();
+        drop(g);
+        drop_user_value(v);
+        self.count_eviction(trap, clean, unused, size);
+    }
+
+    /// Puts `v`, `slot`'s value of about `size` bytes, into the spill
+    /// tier as its copy `gen`, when the tier has room: whether it took it.
+    /// A failure of the tier (its error or its panic) is counted and said
+    /// once; one of the value's own encoding is not the tier's (the
+    /// executor keeps the copy it has).
+    pub(crate) fn put_in_tier(
+        &self,
+        slot: &Slot,
+        v: &(dyn Any + Send),
+        gen: u64,
+        size: usize,
+    ) -> bool {
+        let Some(tier) = self.tier() else {
+            return false;
+        };
+        let len = size as u64;
+        let put = catch_unwind(AssertUnwindSafe(|| {
+            if tier.room() < len {
+                return Ok(None);
+            }
+            (slot.tier_put)(v, tier, slot.key(gen), len)
+        }))
+        .unwrap_or_else(|p| {
+            Err(io::Error::other(format!(
+                "panicked: {}",
+                panic_message(&*p)
+            )))
+        });
+        match put {
+            Ok(Some(bytes)) => {
+                Counters::add(&self.counters().tier_puts, 1);
+                Counters::add(&self.counters().tier_bytes_sent, bytes);
+                true
+            }
+            Ok(None) => false,
+            Err(e) if ValueFailed::is(&e) => false,
+            Err(e) => {
+                self.note_tier_failure(tier, slot, &e);
+                false
+            }
+        }
+    }
+
+    /// Counts a failure of `tier` met for `slot`, and has the tier forget
+    /// what it may hold of it.
+    pub(crate) fn note_tier_failure(&self, tier: &dyn SpillTier, slot: &Slot, e: &io::Error) {
+        let name = catch_unwind(AssertUnwindSafe(|| tier.name()))
+            .unwrap_or_else(|_| "a spill tier".into());
+        self.counters().note_tier_failure(&name, &slot.label, e);
+    }
+
+    /// Has the spill tier forget `slot`'s copy `gen` (it changed, or is
+    /// gone); a panic in the tier is caught.
+    pub(crate) fn forget_in_tier(&self, slot: &Slot, gen: Option<u64>) {
+        if let (Some(tier), Some(gen)) = (self.tier(), gen) {
+            let key = slot.key(gen).into();
+            let _ = catch_unwind(AssertUnwindSafe(|| tier.remove(key)));
+        }
+    }
+
+    /// Has the spill tier forget every copy it holds of this runtime's
+    /// executors (the runtime is going).
+    pub(crate) fn forget_tier_copies(&self) {
+        if self.tier().is_none() {
+            return;
+        }
+        for slot in self.registry().snapshot() {
+            let gen = std::mem::take(&mut slot.lock().tier_gen);
+            self.forget_in_tier(&slot, (gen != 0).then_some(gen));
         }
     }
 

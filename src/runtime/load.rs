@@ -53,12 +53,23 @@ impl Shared {
             self.claim_load(size, true)
         };
         let before = alloc::thread_own_net();
-        let rebuild = slot.lineage.is_some() && file_gen == FROM_LINEAGE;
-        let result = self.read_value(slot, file_gen);
+        // The tier's copy first, when it holds one: else (or when it
+        // fails) the disk's, or the lineage.
+        let tier_gen = slot.lock().tier_gen;
+        let from_tier = self.read_from_tier(slot, tier_gen);
+        let tier_failed = tier_gen != 0 && from_tier.is_none();
+        let rebuild = from_tier.is_none() && slot.lineage.is_some() && file_gen == FROM_LINEAGE;
+        let result = match from_tier {
+            Some(v) => Ok((v, Loaded::default())),
+            None => self.read_value(slot, file_gen),
+        };
         drop(claim);
         let delta = alloc::thread_own_net() - before;
         self.loading_ends(size);
         let mut g = slot.lock();
+        if tier_failed {
+            g.tier_gen = 0;
+        }
         match result {
             Ok((v, read)) => {
                 g.value = Some(v);
@@ -229,6 +240,33 @@ impl Shared {
         }
     }
 
+    /// Reads `slot`'s value from the spill tier's copy `gen` (0: none):
+    /// `None` when there is none, or the tier failed (then counted, said
+    /// once, and forgotten by the tier).
+    fn read_from_tier(&self, slot: &Slot, gen: u64) -> Option<Box<dyn Any + Send>> {
+        let tier = self.tier().filter(|_| gen != 0)?;
+        // The tier and the value's `Deserialize` are user code.
+        let got = catch_unwind(AssertUnwindSafe(|| (slot.tier_get)(tier, slot.key(gen))))
+            .unwrap_or_else(|p| {
+                Err(io::Error::other(format!(
+                    "panicked: {}",
+                    panic_message(&*p)
+                )))
+            });
+        match got {
+            Ok((v, bytes)) => {
+                Counters::add(&self.counters().tier_loads, 1);
+                Counters::add(&self.counters().tier_bytes_loaded, bytes);
+                Some(v)
+            }
+            Err(e) => {
+                self.note_tier_failure(tier, slot, &e);
+                self.forget_in_tier(slot, Some(gen));
+                None
+            }
+        }
+    }
+
     /// Reads `slot`'s value from the copy `file_gen` names: its spill
     /// file, or its lineage (which reads nothing from the spill store).
     fn read_value(&self, slot: &Slot, file_gen: u64) -> io::Result<(Box<dyn Any + Send>, Loaded)> {
@@ -312,11 +350,14 @@ impl Shared {
                             slot.label
                         )));
                     };
-                    if write {
-                        g.dirty = true;
-                    }
+                    let stale = if write {
+                        Slot::make_dirty(&mut g)
+                    } else {
+                        None
+                    };
                     slot.set_state(&mut g, State::Pinned);
                     drop(g);
+                    self.forget_in_tier(slot, stale);
                     self.pin();
                     held(1);
                     self.count_pinned(slot, waited, start);
@@ -491,9 +532,11 @@ impl Shared {
             return;
         }
         g.value = Some(v);
-        if changed {
-            g.dirty = true;
-        }
+        let stale = if changed {
+            Slot::make_dirty(&mut g)
+        } else {
+            None
+        };
         slot.set_state(
             &mut g,
             if poisoned {
@@ -503,6 +546,7 @@ impl Shared {
             },
         );
         drop(g);
+        self.forget_in_tier(slot, stale);
         slot.last_use.store(self.tick(), Ordering::Relaxed);
         self.unpin();
         self.bump_generation();
@@ -545,7 +589,9 @@ impl Shared {
             // very task).
             g.drop_on_release = true;
             let written = spilled(&g);
+            let in_tier = std::mem::take(&mut g.tier_gen);
             drop(g);
+            self.forget_in_tier(slot, (in_tier != 0).then_some(in_tier));
             if written {
                 let _ = std::fs::remove_file(self.store().path_for(slot.id));
             }
@@ -562,9 +608,11 @@ impl Shared {
             g = slot.wait(g);
         }
         let written = spilled(&g);
+        let in_tier = std::mem::take(&mut g.tier_gen);
         let v = g.value.take();
         slot.set_state(&mut g, State::Removed);
         drop(g);
+        self.forget_in_tier(slot, (in_tier != 0).then_some(in_tier));
         drop_user_value(v);
         if written {
             let _ = std::fs::remove_file(self.store().path_for(slot.id));

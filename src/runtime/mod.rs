@@ -610,6 +610,7 @@ impl Drop for Runtime {
             &mut self.threads,
             &mut self.prefetchers,
         );
+        self.shared.forget_tier_copies();
     }
 }
 

@@ -56,7 +56,7 @@ use super::writes::WriteHealth;
 use crate::alloc::BypassGuard;
 use crate::executor::{Slot, SlotGuard, NONE};
 use crate::policy::{Cycle, EvictionPolicy, UseInfo};
-use crate::spill::SpillStore;
+use crate::spill::{SpillStore, SpillTier};
 use crate::stats::Counters;
 
 pub(crate) struct Shared {
@@ -127,6 +127,8 @@ pub(crate) struct Shared {
     stop_when_cap_lost: bool,
     /// Set once the cap was lost: tasks not started fail with it.
     cap_lost: OnceLock<CapLost>,
+    /// Where evictions go before the disk (see `evict.rs`), if anywhere.
+    tier: Option<Arc<dyn SpillTier>>,
 }
 
 /// What [`Error::CapLost`](crate::Error::CapLost) reports, kept once the
@@ -149,6 +151,7 @@ impl Shared {
         workers: usize,
         prefetch_on: bool,
         stop_when_cap_lost: bool,
+        tier: Option<Arc<dyn SpillTier>>,
     ) -> Arc<Shared> {
         Arc::new(Shared {
             ident: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
@@ -182,6 +185,7 @@ impl Shared {
             interrupted: Arc::new(AtomicBool::new(false)),
             stop_when_cap_lost,
             cap_lost: OnceLock::new(),
+            tier,
         })
     }
 
@@ -356,6 +360,10 @@ impl Shared {
 
     pub(crate) fn policy(&self) -> EvictionPolicy {
         self.policy
+    }
+
+    pub(crate) fn tier(&self) -> Option<&dyn SpillTier> {
+        self.tier.as_deref()
     }
 
     pub(crate) fn store(&self) -> &SpillStore {

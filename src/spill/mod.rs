@@ -56,6 +56,8 @@
 //! - `aligned.rs`: the small reads of a direct load;
 //! - `dir.rs`: the private spill directory, its lock and the sweep of
 //!   directories left by killed runs;
+//! - `tier.rs`: [`SpillTier`], a place for the same images besides the
+//!   directory (another rank's memory), and the streams to and from it;
 //! - `tests.rs`: round trips and every kind of corruption.
 
 use std::cell::RefCell;
@@ -520,7 +522,7 @@ pub fn read_file<T: DeserializeOwned>(path: &Path, key: FileKey) -> io::Result<(
 }
 
 /// What a load read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Loaded {
     /// The file's length.
     pub bytes: u64,
@@ -792,5 +794,7 @@ impl SpillStore {
 
 mod aligned;
 pub(crate) mod dir;
+pub(crate) mod tier;
+pub use tier::{SpillTier, TierHead, TierKey, TIER_HEAD_LEN};
 #[cfg(test)]
 mod tests;
