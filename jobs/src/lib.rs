@@ -119,6 +119,8 @@ pub mod npy;
 mod par;
 pub mod pca;
 pub mod ranks;
+#[cfg(feature = "mpi")]
+pub mod remote;
 mod session;
 pub mod sgd;
 pub mod timeline;

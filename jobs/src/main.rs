@@ -74,7 +74,7 @@ fn run_main() -> ExitCode {
         }
         return ExitCode::from(2);
     }
-    let ranks = match ranks() {
+    let ranks = match ranks_as(args.0.lends()) {
         Ok(r) => r,
         Err(e) => {
             tell(&format!("outcore: error: {e}"));
@@ -200,21 +200,28 @@ fn tell(line: &str) {
 /// started by an MPI launcher), or a single process: started directly,
 /// the MPI-enabled binary does not initialise MPI at all (no address
 /// space mapped for it, the same code path as the plain binary).
-#[cfg(feature = "mpi")]
 fn ranks() -> outcore_jobs::Result<outcore_jobs::ranks::Ranks> {
+    ranks_as(false)
+}
+
+/// [`ranks`] for a process that lends its memory (`outcore lend`) or
+/// works.
+#[cfg(feature = "mpi")]
+fn ranks_as(lender: bool) -> outcore_jobs::Result<outcore_jobs::ranks::Ranks> {
+    use outcore_jobs::ranks::{Ranks, Role};
     let launched = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"]
         .iter()
         .any(|v| std::env::var_os(v).is_some());
-    if launched {
-        outcore_jobs::ranks::Ranks::init()
-    } else {
-        Ok(outcore_jobs::ranks::Ranks::single())
+    match (launched, lender) {
+        (true, true) => Ranks::init_as(Role::Lender),
+        (true, false) => Ranks::init_as(Role::Worker),
+        (false, _) => Ok(Ranks::single()),
     }
 }
 
 /// A single process (built without the `mpi` feature).
 #[cfg(not(feature = "mpi"))]
-fn ranks() -> outcore_jobs::Result<outcore_jobs::ranks::Ranks> {
+fn ranks_as(_lender: bool) -> outcore_jobs::Result<outcore_jobs::ranks::Ranks> {
     Ok(outcore_jobs::ranks::Ranks::single())
 }
 

@@ -178,6 +178,9 @@ impl Session {
             peak_bytes: stats.peak_bytes,
             peak_resident_bytes: peak_resident(),
             wall_seconds: self.seconds(),
+            remote_bytes_sent: stats.tier_bytes_sent,
+            remote_bytes_loaded: stats.tier_bytes_loaded,
+            remote_fallbacks: stats.tier_fallbacks,
         }
     }
 
@@ -276,11 +279,20 @@ pub struct Totals {
     pub peak_resident_bytes: u64,
     /// Seconds from the session's start.
     pub wall_seconds: f64,
+    /// Bytes of evicted executors sent to lenders' memory (`outcore
+    /// lend`; the runtime's spill tier).
+    pub remote_bytes_sent: u64,
+    /// Bytes of executors loaded back from lenders' memory.
+    pub remote_bytes_loaded: u64,
+    /// Times a lender failed a load or a put (gone, or it no longer held
+    /// the image): the executor was read from the disk or its input
+    /// instead.
+    pub remote_fallbacks: u64,
 }
 
 impl Totals {
     /// Number of figures in a row of [`Totals::to_row`].
-    const FIELDS: usize = 11;
+    const FIELDS: usize = 14;
 
     fn to_row(self) -> Vec<f64> {
         vec![
@@ -295,6 +307,9 @@ impl Totals {
             self.peak_bytes as f64,
             self.peak_resident_bytes as f64,
             self.wall_seconds,
+            self.remote_bytes_sent as f64,
+            self.remote_bytes_loaded as f64,
+            self.remote_fallbacks as f64,
         ]
     }
 
@@ -312,6 +327,9 @@ impl Totals {
             peak_bytes: at(8) as u64,
             peak_resident_bytes: at(9) as u64,
             wall_seconds: at(10),
+            remote_bytes_sent: at(11) as u64,
+            remote_bytes_loaded: at(12) as u64,
+            remote_fallbacks: at(13) as u64,
         }
     }
 
@@ -328,6 +346,9 @@ impl Totals {
         self.peak_bytes = self.peak_bytes.max(o.peak_bytes);
         self.peak_resident_bytes = self.peak_resident_bytes.max(o.peak_resident_bytes);
         self.wall_seconds = self.wall_seconds.max(o.wall_seconds);
+        self.remote_bytes_sent += o.remote_bytes_sent;
+        self.remote_bytes_loaded += o.remote_bytes_loaded;
+        self.remote_fallbacks += o.remote_fallbacks;
     }
 }
 
@@ -374,6 +395,7 @@ impl Report {
             processes: session.ranks().size(),
             ranks: session.ranks().size(),
             growth,
+            lenders: session.ranks().lenders(),
             per_process: &self.per_process,
         }
     }
@@ -401,6 +423,8 @@ pub struct SessionFigures<'a> {
     pub ranks: usize,
     /// The job's growths onto more ranks (`--max-ranks`).
     pub growth: &'a [Growth],
+    /// Processes lending their memory beside the ranks (`outcore lend`).
+    pub lenders: usize,
     /// Each process's totals, in rank order.
     pub per_process: &'a [ProcessTotals],
 }

@@ -14,6 +14,8 @@ mod failures;
 mod fit;
 #[path = "mpi/grow.rs"]
 mod grow;
+#[path = "mpi/remote.rs"]
+mod remote;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

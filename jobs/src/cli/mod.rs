@@ -47,6 +47,7 @@ mod grow;
 mod interrupt;
 mod kmeans;
 mod labels;
+mod lend;
 mod plot;
 mod predict;
 mod progress;
@@ -121,6 +122,18 @@ enum Cmd {
     /// Draw a memory timeline (written by --timeline) as a PNG: memory
     /// against the cap, phases, loads and evictions, disk traffic.
     Plot(plot::PlotArgs),
+    /// Under mpirun, beside a job: lend this process's memory to the job's
+    /// ranks, which evict there before the disk
+    /// (`mpirun -np 2 outcore kmeans ... : -np 1 outcore lend`).
+    Lend(lend::LendArgs),
+}
+
+impl Cli {
+    /// Whether this process lends its memory (`outcore lend`) rather
+    /// than runs a job.
+    pub fn lends(&self) -> bool {
+        matches!(self.cmd, Cmd::Lend(_))
+    }
 }
 
 /// Memory and runtime flags shared by the jobs.
@@ -151,6 +164,12 @@ struct MemoryArgs {
     /// results are the same bytes. Default: never grow.
     #[arg(long, value_name = "N|auto")]
     max_ranks: Option<outcore_jobs::grow::MaxRanks>,
+    /// Under MPI with lenders (`mpirun ... : -np 1 outcore lend`):
+    /// evicted partitions go to the lenders' memory before the disk
+    /// (`auto`, the default), or never (`off`). The results are the same
+    /// bytes.
+    #[arg(long, value_name = "auto|off", default_value = "auto")]
+    remote_memory: RemoteMemory,
     /// Write run statistics as JSON to this file.
     #[arg(long, value_name = "FILE")]
     stats: Option<PathBuf>,
@@ -160,6 +179,15 @@ struct MemoryArgs {
     /// loads, bytes moved and the phase. `outcore plot` draws it.
     #[arg(long, value_name = "FILE")]
     timeline: Option<PathBuf>,
+}
+
+/// `--remote-memory`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum RemoteMemory {
+    /// The lenders' memory when there are lenders.
+    Auto,
+    /// The disk only.
+    Off,
 }
 
 /// The flags given on the command line (not defaults), to warn about
@@ -224,6 +252,7 @@ pub fn run(cli: Cli, given: &Given, ranks: &Ranks) -> Result<()> {
         Cmd::Pca(a) => fit::run_pca(*a, given, ranks),
         Cmd::Sgd(a) => sgd::run(*a, given, ranks),
         Cmd::Plot(a) => one("plot").and_then(|()| plot::run(a)),
+        Cmd::Lend(a) => lend::run(&a, ranks),
     }
 }
 
@@ -429,6 +458,12 @@ fn runtime(
     if let Some(d) = &m.spill_dir {
         b = b.spill_dir(d);
     }
+    #[cfg(feature = "mpi")]
+    if m.remote_memory == RemoteMemory::Auto {
+        if let Some(t) = ranks.remote_tier() {
+            b = b.spill_tier(t);
+        }
+    }
     let rt = b.build()?;
     interrupt::remove_on_interrupt(rt.spill_dir().to_path_buf());
     Ok((rt, part_bytes))
@@ -518,7 +553,7 @@ impl Cli {
             Cmd::Linear(a) => a.rows.mem.workers,
             Cmd::Pca(a) => a.rows.mem.workers,
             Cmd::Sgd(a) => a.rows.mem.workers,
-            Cmd::Gen(_) | Cmd::Plot(_) => None,
+            Cmd::Gen(_) | Cmd::Plot(_) | Cmd::Lend(_) => None,
         };
         flag.unwrap_or_else(cores).clamp(1, outcore::MAX_WORKERS)
     }

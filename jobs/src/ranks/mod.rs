@@ -150,6 +150,9 @@ fn check_agreement(names: &[&str], n: usize, all: &[u64]) -> Result<()> {
     )))
 }
 
+#[cfg(feature = "mpi")]
+pub use mpi_impl::Role;
+
 /// What [`Ranks::grow`] spawns, when set ([`Ranks::spawn_as`]).
 type Command = (std::ffi::OsString, Vec<std::ffi::OsString>);
 static SPAWN_AS: std::sync::Mutex<Option<Command>> = std::sync::Mutex::new(None);
@@ -202,9 +205,51 @@ impl Ranks {
     /// is left to that library. Call it once per process.
     #[cfg(feature = "mpi")]
     pub fn init() -> Result<Ranks> {
+        Ranks::init_as(Role::Worker)
+    }
+
+    /// [`Ranks::init`] for a process of the given role: under `mpirun`,
+    /// the lenders (`outcore lend`, started beside the job with `:`)
+    /// leave the workers' ranks, and the workers' collectives are theirs
+    /// alone. Collective over `MPI_COMM_WORLD`, lenders included.
+    #[cfg(feature = "mpi")]
+    pub fn init_as(role: Role) -> Result<Ranks> {
         Ok(Ranks {
-            inner: Inner::Mpi(std::sync::Arc::new(mpi_impl::World::init()?)),
+            inner: Inner::Mpi(std::sync::Arc::new(mpi_impl::World::init(role)?)),
         })
+    }
+
+    /// The spill tier over the lenders' memory, when there are lenders
+    /// (see [`crate::remote`]).
+    #[cfg(feature = "mpi")]
+    pub fn remote_tier(&self) -> Option<std::sync::Arc<crate::remote::RemoteTier>> {
+        match &self.inner {
+            Inner::Single => None,
+            Inner::Mpi(w) => w.remote_tier(),
+        }
+    }
+
+    /// For a lender: serves the workers until each has said goodbye,
+    /// holding at most `budget` bytes of their images.
+    #[cfg(feature = "mpi")]
+    pub fn lend(&self, budget: u64) -> Result<crate::remote::Lent> {
+        match &self.inner {
+            Inner::Single => Err(Error::Input(
+                "outcore lend runs under mpirun, beside a job (mpirun ... : -np 1 outcore lend)"
+                    .into(),
+            )),
+            Inner::Mpi(w) => w.lend(budget),
+        }
+    }
+
+    /// The processes lending their memory beside the ranks (`outcore
+    /// lend`): 0 without MPI, and on a lender.
+    pub fn lenders(&self) -> usize {
+        match &self.inner {
+            Inner::Single => 0,
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.lenders(),
+        }
     }
 
     /// This process's rank (0 for a single process).

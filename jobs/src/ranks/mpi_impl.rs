@@ -33,6 +33,10 @@ pub(super) struct World {
     /// A copy of `comm` for [`World::all_arrive`]: its barrier cannot
     /// meet a collective that a rank left behind on `comm`.
     side: Mutex<SimpleCommunicator>,
+    /// The lenders' side: `MPI_COMM_WORLD`'s duplicate, which the workers
+    /// and the lenders (`outcore lend`) share; `None` when MPI does not
+    /// give `MPI_THREAD_MULTIPLE`, or after a growth's spawn.
+    lending: Option<Lending>,
     /// Dropped after the communicators: finalises MPI. `None` when another library
     /// (mpi4py) initialised MPI: it finalises it.
     universe: Option<Universe>,
@@ -57,6 +61,30 @@ unsafe impl Send for World {}
 // SAFETY: as for `Send`: shared references reach MPI only through the
 // lock on `comm`.
 unsafe impl Sync for World {}
+
+/// What a process is to the others under `mpirun`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Runs the job: its collectives are the workers'.
+    Worker,
+    /// Lends its memory to the workers (`outcore lend`).
+    Lender,
+}
+
+/// The workers and the lenders, on a communicator of their own (used
+/// only with `MPI_THREAD_MULTIPLE`, by the tier's threads and the
+/// lender's loop; never for a collective after `init`).
+struct Lending {
+    comm: SimpleCommunicator,
+    /// The lenders' ranks on `comm`.
+    lenders: Vec<usize>,
+    /// The workers there are.
+    workers: usize,
+    /// This process's.
+    role: Role,
+    /// The workers' tier, once made (see [`World::remote_tier`]).
+    tier: std::sync::OnceLock<std::sync::Arc<crate::remote::RemoteTier>>,
+}
 
 /// MPI counts are C ints.
 fn count(n: usize, what: &str) -> Result<i32> {
@@ -83,6 +111,11 @@ fn displacements(counts: &[i32]) -> Result<Vec<i32>> {
 
 impl Drop for World {
     fn drop(&mut self) {
+        if !std::thread::panicking() {
+            // Before MPI is finalised: the lenders end once every worker
+            // has said goodbye.
+            self.leave_lenders();
+        }
         // Unwinding out of the thread that owns MPI: finalising would
         // wait for ranks that wait for this one. End the job instead.
         if std::thread::panicking() {
@@ -100,15 +133,55 @@ impl Drop for World {
     }
 }
 
+/// Splits `world` into the workers and the lenders: the communicator
+/// of this process's role, and (with `MPI_THREAD_MULTIPLE`) the one the
+/// two share. Collective over `world`, lenders included.
+fn split_roles(
+    world: &SimpleCommunicator,
+    role: Role,
+    provided: Threading,
+) -> Result<(SimpleCommunicator, Option<Lending>)> {
+    use mpi::topology::Color;
+    let shared = world.duplicate();
+    let mine = u8::from(role == Role::Lender);
+    let mut roles = vec![0u8; world.size() as usize];
+    shared.all_gather_into(&mine, &mut roles[..]);
+    let own = world
+        .split_by_color(Color::with_value(i32::from(mine)))
+        .ok_or_else(|| Error::Input("internal: MPI gave no communicator for this role".into()))?;
+    let lenders: Vec<usize> = (0..roles.len()).filter(|&r| roles[r] == 1).collect();
+    if provided < Threading::Multiple {
+        if role == Role::Lender {
+            return Err(Error::Input(format!(
+                "a lender needs MPI_THREAD_MULTIPLE; this MPI library gives {provided:?}"
+            )));
+        }
+        return Ok((own, None));
+    }
+    let workers = roles.len() - lenders.len();
+    Ok((
+        own,
+        Some(Lending {
+            comm: shared,
+            lenders,
+            workers,
+            role,
+            tier: std::sync::OnceLock::new(),
+        }),
+    ))
+}
+
 impl World {
     /// Initialises MPI at `MPI_THREAD_SERIALIZED`, or, when another
     /// library of this process (mpi4py) initialised it already, takes
     /// its `MPI_COMM_WORLD` (and leaves finalising to it).
-    pub fn init() -> Result<World> {
+    pub fn init(role: Role) -> Result<World> {
         let universe = if mpi::environment::is_initialized() {
             None
         } else {
-            let (u, _) = mpi::initialize_with_threading(Threading::Serialized)
+            // Multiple where the library gives it: the lenders' tier
+            // calls MPI from the runtime's threads beside the job's.
+            let (u, _) = mpi::initialize_with_threading(Threading::Multiple)
                 .ok_or_else(|| Error::Input("MPI was initialised while outcore started".into()))?;
             Some(u)
         };
@@ -121,10 +194,14 @@ impl World {
         }
         let world = SimpleCommunicator::world();
         // Spawned by a job that grew: the parents merge with us
-        // (they first, in their order), then split by node.
-        let (comm, joined) = match world.parent() {
-            Some(parent) => (parent.merge(MergeOrder::High), true),
-            None => (world, false),
+        // (they first, in their order), then split by node. The
+        // spawned ranks have no lenders.
+        let (comm, joined, lending) = match world.parent() {
+            Some(parent) => (parent.merge(MergeOrder::High), true, None),
+            None => {
+                let (workers, lending) = split_roles(&world, role, provided)?;
+                (workers, false, lending)
+            }
         };
         let on_node = comm.split_shared(0).size() as usize;
         let side = comm.duplicate();
@@ -136,8 +213,62 @@ impl World {
             joined,
             join_pending: std::sync::atomic::AtomicBool::new(joined),
             comm: Mutex::new(comm),
+            lending,
             universe,
         })
+    }
+
+    /// The tier over the lenders' memory, for a worker: `None` without
+    /// lenders (or without `MPI_THREAD_MULTIPLE`).
+    pub fn remote_tier(&self) -> Option<std::sync::Arc<crate::remote::RemoteTier>> {
+        let l = self
+            .lending
+            .as_ref()
+            .filter(|l| !l.lenders.is_empty() && l.role == Role::Worker)?;
+        let tier = l.tier.get_or_init(|| {
+            let comm = crate::remote::Comm(l.comm.as_raw());
+            std::sync::Arc::new(crate::remote::RemoteTier::new(comm, &l.lenders))
+        });
+        Some(tier.clone())
+    }
+
+    /// The lenders beside the workers (0 on a lender).
+    pub fn lenders(&self) -> usize {
+        self.lending
+            .as_ref()
+            .filter(|l| l.role == Role::Worker)
+            .map_or(0, |l| l.lenders.len())
+    }
+
+    /// For a lender: serves the workers until each has said goodbye,
+    /// holding at most `budget` bytes.
+    pub fn lend(&self, budget: u64) -> Result<crate::remote::Lent> {
+        let l = self.lending.as_ref().ok_or_else(|| {
+            Error::Input(
+                "a lender needs MPI_THREAD_MULTIPLE, which this MPI library does not give".into(),
+            )
+        })?;
+        let die_after = std::env::var("OUTCORE_FAULT_LENDER_DIES_AFTER")
+            .ok()
+            .and_then(|v| v.parse().ok());
+        let comm = crate::remote::Comm(l.comm.as_raw());
+        crate::remote::serve(comm, l.workers, budget, die_after)
+            .map_err(|e| Error::Input(format!("lending: {e}")))
+    }
+
+    /// Tells the lenders this worker is done (before MPI is finalised:
+    /// they end once every worker has).
+    pub fn leave_lenders(&self) {
+        if self.lending.as_ref().is_none_or(|l| l.role == Role::Lender) {
+            return;
+        }
+        if let Some(t) = self.lending.as_ref().and_then(|l| l.tier.get()) {
+            t.goodbye();
+        } else if let Some(l) = self.lending.as_ref().filter(|l| !l.lenders.is_empty()) {
+            // No tier was made (nothing was evicted): goodbye all the same.
+            let comm = crate::remote::Comm(l.comm.as_raw());
+            crate::remote::RemoteTier::new(comm, &l.lenders).goodbye();
+        }
     }
 
     /// This process's rank.

@@ -1,0 +1,389 @@
+//! Other ranks' memory as a spill tier (feature `mpi`): memory-only ranks
+//! (`outcore lend`, started beside the job with `mpirun`'s `:`) keep the
+//! images of executors the workers evict, and hand them back when the
+//! workers load them, faster than a disk where the interconnect is.
+//!
+//! - [`RemoteTier`] is the workers' side, a [`SpillTier`] for the runtime:
+//!   the runtime never makes it an executor's only copy (see
+//!   `outcore::SpillTier`), so a lender that declines, forgets or dies
+//!   costs a read from the disk or a rebuild, never a result.
+//! - `lend.rs`: the lender's side, a loop that serves requests within
+//!   its cap.
+//! - `wire.rs`: nonblocking messages with deadlines (Open MPI does not
+//!   report a dead peer: a blocking call to one hangs).
+//!
+//! The lenders and the workers share a communicator of their own (a
+//! duplicate of `MPI_COMM_WORLD`); the workers' collectives run on a
+//! communicator of the workers only, so a lender's death cannot hang
+//! them. Surviving it also takes `mpirun --enable-recovery`, without
+//! which `mpirun` ends every rank when one dies.
+
+mod lend;
+mod wire;
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use outcore::{SpillTier, TierHead, TierKey};
+
+pub(crate) use lend::serve;
+pub use lend::Lent;
+pub(crate) use wire::Comm;
+
+/// The largest message: images go in pieces of 1 MiB.
+pub(crate) const PIECE: usize = 1 << 20;
+
+/// One lender, as a worker sees it.
+struct Lender {
+    /// Its rank on the tier's communicator.
+    rank: usize,
+    /// The room it said it had at its last answer (`u64::MAX` before
+    /// any).
+    room: AtomicU64,
+    alive: AtomicBool,
+}
+
+/// What went through the tier, for the statistics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemoteFigures {
+    /// Lenders at the start.
+    pub lenders: usize,
+    /// Of those, found dead (no answer in time).
+    pub lost: usize,
+}
+
+/// The workers' side of the tier: puts go to a lender with room, in
+/// turn; each image's lender is remembered for its get and its drop.
+pub struct RemoteTier {
+    comm: Comm,
+    lenders: Vec<Lender>,
+    /// Where each image went: its lender's index.
+    placed: Mutex<HashMap<TierKey, usize>>,
+    /// The next lender to try.
+    turn: AtomicUsize,
+    /// Requests made so far (their tags).
+    requests: AtomicU32,
+    /// How long a lender may take to answer one message.
+    patience: Duration,
+    /// Said once: a lender found dead.
+    told: AtomicBool,
+}
+
+impl std::fmt::Debug for RemoteTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteTier")
+            .field(
+                "lenders",
+                &self.lenders.iter().map(|l| l.rank).collect::<Vec<_>>(),
+            )
+            .field("figures", &self.figures())
+            .finish()
+    }
+}
+
+impl RemoteTier {
+    /// A tier over the lenders at `ranks` on `comm`.
+    pub(crate) fn new(comm: Comm, ranks: &[usize]) -> RemoteTier {
+        let patience = std::env::var("OUTCORE_REMOTE_PATIENCE_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(Duration::from_secs(10), Duration::from_millis);
+        RemoteTier {
+            comm,
+            lenders: ranks
+                .iter()
+                .map(|&rank| Lender {
+                    rank,
+                    room: AtomicU64::new(u64::MAX),
+                    alive: AtomicBool::new(true),
+                })
+                .collect(),
+            placed: Mutex::new(HashMap::new()),
+            turn: AtomicUsize::new(0),
+            requests: AtomicU32::new(0),
+            patience,
+            told: AtomicBool::new(false),
+        }
+    }
+
+    /// Lenders at the start, and those found dead since.
+    pub fn figures(&self) -> RemoteFigures {
+        RemoteFigures {
+            lenders: self.lenders.len(),
+            lost: self
+                .lenders
+                .iter()
+                .filter(|l| !l.alive.load(Ordering::Relaxed))
+                .count(),
+        }
+    }
+
+    /// Tells every living lender this worker is done (they forget its
+    /// images, and end once every worker has said it).
+    pub fn goodbye(&self) {
+        for l in self
+            .lenders
+            .iter()
+            .filter(|l| l.alive.load(Ordering::Relaxed))
+        {
+            let _ = self.request(
+                l,
+                wire::Op::Bye,
+                TierKey {
+                    executor: 0,
+                    generation: 0,
+                },
+                0,
+            );
+        }
+    }
+
+    /// Sends a request's header to `l`: its first tag.
+    fn request(&self, l: &Lender, op: wire::Op, key: TierKey, len: u64) -> io::Result<i32> {
+        let tag = lend::tag_of(self.requests.fetch_add(1, Ordering::Relaxed));
+        let h = wire::Header {
+            op,
+            executor: key.executor,
+            generation: key.generation,
+            len,
+            tag,
+        };
+        self.checked(
+            l,
+            wire::send(self.comm, l.rank, wire::REQUEST, h.encode(), self.patience),
+        )?;
+        Ok(tag)
+    }
+
+    /// `r`, and when it timed out, `l` marked dead (said once).
+    fn checked<T>(&self, l: &Lender, r: io::Result<T>) -> io::Result<T> {
+        if let Err(e) = &r {
+            if e.kind() == io::ErrorKind::TimedOut && l.alive.swap(false, Ordering::Relaxed) {
+                self.placed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|_, &mut i| !std::ptr::eq(&self.lenders[i], l));
+                if !self.told.swap(true, Ordering::Relaxed) {
+                    // One write: mpirun forwards the pieces as they come.
+                    let line = format!(
+                        "outcore: warning: the lender at rank {} is gone ({e}): the executors it \
+                         held are read from the disk or their input instead\n",
+                        l.rank
+                    );
+                    let _ = io::stderr().write_all(line.as_bytes());
+                }
+            }
+        }
+        r
+    }
+
+    /// The next living lender with room for `len` bytes, in turn.
+    fn pick(&self, len: u64) -> Option<(usize, &Lender)> {
+        let n = self.lenders.len();
+        let start = self.turn.fetch_add(1, Ordering::Relaxed);
+        (0..n).map(|k| (start + k) % n).find_map(|i| {
+            let l = &self.lenders[i];
+            (l.alive.load(Ordering::Relaxed) && l.room.load(Ordering::Relaxed) >= len)
+                .then_some((i, l))
+        })
+    }
+
+    /// A PUT to `l`: go or not, then the body and the end, then kept or
+    /// not.
+    fn put_to(
+        &self,
+        l: &Lender,
+        key: TierKey,
+        len: u64,
+        write: &mut dyn FnMut(&mut dyn Write) -> io::Result<TierHead>,
+    ) -> io::Result<bool> {
+        let tag = self.request(l, wire::Op::Put, key, len)?;
+        // The lender's answers: go (or kept), and its room now.
+        let answer = || -> io::Result<bool> {
+            let a = self.checked(l, wire::recv(self.comm, l.rank, tag + 2, 16, self.patience))?;
+            let w = wire::words(&a).unwrap_or_default();
+            l.room
+                .store(w.get(1).copied().unwrap_or(0), Ordering::Relaxed);
+            Ok(w.first() == Some(&1))
+        };
+        if !answer()? {
+            return Ok(false);
+        }
+        let mut out = Out {
+            tier: self,
+            lender: l,
+            tag,
+            sent: 0,
+        };
+        let head = write(&mut out);
+        let sent = out.sent;
+        let mut end = wire::bytes(&[u64::from(head.is_ok()), sent]);
+        if let Ok(h) = &head {
+            end.extend_from_slice(h);
+        }
+        self.checked(
+            l,
+            wire::send(self.comm, l.rank, tag + 1, end, self.patience),
+        )?;
+        head?;
+        answer()
+    }
+}
+
+/// The body of a PUT, sent in pieces as the runtime writes it.
+struct Out<'a> {
+    tier: &'a RemoteTier,
+    lender: &'a Lender,
+    tag: i32,
+    sent: u64,
+}
+
+impl Write for Out<'_> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        let n = b.len().min(PIECE);
+        let t = self.tier;
+        let r = wire::send(
+            t.comm,
+            self.lender.rank,
+            self.tag,
+            b[..n].to_vec(),
+            t.patience,
+        );
+        t.checked(self.lender, r)?;
+        self.sent += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The image of a GET, received in pieces as the runtime reads it.
+struct In<'a> {
+    tier: &'a RemoteTier,
+    lender: &'a Lender,
+    tag: i32,
+    left: u64,
+    piece: Vec<u8>,
+    at: usize,
+}
+
+impl Read for In<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.at == self.piece.len() {
+            if self.left == 0 {
+                return Ok(0);
+            }
+            let n = usize::try_from(self.left).unwrap_or(usize::MAX).min(PIECE);
+            let t = self.tier;
+            let r = wire::recv(t.comm, self.lender.rank, self.tag, n, t.patience);
+            self.piece = t.checked(self.lender, r)?;
+            self.at = 0;
+            self.left -= n as u64;
+        }
+        let n = buf.len().min(self.piece.len() - self.at);
+        buf[..n].copy_from_slice(&self.piece[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+impl SpillTier for RemoteTier {
+    fn name(&self) -> String {
+        let ranks: Vec<String> = self.lenders.iter().map(|l| l.rank.to_string()).collect();
+        format!("the memory of the lenders at ranks {}", ranks.join(", "))
+    }
+
+    fn room(&self) -> u64 {
+        self.lenders
+            .iter()
+            .filter(|l| l.alive.load(Ordering::Relaxed))
+            .map(|l| l.room.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn put(
+        &self,
+        key: TierKey,
+        len: u64,
+        write: &mut dyn FnMut(&mut dyn Write) -> io::Result<TierHead>,
+    ) -> io::Result<bool> {
+        let Some((i, l)) = self.pick(len) else {
+            return Ok(false);
+        };
+        let kept = self.put_to(l, key, len, write)?;
+        if kept {
+            self.placed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key, i);
+        }
+        Ok(kept)
+    }
+
+    fn get(
+        &self,
+        key: TierKey,
+        read: &mut dyn FnMut(&mut dyn Read, u64) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let i = self
+            .placed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .copied();
+        let l = i
+            .map(|i| &self.lenders[i])
+            .filter(|l| l.alive.load(Ordering::Relaxed))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no lender holds it"))?;
+        let tag = self.request(l, wire::Op::Get, key, 0)?;
+        let a = self.checked(l, wire::recv(self.comm, l.rank, tag, 8, self.patience))?;
+        let len = wire::words(&a)
+            .and_then(|w| w.first().copied())
+            .unwrap_or(0);
+        if len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("the lender at rank {} no longer holds it", l.rank),
+            ));
+        }
+        let mut input = In {
+            tier: self,
+            lender: l,
+            tag: tag + 1,
+            left: len,
+            piece: Vec::new(),
+            at: 0,
+        };
+        let r = read(&mut input, len);
+        // What the reader left (it failed part-way): taken, so that no
+        // piece waits for ever.
+        while input.left > 0 && l.alive.load(Ordering::Relaxed) {
+            input.at = input.piece.len();
+            let mut sink = [0u8; 1];
+            if input.read(&mut sink).is_err() {
+                break;
+            }
+        }
+        r
+    }
+
+    fn remove(&self, key: TierKey) {
+        let i = self
+            .placed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
+        if let Some(l) = i
+            .map(|i| &self.lenders[i])
+            .filter(|l| l.alive.load(Ordering::Relaxed))
+        {
+            let _ = self.request(l, wire::Op::Drop, key, 0);
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! Point-to-point messages with a deadline, on the tier's communicator.
+//!
+//! Open MPI does not tell the living about a dead peer: a blocking call
+//! that involves it hangs, and a small send to it even succeeds (see
+//! docs/design.md, "A lender's death"). So every call here is
+//! nonblocking and polled until a deadline; past it the request is
+//! cancelled and freed, and its buffer is leaked, since MPI may still
+//! touch it. A buffer is always owned by the call (a copy of what is
+//! sent), never borrowed from a value that may be freed meanwhile.
+
+use std::ffi::c_int;
+use std::io;
+use std::time::{Duration, Instant};
+
+use mpi::ffi;
+
+/// The requests' tag: a request's header (see `Header`).
+pub(super) const REQUEST: c_int = 1;
+
+/// A communicator shared by threads (`MPI_THREAD_MULTIPLE`).
+#[derive(Clone, Copy)]
+pub(crate) struct Comm(pub ffi::MPI_Comm);
+
+// SAFETY: the tier is only built when MPI granted MPI_THREAD_MULTIPLE
+// (checked in `World::init`), under which any thread may use a
+// communicator at any time; the handle stays valid while the `World`
+// that owns the communicator lives, which outlives every tier call (the
+// runtime holding the tier is dropped before the world).
+unsafe impl Send for Comm {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Comm {}
+
+/// An error for a peer that did not answer in time.
+fn timed_out(what: &str, peer: usize, wait: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!(
+            "rank {peer} did not {what} within {:.1} s",
+            wait.as_secs_f64()
+        ),
+    )
+}
+
+/// An MPI call's error code as an error.
+fn failed(what: &str, rc: c_int) -> io::Error {
+    io::Error::other(format!("MPI {what} failed (error code {rc})"))
+}
+
+/// Polls `request` until it completes or `deadline` passes, with a
+/// [`Backoff`] of up to 200 µs (the waiting thread is a worker or a
+/// prefetcher, whose core the tasks want). On time: the status. Else the request is cancelled and freed, and `Err(())`.
+fn complete(request: &mut ffi::MPI_Request, deadline: Instant) -> Result<ffi::MPI_Status, ()> {
+    let mut pause = Backoff::new(Duration::from_micros(200));
+    loop {
+        let mut flag: c_int = 0;
+        // SAFETY: a zeroed MPI_Status is a valid plain C struct to be
+        // written by MPI_Test.
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        // SAFETY: `request` is an active request this thread owns;
+        // MPI_Test writes `flag` and `status` and, once complete, frees
+        // the request (setting it to MPI_REQUEST_NULL).
+        let rc = unsafe { ffi::MPI_Test(request, &mut flag, &mut status) };
+        if rc != 0 || flag != 0 {
+            return if rc == 0 { Ok(status) } else { Err(()) };
+        }
+        if Instant::now() >= deadline {
+            // SAFETY: `request` is active and ours: cancelled, then freed
+            // (MPI completes it in the background; the caller leaks the
+            // buffer it uses).
+            unsafe {
+                ffi::MPI_Cancel(request);
+                ffi::MPI_Request_free(request);
+            }
+            return Err(());
+        }
+        pause.pause();
+    }
+}
+
+/// Waiting for a peer: yields the core for the first `SPIN` (a message
+/// between ranks takes tens of microseconds, less than a sleep's
+/// granularity), then sleeps, doubling from 10 µs up to `most`.
+pub(super) struct Backoff {
+    since: Instant,
+    nap: Duration,
+    most: Duration,
+}
+
+/// How long a waiting thread yields before it sleeps.
+const SPIN: Duration = Duration::from_micros(500);
+
+impl Backoff {
+    pub(super) fn new(most: Duration) -> Backoff {
+        Backoff {
+            since: Instant::now(),
+            nap: Duration::from_micros(10),
+            most,
+        }
+    }
+
+    /// Waits a little.
+    pub(super) fn pause(&mut self) {
+        if self.since.elapsed() < SPIN {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(self.nap);
+            self.nap = (self.nap * 2).min(self.most);
+        }
+    }
+}
+
+/// Sends `buf` to `peer` under `tag`, waiting at most `wait`.
+pub(super) fn send(
+    comm: Comm,
+    peer: usize,
+    tag: c_int,
+    buf: Vec<u8>,
+    wait: Duration,
+) -> io::Result<()> {
+    let n = c_int::try_from(buf.len()).map_err(|_| io::Error::other("message too long"))?;
+    let dest = c_int::try_from(peer).map_err(|_| io::Error::other("rank out of range"))?;
+    // SAFETY: reads a constant handle the MPI shim defines.
+    let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+    // SAFETY: `buf` holds `n` bytes and stays alive (and unmoved: a
+    // Vec's heap buffer) until the request completes, or is leaked below
+    // when it does not; `comm` is a live communicator.
+    let rc = unsafe {
+        ffi::MPI_Isend(
+            buf.as_ptr().cast(),
+            n,
+            ffi::RSMPI_UINT8_T,
+            dest,
+            tag,
+            comm.0,
+            &mut request,
+        )
+    };
+    if rc != 0 {
+        return Err(failed("Isend", rc));
+    }
+    match complete(&mut request, Instant::now() + wait) {
+        Ok(_) => Ok(()),
+        Err(()) => {
+            std::mem::forget(buf);
+            Err(timed_out("take a message", peer, wait))
+        }
+    }
+}
+
+/// Receives exactly `len` bytes from `peer` under `tag`, waiting at most
+/// `wait`.
+pub(super) fn recv(
+    comm: Comm,
+    peer: usize,
+    tag: c_int,
+    len: usize,
+    wait: Duration,
+) -> io::Result<Vec<u8>> {
+    let n = c_int::try_from(len).map_err(|_| io::Error::other("message too long"))?;
+    let src = c_int::try_from(peer).map_err(|_| io::Error::other("rank out of range"))?;
+    let mut buf = vec![0u8; len];
+    // SAFETY: reads a constant handle the MPI shim defines.
+    let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+    // SAFETY: `buf` has room for `n` bytes and stays alive (unmoved)
+    // until the request completes, or is leaked below when it does not;
+    // `comm` is a live communicator.
+    let rc = unsafe {
+        ffi::MPI_Irecv(
+            buf.as_mut_ptr().cast(),
+            n,
+            ffi::RSMPI_UINT8_T,
+            src,
+            tag,
+            comm.0,
+            &mut request,
+        )
+    };
+    if rc != 0 {
+        return Err(failed("Irecv", rc));
+    }
+    match complete(&mut request, Instant::now() + wait) {
+        Ok(status) => {
+            let got = count(&status);
+            if got != len {
+                return Err(io::Error::other(format!(
+                    "rank {peer} sent {got} bytes where {len} were due"
+                )));
+            }
+            Ok(buf)
+        }
+        Err(()) => {
+            std::mem::forget(buf);
+            Err(timed_out("answer", peer, wait))
+        }
+    }
+}
+
+/// The bytes a completed receive or probe's status says.
+fn count(status: &ffi::MPI_Status) -> usize {
+    let mut n: c_int = 0;
+    // SAFETY: `status` was written by MPI for a message of bytes.
+    unsafe {
+        ffi::MPI_Get_count(status, ffi::RSMPI_UINT8_T, &mut n);
+    }
+    usize::try_from(n).unwrap_or(0)
+}
+
+/// A message waiting from `peer` (any, with `None`) under `tag`: its
+/// sender and length. Does not wait.
+pub(super) fn probe(comm: Comm, peer: Option<usize>, tag: c_int) -> Option<(usize, usize)> {
+    // SAFETY: reads a constant the MPI shim defines.
+    let any = unsafe { ffi::RSMPI_ANY_SOURCE };
+    let src = peer.and_then(|p| c_int::try_from(p).ok()).unwrap_or(any);
+    let mut flag: c_int = 0;
+    // SAFETY: a zeroed MPI_Status is a valid plain C struct to be written.
+    let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+    // SAFETY: `comm` is a live communicator; MPI writes `flag` and
+    // `status`.
+    let rc = unsafe { ffi::MPI_Iprobe(src, tag, comm.0, &mut flag, &mut status) };
+    if rc != 0 || flag == 0 {
+        return None;
+    }
+    let source = usize::try_from(status.MPI_SOURCE).ok()?;
+    Some((source, count(&status)))
+}
+
+/// A request's header: what, for which image, and the tag of its
+/// messages (the request's own three tags: `tag`, `tag + 1`, `tag + 2`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Header {
+    pub op: Op,
+    pub executor: u64,
+    pub generation: u64,
+    /// PUT: the image's expected length.
+    pub len: u64,
+    pub tag: c_int,
+}
+
+/// What a request asks of a lender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Op {
+    /// Keep an image: the lender answers with room (go or not), then
+    /// takes the pieces and the end, and answers whether it kept it.
+    Put = 1,
+    /// Hand an image back: its length, then its pieces.
+    Get = 2,
+    /// Forget an image. No answer.
+    Drop = 3,
+    /// This worker is done: forget its images. No answer.
+    Bye = 4,
+}
+
+impl Header {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let tag = u64::try_from(self.tag).unwrap_or(0);
+        [
+            self.op as u64,
+            self.executor,
+            self.generation,
+            self.len,
+            tag,
+        ]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect()
+    }
+
+    pub(super) fn decode(b: &[u8]) -> Option<Header> {
+        let w = words(b)?;
+        let op = match w.first()? {
+            1 => Op::Put,
+            2 => Op::Get,
+            3 => Op::Drop,
+            4 => Op::Bye,
+            _ => return None,
+        };
+        Some(Header {
+            op,
+            executor: *w.get(1)?,
+            generation: *w.get(2)?,
+            len: *w.get(3)?,
+            tag: c_int::try_from(*w.get(4)?).ok()?,
+        })
+    }
+}
+
+/// `b` as little-endian u64s (`None` when its length is not a multiple
+/// of 8).
+pub(super) fn words(b: &[u8]) -> Option<Vec<u64>> {
+    if !b.len().is_multiple_of(8) {
+        return None;
+    }
+    Some(
+        b.chunks_exact(8)
+            .map(|c| {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(c);
+                u64::from_le_bytes(a)
+            })
+            .collect(),
+    )
+}
+
+/// `w` as little-endian bytes.
+pub(super) fn bytes(w: &[u64]) -> Vec<u8> {
+    w.iter().flat_map(|v| v.to_le_bytes()).collect()
+}

@@ -1,0 +1,178 @@
+//! Lenders (`outcore lend` beside the job, `mpirun ... : -np 1 outcore
+//! lend`): evicted partitions go to their memory and come back from it,
+//! with the same bytes out; a lender without room, or killed mid-run,
+//! costs time and never a result.
+
+use super::*;
+
+/// A K-means run from an input file under a cap that evicts, on the
+/// workers `mpirun` starts before the `:`.
+fn kmeans_args(input: &str, extra: &[&'static str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "kmeans",
+        "--input",
+        input,
+        "--k",
+        "6",
+        "--algorithm",
+        "lloyd",
+        "--iterations",
+        "4",
+        "--tol",
+        "0",
+        "--mem-cap",
+        "12MiB",
+        "--workers",
+        "1",
+        "--output",
+        "c.npy",
+        "--stats",
+        "s.json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+/// 24 MiB of rows in `dir/x.npy`.
+fn data(dir: &Path) -> String {
+    outcore(
+        dir,
+        0,
+        &[
+            "gen",
+            "--synthetic",
+            "24MiB",
+            "--dims",
+            "16",
+            "--true-k",
+            "1",
+            "--output",
+            "x.npy",
+        ],
+    );
+    dir.join("x.npy").to_string_lossy().into_owned()
+}
+
+/// `workers` ranks of `job` and one lender (`lend`: its flags), under
+/// `mpirun` with `flags` and `envs`: the exit code and stderr.
+fn with_a_lender(
+    dir: &Path,
+    workers: usize,
+    job: &[String],
+    lend: &[&str],
+    flags: &[&str],
+    envs: &[(&str, &str)],
+) -> (Option<i32>, String) {
+    let np = workers.to_string();
+    let mut cmd: Vec<&str> = vec!["mpirun"];
+    cmd.extend(flags);
+    cmd.extend(["-np", &np, "--oversubscribe", "--bind-to", "none", BIN]);
+    cmd.extend(job.iter().map(String::as_str));
+    cmd.extend([":", "-np", "1", BIN, "lend"]);
+    cmd.extend(lend);
+    let out = watchdog(dir, 300, &cmd)
+        .envs(envs.iter().copied())
+        .output()
+        .expect("timeout(1) runs");
+    let code = out.status.code();
+    assert_ne!(code, Some(124), "timed out (a hang): {cmd:?}");
+    (code, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_lender_holds_evicted_partitions_with_the_same_bytes_out() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let x = data(dir.path());
+    let job = kmeans_args(&x, &[]);
+    let (code, err) = with_a_lender(dir.path(), 2, &job, &["--mem-cap", "256MiB"], &[], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let s = stats(&dir.path().join("s.json"));
+    assert_eq!(s["lenders"].as_u64(), Some(1), "{s}");
+    let loaded = s["remote_bytes_loaded"].as_u64().unwrap();
+    let read = s["bytes_read"].as_u64().unwrap();
+    // The input is read once to start; every later load comes from the
+    // lender.
+    assert!(
+        loaded > 2 * read,
+        "{loaded} B from the lender, {read} B read: {s}"
+    );
+    assert_eq!(s["remote_fallbacks"].as_u64(), Some(0), "{s}");
+    let lent: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("outcore lend:"))
+        .collect();
+    assert_eq!(lent.len(), 1, "{err}");
+    assert!(lent[0].contains("declined 0"), "{err}");
+    // The same centres as one process without a lender.
+    let args: Vec<&str> = job.iter().map(String::as_str).collect();
+    same_as_one_process(dir.path(), &args, "c.npy", "two ranks and a lender");
+    // And with the tier off, none of it goes there.
+    let off = dir.path().join("off");
+    std::fs::create_dir(&off).unwrap();
+    let job = kmeans_args(&x, &["--remote-memory", "off"]);
+    let (code, err) = with_a_lender(&off, 2, &job, &[], &[], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let s = stats(&off.join("s.json"));
+    assert_eq!(s["remote_bytes_sent"].as_u64(), Some(0), "{s}");
+    assert!(
+        std::fs::read(off.join("c.npy")).unwrap()
+            == std::fs::read(dir.path().join("c.npy")).unwrap()
+    );
+}
+
+#[test]
+fn a_lender_without_room_leaves_the_evictions_to_the_disk() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let x = data(dir.path());
+    let job = kmeans_args(&x, &[]);
+    // 40 MiB less the lender's own 32: room for 8 MiB of the 24.
+    let (code, err) = with_a_lender(dir.path(), 1, &job, &["--mem-cap", "40MiB"], &[], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let s = stats(&dir.path().join("s.json"));
+    let sent = s["remote_bytes_sent"].as_u64().unwrap();
+    assert!(sent > 0 && sent <= 8 << 20, "{sent} B sent: {s}");
+    assert_eq!(s["remote_fallbacks"].as_u64(), Some(0), "{s}");
+    let args: Vec<&str> = job.iter().map(String::as_str).collect();
+    same_as_one_process(dir.path(), &args, "c.npy", "a rank and a full lender");
+}
+
+/// The lender dies (SIGKILL) after handing back 40 images: under
+/// `mpirun --enable-recovery` the job goes on from the disk and its
+/// input, with one line about it, and the same bytes.
+#[test]
+fn a_lender_killed_mid_run_costs_time_not_bytes() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let x = data(dir.path());
+    let job = kmeans_args(&x, &[]);
+    let (code, err) = with_a_lender(
+        dir.path(),
+        1,
+        &job,
+        &["--mem-cap", "256MiB"],
+        &["--enable-recovery"],
+        &[
+            ("OUTCORE_FAULT_LENDER_DIES_AFTER", "40"),
+            ("OUTCORE_REMOTE_PATIENCE_MS", "2000"),
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let gone: Vec<&str> = err.lines().filter(|l| l.starts_with("outcore:")).collect();
+    assert_eq!(gone.len(), 1, "{err}");
+    assert!(gone[0].contains("the lender at rank 1 is gone"), "{err}");
+    let s = stats(&dir.path().join("s.json"));
+    assert!(s["remote_fallbacks"].as_u64().unwrap() > 0, "{s}");
+    let args: Vec<&str> = job.iter().map(String::as_str).collect();
+    same_as_one_process(dir.path(), &args, "c.npy", "a rank whose lender died");
+}
