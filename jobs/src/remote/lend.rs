@@ -7,6 +7,8 @@ use std::ffi::c_int;
 use std::io;
 use std::time::{Duration, Instant};
 
+use outcore::TIER_HEAD_LEN;
+
 use super::wire::{self, Comm, Header, Op};
 use super::PIECE;
 
@@ -71,7 +73,19 @@ pub(crate) fn serve(
         let _ = match h.op {
             Op::Put => take(comm, from, &h, &mut held, &mut lent),
             Op::Get => {
-                let r = give(comm, from, &h, &held);
+                let r = match give(comm, from, &h, &held) {
+                    Ok(()) => Ok(()),
+                    Err(Gave::Early(e)) => Err(e),
+                    Err(Gave::Stuck(e)) => {
+                        // MPI may still read it: leaked, not freed.
+                        let key = (from, h.executor, h.generation);
+                        if let Some(v) = held.images.remove(&key) {
+                            held.bytes -= v.len() as u64;
+                            std::mem::forget(v);
+                        }
+                        Err(e)
+                    }
+                };
                 lent.gets += 1;
                 if die_after.is_some_and(|n| lent.gets >= n) {
                     // SAFETY: a plain syscall: this process kills itself.
@@ -122,13 +136,9 @@ fn take(comm: Comm, from: usize, h: &Header, held: &mut Held, lent: &mut Lent) -
         lent.declined += 1;
         return Ok(());
     }
-    let (head, body) = receive_image(comm, from, h)?;
-    let Some(head) = head else {
+    let Some(image) = receive_image(comm, from, h)? else {
         return Ok(());
     };
-    let mut image = head;
-    image.extend_from_slice(&body);
-    drop(body);
     let key = (from, h.executor, h.generation);
     let len = image.len() as u64;
     let kept = len <= held.room();
@@ -146,17 +156,19 @@ fn take(comm: Comm, from: usize, h: &Header, held: &mut Held, lent: &mut Lent) -
 }
 
 /// The pieces of a PUT (tag `h.tag`) and its end (tag `h.tag + 1`: a
-/// flag, the body's length, then the head): the head (`None` when the
-/// worker gave up) and the body.
-fn receive_image(comm: Comm, from: usize, h: &Header) -> io::Result<(Option<Vec<u8>>, Vec<u8>)> {
-    let mut body: Vec<u8> = Vec::with_capacity(usize::try_from(h.len).unwrap_or(0));
+/// flag, the body's length, then the head): the image, head first
+/// (`None` when the worker gave up). The pieces land in place, after
+/// room for the head.
+fn receive_image(comm: Comm, from: usize, h: &Header) -> io::Result<Option<Vec<u8>>> {
+    let want = usize::try_from(h.len).unwrap_or(0);
+    let mut image: Vec<u8> = Vec::with_capacity(TIER_HEAD_LEN + want);
+    image.resize(TIER_HEAD_LEN, 0);
     let mut end: Option<(bool, u64, Vec<u8>)> = None;
     let deadline = Instant::now() + PATIENCE;
     let mut wait = wire::Backoff::new(Duration::from_micros(200));
     loop {
         if let Some((_, n)) = wire::probe(comm, Some(from), h.tag) {
-            let piece = wire::recv(comm, from, h.tag, n, PATIENCE)?;
-            body.extend_from_slice(&piece);
+            wire::recv_append(comm, from, h.tag, &mut image, n, PATIENCE)?;
             wait = wire::Backoff::new(Duration::from_micros(200));
         } else if end.is_none() {
             if let Some((_, n)) = wire::probe(comm, Some(from), h.tag + 1) {
@@ -166,10 +178,18 @@ fn receive_image(comm: Comm, from: usize, h: &Header) -> io::Result<(Option<Vec<
                 end = Some((ok, len, e.get(16..).unwrap_or_default().to_vec()));
             }
         }
+        let body = (image.len() - TIER_HEAD_LEN) as u64;
         match &end {
-            Some((false, _, _)) => return Ok((None, Vec::new())),
-            Some((true, len, head)) if body.len() as u64 == *len => {
-                return Ok((Some(head.clone()), body));
+            Some((false, _, _)) => return Ok(None),
+            Some((true, len, head)) if body == *len && head.len() == TIER_HEAD_LEN => {
+                image[..TIER_HEAD_LEN].copy_from_slice(head);
+                return Ok(Some(image));
+            }
+            Some((true, _, head)) if head.len() != TIER_HEAD_LEN => {
+                return Err(io::Error::other(format!(
+                    "rank {from} sent a head of {} bytes",
+                    head.len()
+                )));
             }
             _ => {}
         }
@@ -183,16 +203,30 @@ fn receive_image(comm: Comm, from: usize, h: &Header) -> io::Result<(Option<Vec<
     }
 }
 
-/// A GET: the image's length (0: not held), then its pieces.
-fn give(comm: Comm, from: usize, h: &Header, held: &Held) -> io::Result<()> {
+/// Why a GET failed.
+enum Gave {
+    /// Before any piece of the image.
+    Early(io::Error),
+    /// A piece of the image did not go in time: MPI may still read the
+    /// image, which must be leaked.
+    Stuck(io::Error),
+}
+
+/// A GET: the image's length (0: not held), then its pieces, sent from
+/// where the image lies.
+fn give(comm: Comm, from: usize, h: &Header, held: &Held) -> Result<(), Gave> {
     let image = held.images.get(&(from, h.executor, h.generation));
     let len = image.map_or(0, |v| v.len() as u64);
-    wire::send(comm, from, h.tag, wire::bytes(&[len]), PATIENCE)?;
+    wire::send(comm, from, h.tag, wire::bytes(&[len]), PATIENCE).map_err(Gave::Early)?;
     let Some(image) = image else {
         return Ok(());
     };
     for piece in image.chunks(PIECE) {
-        wire::send(comm, from, h.tag + 1, piece.to_vec(), PATIENCE)?;
+        // SAFETY: on `Stuck` the image is leaked (see `serve`): never
+        // freed or changed while MPI may still read it.
+        if let Err(stuck) = unsafe { wire::send_ref(comm, from, h.tag + 1, piece, PATIENCE) } {
+            return Err(Gave::Stuck(stuck.into()));
+        }
     }
     Ok(())
 }

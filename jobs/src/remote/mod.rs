@@ -280,8 +280,17 @@ impl Read for In<'_> {
             }
             let n = usize::try_from(self.left).unwrap_or(usize::MAX).min(PIECE);
             let t = self.tier;
-            let r = wire::recv(t.comm, self.lender.rank, self.tag, n, t.patience);
-            self.piece = t.checked(self.lender, r)?;
+            // The same memory for every piece.
+            self.piece.clear();
+            let r = wire::recv_append(
+                t.comm,
+                self.lender.rank,
+                self.tag,
+                &mut self.piece,
+                n,
+                t.patience,
+            );
+            t.checked(self.lender, r)?;
             self.at = 0;
             self.left -= n as u64;
         }

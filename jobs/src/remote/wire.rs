@@ -87,7 +87,7 @@ pub(super) struct Backoff {
 }
 
 /// How long a waiting thread yields before it sleeps.
-const SPIN: Duration = Duration::from_micros(500);
+const SPIN: Duration = Duration::from_micros(50);
 
 impl Backoff {
     pub(super) fn new(most: Duration) -> Backoff {
@@ -109,7 +109,19 @@ impl Backoff {
     }
 }
 
-/// Sends `buf` to `peer` under `tag`, waiting at most `wait`.
+/// A send or a receive that did not complete in time: MPI may still
+/// touch its buffer, which must therefore never be freed or reused.
+#[derive(Debug)]
+pub(super) struct Stuck(io::Error);
+
+impl From<Stuck> for io::Error {
+    fn from(s: Stuck) -> io::Error {
+        s.0
+    }
+}
+
+/// Sends `buf` to `peer` under `tag`, waiting at most `wait`. On `Err`,
+/// `buf` was leaked (MPI may still read it).
 pub(super) fn send(
     comm: Comm,
     peer: usize,
@@ -117,13 +129,37 @@ pub(super) fn send(
     buf: Vec<u8>,
     wait: Duration,
 ) -> io::Result<()> {
-    let n = c_int::try_from(buf.len()).map_err(|_| io::Error::other("message too long"))?;
-    let dest = c_int::try_from(peer).map_err(|_| io::Error::other("rank out of range"))?;
+    // SAFETY: on `Stuck`, `buf` is leaked below: never freed.
+    match unsafe { send_ref(comm, peer, tag, &buf, wait) } {
+        Ok(()) => Ok(()),
+        Err(stuck) => {
+            std::mem::forget(buf);
+            Err(stuck.into())
+        }
+    }
+}
+
+/// Sends `buf` to `peer` under `tag`, waiting at most `wait`, without a
+/// copy.
+///
+/// # Safety
+///
+/// On `Err(Stuck)`, MPI may still read `buf`: the caller must leak it
+/// (never free or change it).
+pub(super) unsafe fn send_ref(
+    comm: Comm,
+    peer: usize,
+    tag: c_int,
+    buf: &[u8],
+    wait: Duration,
+) -> Result<(), Stuck> {
+    let n = c_int::try_from(buf.len()).map_err(|_| Stuck(io::Error::other("message too long")))?;
+    let dest = c_int::try_from(peer).map_err(|_| Stuck(io::Error::other("rank out of range")))?;
     // SAFETY: reads a constant handle the MPI shim defines.
     let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-    // SAFETY: `buf` holds `n` bytes and stays alive (and unmoved: a
-    // Vec's heap buffer) until the request completes, or is leaked below
-    // when it does not; `comm` is a live communicator.
+    // SAFETY: `buf` holds `n` bytes and stays alive and unchanged until
+    // the request completes, or the caller leaks it when it does not;
+    // `comm` is a live communicator.
     let rc = unsafe {
         ffi::MPI_Isend(
             buf.as_ptr().cast(),
@@ -136,15 +172,11 @@ pub(super) fn send(
         )
     };
     if rc != 0 {
-        return Err(failed("Isend", rc));
+        return Err(Stuck(failed("Isend", rc)));
     }
-    match complete(&mut request, Instant::now() + wait) {
-        Ok(_) => Ok(()),
-        Err(()) => {
-            std::mem::forget(buf);
-            Err(timed_out("take a message", peer, wait))
-        }
-    }
+    complete(&mut request, Instant::now() + wait)
+        .map(|_| ())
+        .map_err(|()| Stuck(timed_out("take a message", peer, wait)))
 }
 
 /// Receives exactly `len` bytes from `peer` under `tag`, waiting at most
@@ -156,17 +188,36 @@ pub(super) fn recv(
     len: usize,
     wait: Duration,
 ) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    recv_append(comm, peer, tag, &mut buf, len, wait)?;
+    Ok(buf)
+}
+
+/// Receives exactly `len` bytes from `peer` under `tag` onto the end of
+/// `buf`, waiting at most `wait` (reusing `buf`'s memory: no fresh pages
+/// to fault in for every piece). On error `buf` is left empty, its
+/// memory leaked when MPI may still write it.
+pub(super) fn recv_append(
+    comm: Comm,
+    peer: usize,
+    tag: c_int,
+    buf: &mut Vec<u8>,
+    len: usize,
+    wait: Duration,
+) -> io::Result<()> {
     let n = c_int::try_from(len).map_err(|_| io::Error::other("message too long"))?;
     let src = c_int::try_from(peer).map_err(|_| io::Error::other("rank out of range"))?;
-    let mut buf = vec![0u8; len];
+    let at = buf.len();
+    buf.resize(at + len, 0);
     // SAFETY: reads a constant handle the MPI shim defines.
     let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-    // SAFETY: `buf` has room for `n` bytes and stays alive (unmoved)
-    // until the request completes, or is leaked below when it does not;
-    // `comm` is a live communicator.
+    // SAFETY: `buf[at..]` has room for `n` bytes and stays alive (not
+    // moved: nothing touches `buf` until the request completes, or its
+    // memory is leaked below when it does not); `comm` is a live
+    // communicator.
     let rc = unsafe {
         ffi::MPI_Irecv(
-            buf.as_mut_ptr().cast(),
+            buf[at..].as_mut_ptr().cast(),
             n,
             ffi::RSMPI_UINT8_T,
             src,
@@ -176,20 +227,22 @@ pub(super) fn recv(
         )
     };
     if rc != 0 {
+        buf.truncate(at);
         return Err(failed("Irecv", rc));
     }
     match complete(&mut request, Instant::now() + wait) {
         Ok(status) => {
             let got = count(&status);
             if got != len {
+                buf.clear();
                 return Err(io::Error::other(format!(
                     "rank {peer} sent {got} bytes where {len} were due"
                 )));
             }
-            Ok(buf)
+            Ok(())
         }
         Err(()) => {
-            std::mem::forget(buf);
+            std::mem::forget(std::mem::take(buf));
             Err(timed_out("answer", peer, wait))
         }
     }
