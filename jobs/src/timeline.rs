@@ -5,9 +5,9 @@
 //! when each phase begins, however short, and one at the end):
 //!
 //! ```text
-//! time_s,accounted_bytes,rss_bytes,cap_bytes,resident_executors,evictions,loads,bytes_read,bytes_written,ranks,phase
-//! 0.000,1187840,6901760,268435456,0,0,0,0,0,1,load
-//! 0.050,98566144,104407040,268435456,12,0,12,96468992,0,1,init
+//! time_s,accounted_bytes,rss_bytes,cap_bytes,resident_executors,evictions,loads,bytes_read,bytes_written,ranks,remote_bytes_sent,remote_bytes_loaded,phase
+//! 0.000,1187840,6901760,268435456,0,0,0,0,0,1,0,0,load
+//! 0.050,98566144,104407040,268435456,12,0,12,96468992,0,1,0,0,init
 //! ```
 //!
 //! - `accounted_bytes`: what the allocator counts against the cap (the
@@ -18,6 +18,9 @@
 //!   again), `bytes_written` (spill files): running totals;
 //! - `ranks`: the MPI ranks the job runs on (1 on one process; it
 //!   changes when the job grows, see [`Timeline::set_ranks`]);
+//! - `remote_bytes_sent`, `remote_bytes_loaded`: running totals of the
+//!   bytes put into lenders' memory and loaded back from it (`outcore
+//!   lend`; the runtime's spill tier);
 //! - `phase`: what the job is doing (`load`, `init`, `epoch 3`, ...), as
 //!   set by [`Timeline::phase`].
 //!
@@ -40,7 +43,11 @@ use crate::error::{Error, Result};
 use crate::input::InputReads;
 
 /// The CSV header line.
-pub const HEADER: &str = "time_s,accounted_bytes,rss_bytes,cap_bytes,resident_executors,evictions,loads,bytes_read,bytes_written,ranks,phase";
+pub const HEADER: &str = "time_s,accounted_bytes,rss_bytes,cap_bytes,resident_executors,evictions,loads,bytes_read,bytes_written,ranks,remote_bytes_sent,remote_bytes_loaded,phase";
+
+/// The header of timelines written before the lenders' columns (read as
+/// no traffic to lenders).
+const HEADER_BEFORE_REMOTE: &str = "time_s,accounted_bytes,rss_bytes,cap_bytes,resident_executors,evictions,loads,bytes_read,bytes_written,ranks,phase";
 
 /// The header of timelines written before the `ranks` column (read as one
 /// rank).
@@ -273,7 +280,7 @@ impl Sampler {
         self.line.clear();
         let _ = write!(
             self.line,
-            "{t:.3},{},{},{},{resident},{},{},{},{},{},{}",
+            "{t:.3},{},{},{},{resident},{},{},{},{},{},{},{},{}",
             s.current_bytes,
             rss,
             self.cap.map_or(String::new(), |c| c.to_string()),
@@ -282,6 +289,8 @@ impl Sampler {
             s.bytes_read + input,
             s.bytes_written,
             self.inner.ranks.load(Ordering::Relaxed).max(1),
+            s.tier_bytes_sent,
+            s.tier_bytes_loaded,
             csv_field(phase),
         );
         writeln!(self.out, "{}", self.line)?;
@@ -345,6 +354,11 @@ pub struct Sample {
     /// The MPI ranks the job ran on (1 in files written before the
     /// column).
     pub ranks: u64,
+    /// Bytes put into lenders' memory so far (0 in files written before
+    /// the column).
+    pub remote_bytes_sent: u64,
+    /// Bytes loaded back from lenders' memory so far (the same).
+    pub remote_bytes_loaded: u64,
     /// The phase.
     pub phase: String,
 }
@@ -359,9 +373,12 @@ pub fn read(path: &Path) -> Result<Vec<Sample>> {
         ))
     };
     let mut lines = text.lines();
-    let with_ranks = match lines.next().map(str::trim) {
-        Some(HEADER) => true,
-        Some(HEADER_BEFORE_RANKS) => false,
+    // The columns after `bytes_written` before the phase: none, the
+    // ranks, or the ranks and the lenders' two.
+    let extra = match lines.next().map(str::trim) {
+        Some(HEADER) => 3,
+        Some(HEADER_BEFORE_REMOTE) => 1,
+        Some(HEADER_BEFORE_RANKS) => 0,
         _ => return Err(bad(1, "unexpected header")),
     };
     let mut out = Vec::new();
@@ -369,7 +386,7 @@ pub fn read(path: &Path) -> Result<Vec<Sample>> {
         if l.trim().is_empty() {
             continue;
         }
-        let mut f = l.splitn(if with_ranks { 11 } else { 10 }, ',');
+        let mut f = l.splitn(10 + extra, ',');
         let mut next = || f.next().unwrap_or("");
         let num = |s: &str| {
             s.trim()
@@ -393,7 +410,12 @@ pub fn read(path: &Path) -> Result<Vec<Sample>> {
         let loads = num(next())?;
         let bytes_read = num(next())?;
         let bytes_written = num(next())?;
-        let ranks = if with_ranks { num(next())? } else { 1 };
+        let ranks = if extra >= 1 { num(next())? } else { 1 };
+        let (remote_bytes_sent, remote_bytes_loaded) = if extra >= 3 {
+            (num(next())?, num(next())?)
+        } else {
+            (0, 0)
+        };
         let phase = next().trim();
         let phase = phase
             .strip_prefix('"')
@@ -410,6 +432,8 @@ pub fn read(path: &Path) -> Result<Vec<Sample>> {
             bytes_read,
             bytes_written,
             ranks,
+            remote_bytes_sent,
+            remote_bytes_loaded,
             phase,
         });
     }
@@ -417,4 +441,46 @@ pub fn read(path: &Path) -> Result<Vec<Sample>> {
         return Err(bad(2, "no samples"));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Files of every version read back: the columns a version lacks as
+    /// one rank and no traffic to lenders.
+    #[test]
+    fn every_version_of_the_file_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let rows = [
+            (
+                HEADER_BEFORE_RANKS,
+                "0.050,10,20,30,1,2,3,4,5,\"epoch 1, a\"",
+                (1, 0, 0),
+            ),
+            (
+                HEADER_BEFORE_REMOTE,
+                "0.050,10,20,30,1,2,3,4,5,2,epoch 1",
+                (2, 0, 0),
+            ),
+            (
+                HEADER,
+                "0.050,10,20,30,1,2,3,4,5,2,600,700,epoch 1",
+                (2, 600, 700),
+            ),
+        ];
+        for (i, (header, row, (ranks, sent, loaded))) in rows.iter().enumerate() {
+            let p = dir.path().join(format!("t{i}.csv"));
+            std::fs::write(&p, format!("{header}\n{row}\n")).unwrap();
+            let s = read(&p).unwrap();
+            assert_eq!(s.len(), 1);
+            let s = &s[0];
+            assert_eq!((s.accounted_bytes, s.bytes_written), (10, 5), "{header}");
+            assert_eq!(
+                (s.ranks, s.remote_bytes_sent, s.remote_bytes_loaded),
+                (*ranks, *sent, *loaded)
+            );
+            assert!(s.phase.starts_with("epoch 1"), "{}", s.phase);
+        }
+    }
 }

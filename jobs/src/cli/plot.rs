@@ -88,6 +88,7 @@ const RSS: RGBColor = RGBColor(120, 120, 120);
 const CAP: RGBColor = RGBColor(214, 39, 40);
 const LOADS: RGBColor = RGBColor(44, 160, 44);
 const EVICTIONS: RGBColor = RGBColor(255, 127, 14);
+const REMOTE: RGBColor = RGBColor(148, 103, 189);
 const BANDS: [RGBColor; 2] = [RGBColor(238, 241, 246), RGBColor(250, 251, 253)];
 
 /// Phases as (start, end, name), in time order.
@@ -310,7 +311,8 @@ fn draw_memory_series(
     Ok(())
 }
 
-/// Disk traffic: reads and spill writes in MiB/s, over the phases.
+/// Disk traffic: reads and spill writes in MiB/s, and loads from
+/// lenders' memory when there were any, over the phases.
 fn draw_traffic(
     area: &Area<'_>,
     s: &[Sample],
@@ -319,9 +321,13 @@ fn draw_traffic(
 ) -> DrawResult {
     let read = rate(s, |x| x.bytes_read);
     let written = rate(s, |x| x.bytes_written);
+    // Lenders' memory, when the run had lenders.
+    let lent = s.iter().any(|x| x.remote_bytes_sent > 0);
+    let remote = rate(s, |x| x.remote_bytes_loaded);
     let rmax = read
         .iter()
         .chain(&written)
+        .chain(remote.iter().filter(|_| lent))
         .map(|p| p.1)
         .fold(0.0, f64::max)
         .max(1.0)
@@ -334,7 +340,11 @@ fn draw_traffic(
         .build_cartesian_2d(0f64..tmax, 0f64..rmax)?;
     io.configure_mesh()
         .x_desc("time (s)")
-        .y_desc("disk (MiB/s)")
+        .y_desc(if lent {
+            "disk, lenders (MiB/s)"
+        } else {
+            "disk (MiB/s)"
+        })
         .y_label_formatter(&|v| format!("{v:.0}"))
         .x_label_formatter(&|v| format!("{v}"))
         .light_line_style(RGBColor(235, 235, 235))
@@ -352,6 +362,11 @@ fn draw_traffic(
     io.draw_series(LineSeries::new(written, EVICTIONS.stroke_width(2)))?
         .label("written (spill files)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], EVICTIONS.stroke_width(2)));
+    if lent {
+        io.draw_series(LineSeries::new(remote, REMOTE.stroke_width(2)))?
+            .label("loaded from lenders' memory")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], REMOTE.stroke_width(2)));
+    }
     io.configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)
         .margin(10)

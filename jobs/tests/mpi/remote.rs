@@ -89,11 +89,18 @@ fn a_lender_holds_evicted_partitions_with_the_same_bytes_out() {
     }
     let dir = tempfile::tempdir().unwrap();
     let x = data(dir.path());
-    let job = kmeans_args(&x, &[]);
+    let job = kmeans_args(&x, &["--timeline", "t.csv"]);
     let (code, err) = with_a_lender(dir.path(), 2, &job, &["--mem-cap", "256MiB"], &[], &[]);
     assert_eq!(code, Some(0), "{err}");
     let s = stats(&dir.path().join("s.json"));
     assert_eq!(s["lenders"].as_u64(), Some(1), "{s}");
+    // Rank 0's timeline shows the traffic to and from the lender.
+    let t = outcore_jobs::timeline::read(&dir.path().join("t.csv")).unwrap();
+    let last = t.last().unwrap();
+    assert!(
+        last.remote_bytes_sent > 0 && last.remote_bytes_loaded > last.remote_bytes_sent,
+        "{last:?}"
+    );
     let loaded = s["remote_bytes_loaded"].as_u64().unwrap();
     let read = s["bytes_read"].as_u64().unwrap();
     // The input is read once to start; every later load comes from the
