@@ -69,6 +69,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ranks::mpi_rank, m)?)?;
     m.add_function(wrap_pyfunction!(ranks::mpi_built, m)?)?;
     m.add_function(wrap_pyfunction!(ranks::mpi_end, m)?)?;
+    m.add_function(wrap_pyfunction!(ranks::lend, m)?)?;
     m.add_class::<run::Settings>()?;
     m.add_class::<scratch::ScratchDir>()?;
     Ok(())

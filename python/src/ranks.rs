@@ -85,6 +85,57 @@ pub(crate) fn ranks(py: Python<'_>) -> PyResult<Ranks> {
     Ok(r)
 }
 
+/// Whether evictions may go to lenders' memory (`OUTCORE_REMOTE_MEMORY`
+/// is not `off`).
+#[cfg(feature = "mpi")]
+pub(crate) fn remote_memory_on() -> bool {
+    !std::env::var("OUTCORE_REMOTE_MEMORY").is_ok_and(|v| matches!(v.trim(), "off" | "0" | "no"))
+}
+
+/// Lends this process's memory to the ranks beside it under `mpirun`
+/// (`python -m outcore.lend`), holding at most what `mem_cap` (a size or
+/// `"auto"`) allows, until every rank is done; then writes one line on
+/// stderr. Must come before any fit in this process.
+#[cfg(feature = "mpi")]
+#[pyfunction]
+pub(crate) fn lend(py: Python<'_>, mem_cap: &str) -> PyResult<()> {
+    let cap = outcore::MemoryCap::parse(mem_cap)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    let budget = outcore_jobs::remote::lender_budget(cap).map_err(crate::to_py)?;
+    if RANKS.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+        return Err(PyRuntimeError::new_err(
+            "this process ran a fit under MPI already: a lender lends from its start",
+        ));
+    }
+    if launched_size().is_none() {
+        return Err(PyRuntimeError::new_err(
+            "a lender runs under mpirun, beside the ranks of a job \
+             (mpirun -np 2 python fit.py : -np 1 python -m outcore.lend)",
+        ));
+    }
+    let r = Ranks::init_as(outcore_jobs::ranks::Role::Lender).map_err(crate::to_py)?;
+    py.detach(move || {
+        let lent = r.lend(budget);
+        if let Ok(l) = &lent {
+            crate::run::write_stderr(&l.line(r.rank(), budget));
+        }
+        // Dropped here, on the thread that initialised MPI: finalises it.
+        drop(r);
+        lent.map(|_| ())
+    })
+    .map_err(crate::to_py)
+}
+
+/// Without MPI there is nothing to lend to.
+#[cfg(not(feature = "mpi"))]
+#[pyfunction]
+pub(crate) fn lend(_py: Python<'_>, _mem_cap: &str) -> PyResult<()> {
+    Err(PyRuntimeError::new_err(
+        "this outcore was built without MPI: it cannot lend (reinstall it with MPI: \
+         MATURIN_PEP517_ARGS=\"--features mpi\" pip install ./python)",
+    ))
+}
+
 /// MPI's ranks when launched by MPI (and built with it), else one process.
 #[cfg(feature = "mpi")]
 fn start(py: Python<'_>) -> PyResult<Ranks> {

@@ -220,6 +220,16 @@ impl Settings {
         if let Some(d) = &self.spill_dir {
             b = b.spill_dir(d);
         }
+        // Lenders beside the ranks (`python -m outcore.lend`): evictions
+        // go to their memory before the disk, unless
+        // OUTCORE_REMOTE_MEMORY=off.
+        #[cfg(feature = "mpi")]
+        if let Some(t) = ranks
+            .remote_tier()
+            .filter(|_| crate::ranks::remote_memory_on())
+        {
+            b = b.spill_tier(t);
+        }
         let rt = b.build().map_err(|e| crate::to_py(e.into()))?;
         if cap.is_some() && rt.spill_dir_in_memory() {
             let dir = rt.spill_dir().parent().unwrap_or(rt.spill_dir());

@@ -308,3 +308,45 @@ def test_outcore_mpi_off_keeps_each_rank_to_itself(data, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     got = sorted((f.name, f.read_text()) for f in out.iterdir())
     assert got == [("alone.0", "alone (0, 1) 1"), ("alone.1", "alone (0, 1) 1")], got
+
+
+def test_a_lender_beside_two_ranks_gives_one_process_centres(data, tmp_path):
+    """``python -m outcore.lend`` beside the ranks: their evictions go to
+    its memory and come back from it, and the centres are one process's."""
+    mpirun = _need_mpi()
+    X, _ = data
+    code = (
+        "import sys, json, numpy as np, outcore\n"
+        "from outcore import _core\n"
+        "X = np.load(sys.argv[1], mmap_mode='r')\n"
+        "km = outcore.KMeans(n_clusters=5, n_init=1, random_state=0, algorithm='lloyd',\n"
+        "                    max_iter=4, tol=0, mem_cap=sys.argv[3]).fit(X)\n"
+        "if _core.mpi_rank()[0] == 0:\n"
+        "    np.save(sys.argv[2] + '/c.npy', km.cluster_centers_)\n"
+        "    with open(sys.argv[2] + '/s.json', 'w') as f:\n"
+        "        json.dump(km.stats_, f)\n"
+    )
+    one = tmp_path / "one"
+    one.mkdir()
+    r = _run([sys.executable, "-c", code, str(X), str(one), CAP], _env(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / "lent"
+    out.mkdir()
+    lend = [":", "-np", "1", sys.executable, "-m", "outcore.lend", "--mem-cap", "256MiB"]
+    r = _run(_mpirun(mpirun, 2) + [sys.executable, "-c", code, str(X), str(out), CAP] + lend,
+             _env(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((out / "s.json").read_text())
+    assert s["lenders"] == 1, s
+    assert s["remote_bytes_loaded"] > 0 and s["remote_fallbacks"] == 0, s
+    assert [l for l in r.stderr.splitlines() if l.startswith("outcore lend:")], r.stderr
+    assert np.array_equal(np.load(out / "c.npy"), np.load(one / "c.npy"))
+
+
+def test_a_lender_needs_mpirun(tmp_path):
+    """Started on its own, a lender says why in one line and exits 2."""
+    env = _env(tmp_path)
+    r = _run([sys.executable, "-m", "outcore.lend"], env, timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("outcore: error:"), r.stderr

@@ -12,7 +12,8 @@
 //! adding the same vectors in the same order gets.
 //!
 //! [`Ranks::single`] is the one-process case (no MPI needed); with the
-//! `mpi` feature, `Ranks::init` initialises MPI (`MPI_THREAD_SERIALIZED`),
+//! `mpi` feature, `Ranks::init` initialises MPI (`MPI_THREAD_MULTIPLE` where
+//! the library gives it, for the lenders' tier; at least `SERIALIZED`),
 //! or takes the MPI another library of the process (mpi4py) initialised.
 //! A `Ranks` may move between threads (a Python fit runs on a thread of
 //! its own), and its calls are serialised by a lock; they are made from
@@ -197,7 +198,8 @@ impl Ranks {
         }
     }
 
-    /// Initialises MPI (`MPI_THREAD_SERIALIZED`) and returns the ranks of
+    /// Initialises MPI (`MPI_THREAD_MULTIPLE` where the library gives it,
+    /// at least `SERIALIZED`) and returns the ranks of
     /// `MPI_COMM_WORLD`; MPI is finalised when the last clone is dropped,
     /// which must be on the thread that called this. When another library
     /// of the process (mpi4py) initialised MPI already, at thread level

@@ -1,4 +1,5 @@
-//! The ranks under MPI: initialisation (`MPI_THREAD_SERIALIZED`, or the
+//! The ranks under MPI: initialisation (`MPI_THREAD_MULTIPLE` where the
+//! library gives it, at least `SERIALIZED`; or the
 //! MPI another library of the process initialised), the collectives the
 //! jobs use (the ordered sum, gathers, broadcasts, the agreement check),
 //! growth onto free slots (`MPI_Comm_spawn`) and abort.
@@ -82,6 +83,8 @@ struct Lending {
     workers: usize,
     /// This process's.
     role: Role,
+    /// Set once this worker has said goodbye (it says it once).
+    left: std::sync::atomic::AtomicBool,
     /// The workers' tier, once made (see [`World::remote_tier`]).
     tier: std::sync::OnceLock<std::sync::Arc<crate::remote::RemoteTier>>,
 }
@@ -166,13 +169,15 @@ fn split_roles(
             lenders,
             workers,
             role,
+            left: std::sync::atomic::AtomicBool::new(false),
             tier: std::sync::OnceLock::new(),
         }),
     ))
 }
 
 impl World {
-    /// Initialises MPI at `MPI_THREAD_SERIALIZED`, or, when another
+    /// Initialises MPI at `MPI_THREAD_MULTIPLE` (at least `SERIALIZED`),
+    /// splits the lenders from the workers (see [`Role`]), or, when another
     /// library of this process (mpi4py) initialised it already, takes
     /// its `MPI_COMM_WORLD` (and leaves finalising to it).
     pub fn init(role: Role) -> Result<World> {
@@ -259,7 +264,11 @@ impl World {
     /// Tells the lenders this worker is done (before MPI is finalised:
     /// they end once every worker has).
     pub fn leave_lenders(&self) {
-        if self.lending.as_ref().is_none_or(|l| l.role == Role::Lender) {
+        if self
+            .lending
+            .as_ref()
+            .is_none_or(|l| l.role == Role::Lender || l.left.swap(true, Ordering::Relaxed))
+        {
             return;
         }
         if let Some(t) = self.lending.as_ref().and_then(|l| l.tier.get()) {

@@ -33,6 +33,48 @@ pub(crate) use lend::serve;
 pub use lend::Lent;
 pub(crate) use wire::Comm;
 
+/// What a lender may hold under `cap` (`--mem-cap`, `mem_cap`): the
+/// cap (`auto`: its share of the node's memory among the processes the
+/// launcher started there) less a margin for the lender itself, a
+/// sixteenth and at least 32 MiB.
+pub fn lender_budget(cap: outcore::MemoryCap) -> crate::Result<u64> {
+    use outcore::MemoryCap;
+    let bytes = match cap {
+        MemoryCap::None => {
+            return Err(crate::Error::Input(
+                "a lender needs a cap (a size or auto), not none".into(),
+            ))
+        }
+        MemoryCap::Auto => {
+            let on_node = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1usize);
+            MemoryCap::Auto.resolve_shared(on_node)
+        }
+        c => c.resolve(),
+    };
+    let bytes = bytes
+        .ok_or_else(|| crate::Error::Input("a lender's auto cap: no memory limit found".into()))?;
+    Ok(bytes.saturating_sub((bytes / 16).max(32 << 20)))
+}
+
+impl Lent {
+    /// The lender's last line (with a newline): what it kept, held and
+    /// handed back.
+    pub fn line(&self, rank: usize, budget: u64) -> String {
+        format!(
+            "outcore lend: rank {rank}: kept {} images (at most {} at once, of {} allowed), \
+             handed back {}, declined {}\n",
+            self.puts,
+            outcore::format_bytes(self.peak_bytes),
+            outcore::format_bytes(budget),
+            self.gets,
+            self.declined,
+        )
+    }
+}
+
 /// The largest message: images go in pieces of 1 MiB.
 pub(crate) const PIECE: usize = 1 << 20;
 
