@@ -118,6 +118,14 @@ impl Drop for World {
             // Before MPI is finalised: the lenders end once every worker
             // has said goodbye.
             self.leave_lenders();
+            if self.lost_a_lender() {
+                // Open MPI 4.1's MPI_Finalize waits for every process of
+                // the job, and now and then for the dead lender too, for
+                // ever (seen 1 run in 10 under `--enable-recovery`): the
+                // process ends without it (`mpirun --enable-recovery`
+                // takes that).
+                std::mem::forget(self.universe.take());
+            }
         }
         // Unwinding out of the thread that owns MPI: finalising would
         // wait for ranks that wait for this one. End the job instead.
@@ -235,6 +243,14 @@ impl World {
             std::sync::Arc::new(crate::remote::RemoteTier::new(comm, &l.lenders))
         });
         Some(tier.clone())
+    }
+
+    /// Whether this worker found a lender dead.
+    fn lost_a_lender(&self) -> bool {
+        self.lending
+            .as_ref()
+            .and_then(|l| l.tier.get())
+            .is_some_and(|t| t.figures().lost > 0)
     }
 
     /// The lenders beside the workers (0 on a lender).

@@ -73,13 +73,14 @@ fn with_a_lender(
     cmd.extend(job.iter().map(String::as_str));
     cmd.extend([":", "-np", "1", BIN, "lend"]);
     cmd.extend(lend);
-    let out = watchdog(dir, 300, &cmd)
+    let out = watchdog(dir, 120, &cmd)
         .envs(envs.iter().copied())
         .output()
         .expect("timeout(1) runs");
     let code = out.status.code();
-    assert_ne!(code, Some(124), "timed out (a hang): {cmd:?}");
-    (code, String::from_utf8_lossy(&out.stderr).into_owned())
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_ne!(code, Some(124), "timed out (a hang): {cmd:?}\n{err}");
+    (code, err)
 }
 
 #[test]
