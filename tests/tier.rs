@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{child_ok, is_child, run_job, Part};
+use common::{child_ok, is_child, run_job, run_job_with, Part};
 use outcore::{MemoryCap, PodVec, Runtime, SpillTier, TierHead, TierKey};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -320,7 +320,7 @@ fn a_failing_tier_never_changes_a_result() {
     ] {
         let tier = FileTier::new(1 << 30, fault);
         let rt = runtime(&tier, None);
-        let got = run_job_evicting(&rt, 6, 1 << 18, "rwrwr");
+        let got = run_job_with(&rt, 6, 1 << 18, "rwrwr", true);
         assert_eq!(got, want, "{fault:?}");
         let s = rt.stats();
         assert!(s.tier_fallbacks > 0, "{fault:?}: no failure counted");
@@ -336,43 +336,14 @@ fn a_failing_tier_never_changes_a_result() {
     }
 }
 
-/// `run_job`'s sweeps with everything evicted before each.
-fn run_job_evicting(rt: &Runtime, parts: usize, part_bytes: usize, sweeps: &str) -> u64 {
-    let handles: Vec<_> = (0..parts)
-        .map(|i| {
-            rt.insert(Part::new(i as u64, part_bytes / 4))
-                .expect("insert")
-        })
-        .collect();
-    let mut digest: u64 = 0;
-    for kind in sweeps.chars() {
-        rt.evict_all().expect("evict");
-        let mut b = rt.batch();
-        for h in &handles {
-            if kind == 'w' {
-                b.write(h, |p: &mut Part| {
-                    p.update();
-                    p.checksum()
-                });
-            } else {
-                b.read(h, |p: &Part| p.checksum());
-            }
-        }
-        for r in b.run().expect("batch") {
-            digest = digest.rotate_left(7) ^ r;
-        }
-    }
-    digest
-}
-
 #[test]
 fn the_same_digest_evicting_with_and_without_a_tier() {
     let plain = Runtime::builder().workers(2).build().expect("runtime");
-    let want = run_job_evicting(&plain, 6, 1 << 18, "rwrwr");
+    let want = run_job_with(&plain, 6, 1 << 18, "rwrwr", true);
     drop(plain);
     let tier = FileTier::new(1 << 30, Fault::None);
     let rt = runtime(&tier, None);
-    assert_eq!(run_job_evicting(&rt, 6, 1 << 18, "rwrwr"), want);
+    assert_eq!(run_job_with(&rt, 6, 1 << 18, "rwrwr", true), want);
     let s = rt.stats();
     assert!(s.tier_loads > 0 && s.tier_fallbacks == 0, "{s:?}");
     drop(rt);

@@ -216,6 +216,18 @@ impl Part {
 /// the pattern in `sweeps` ('r' reads, 'w' updates). Returns a digest of
 /// every task result in order.
 pub fn run_job(rt: &Runtime, parts: usize, part_bytes: usize, sweeps: &str) -> u64 {
+    run_job_with(rt, parts, part_bytes, sweeps, false)
+}
+
+/// [`run_job`], with every executor evicted before each sweep when
+/// `evict_each` (`Runtime::evict_all`: every sweep loads them all).
+pub fn run_job_with(
+    rt: &Runtime,
+    parts: usize,
+    part_bytes: usize,
+    sweeps: &str,
+    evict_each: bool,
+) -> u64 {
     let elems = part_bytes / 4;
     let handles: Vec<_> = (0..parts)
         .map(|i| rt.insert(Part::new(i as u64, elems)).expect("insert"))
@@ -223,6 +235,9 @@ pub fn run_job(rt: &Runtime, parts: usize, part_bytes: usize, sweeps: &str) -> u
     rt.hint_cycle(handles.iter().map(|h| h.id()));
     let mut digest: u64 = 0;
     for kind in sweeps.chars() {
+        if evict_each {
+            rt.evict_all().expect("evict");
+        }
         let mut b = rt.batch();
         for h in &handles {
             if kind == 'w' {

@@ -38,22 +38,7 @@ fn kmeans_args(input: &str, extra: &[&'static str]) -> Vec<String> {
 
 /// 24 MiB of rows in `dir/x.npy`.
 fn data(dir: &Path) -> String {
-    outcore(
-        dir,
-        0,
-        &[
-            "gen",
-            "--synthetic",
-            "24MiB",
-            "--dims",
-            "16",
-            "--true-k",
-            "1",
-            "--output",
-            "x.npy",
-        ],
-    );
-    dir.join("x.npy").to_string_lossy().into_owned()
+    super::gen(dir, "24MiB", 16).to_string_lossy().into_owned()
 }
 
 /// `workers` ranks of `job` and one lender (`lend`: its flags), under
