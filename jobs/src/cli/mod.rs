@@ -170,6 +170,11 @@ struct MemoryArgs {
     /// bytes.
     #[arg(long, value_name = "auto|off", default_value = "auto")]
     remote_memory: RemoteMemory,
+    /// Under MPI: start N lenders (`outcore lend`) on free slots of the
+    /// allocation (MPI_UNIVERSE_SIZE) before the run, whose memory takes
+    /// the evictions before the disk. Default: none.
+    #[arg(long, value_name = "N")]
+    lenders: Option<usize>,
     /// Write run statistics as JSON to this file.
     #[arg(long, value_name = "FILE")]
     stats: Option<PathBuf>,
@@ -460,6 +465,7 @@ fn runtime(
     }
     #[cfg(feature = "mpi")]
     if m.remote_memory == RemoteMemory::Auto {
+        spawn_lenders(m.lenders, ranks);
         if let Some(t) = ranks.remote_tier() {
             b = b.spill_tier(t);
         }
@@ -467,6 +473,19 @@ fn runtime(
     let rt = b.build()?;
     interrupt::remove_on_interrupt(rt.spill_dir().to_path_buf());
     Ok((rt, part_bytes))
+}
+
+/// Spawns the lenders `--lenders` asks for, if any (each with `--mem-cap
+/// auto`: a lender holds only what the ranks evict); when they cannot
+/// start, one warning, and the evictions go to the disk.
+#[cfg(feature = "mpi")]
+fn spawn_lenders(n: Option<usize>, ranks: &Ranks) {
+    let Some(n) = n.filter(|&n| n > 0) else {
+        return;
+    };
+    if let Err(e) = ranks.spawn_lenders(n, "auto") {
+        say!("outcore: warning: --lenders {n}: {e}; evictions go to the disk");
+    }
 }
 
 /// The line saying that the run starts fewer workers than asked for, if

@@ -231,6 +231,18 @@ impl Ranks {
         }
     }
 
+    /// Spawns `n` lenders (`outcore lend --mem-cap cap`) on free slots
+    /// of the allocation, beside the ranks. Collective over the ranks.
+    #[cfg(feature = "mpi")]
+    pub fn spawn_lenders(&self, n: usize, cap: &str) -> Result<()> {
+        match &self.inner {
+            Inner::Single => Err(Error::Input(
+                "lenders are spawned under mpirun only (one process here)".into(),
+            )),
+            Inner::Mpi(w) => w.spawn_lenders(n, cap),
+        }
+    }
+
     /// For a lender: serves the workers until each has said goodbye,
     /// holding at most `budget` bytes of their images.
     #[cfg(feature = "mpi")]

@@ -37,7 +37,7 @@ pub(super) struct World {
     /// The lenders' side: `MPI_COMM_WORLD`'s duplicate, which the workers
     /// and the lenders (`outcore lend`) share; `None` when MPI does not
     /// give `MPI_THREAD_MULTIPLE`, or after a growth's spawn.
-    lending: Option<Lending>,
+    lending: std::sync::OnceLock<Lending>,
     /// Dropped after the communicators: finalises MPI. `None` when another library
     /// (mpi4py) initialised MPI: it finalises it.
     universe: Option<Universe>,
@@ -161,26 +161,36 @@ fn split_roles(
         .split_by_color(Color::with_value(i32::from(mine)))
         .ok_or_else(|| Error::Input("internal: MPI gave no communicator for this role".into()))?;
     let lenders: Vec<usize> = (0..roles.len()).filter(|&r| roles[r] == 1).collect();
+    let workers = roles.len() - lenders.len();
+    Ok((own, lending(shared, lenders, workers, role, provided)?))
+}
+
+/// The lenders' side on `comm`, where the `lenders` are and `workers`
+/// work; `None` (or, for a lender, an error) without
+/// `MPI_THREAD_MULTIPLE`.
+fn lending(
+    comm: SimpleCommunicator,
+    lenders: Vec<usize>,
+    workers: usize,
+    role: Role,
+    provided: Threading,
+) -> Result<Option<Lending>> {
     if provided < Threading::Multiple {
         if role == Role::Lender {
             return Err(Error::Input(format!(
                 "a lender needs MPI_THREAD_MULTIPLE; this MPI library gives {provided:?}"
             )));
         }
-        return Ok((own, None));
+        return Ok(None);
     }
-    let workers = roles.len() - lenders.len();
-    Ok((
-        own,
-        Some(Lending {
-            comm: shared,
-            lenders,
-            workers,
-            role,
-            left: std::sync::atomic::AtomicBool::new(false),
-            tier: std::sync::OnceLock::new(),
-        }),
-    ))
+    Ok(Some(Lending {
+        comm,
+        lenders,
+        workers,
+        role,
+        left: std::sync::atomic::AtomicBool::new(false),
+        tier: std::sync::OnceLock::new(),
+    }))
 }
 
 impl World {
@@ -209,11 +219,21 @@ impl World {
         // Spawned by a job that grew: the parents merge with us
         // (they first, in their order), then split by node. The
         // spawned ranks have no lenders.
-        let (comm, joined, lending) = match world.parent() {
-            Some(parent) => (parent.merge(MergeOrder::High), true, None),
-            None => {
+        let (comm, joined, lending) = match (world.parent(), role) {
+            // A lender the workers spawned (`--lenders`): it shares their
+            // merged communicator, after them.
+            (Some(parent), Role::Lender) => {
+                let workers = parent.remote_size() as usize;
+                let merged = parent.merge(MergeOrder::High);
+                let lenders = (workers..merged.size() as usize).collect();
+                let l = lending(merged, lenders, workers, role, provided)?;
+                (world, false, l)
+            }
+            (Some(parent), Role::Worker) => (parent.merge(MergeOrder::High), true, None),
+            (None, _) => {
                 let (workers, lending) = split_roles(&world, role, provided)?;
-                (workers, false, lending)
+                // Kept only with lenders (a worker may spawn some later).
+                (workers, false, lending.filter(|l| !l.lenders.is_empty()))
             }
         };
         let on_node = comm.split_shared(0).size() as usize;
@@ -226,7 +246,7 @@ impl World {
             joined,
             join_pending: std::sync::atomic::AtomicBool::new(joined),
             comm: Mutex::new(comm),
-            lending,
+            lending: lending.map(std::sync::OnceLock::from).unwrap_or_default(),
             universe,
         })
     }
@@ -236,7 +256,7 @@ impl World {
     pub fn remote_tier(&self) -> Option<std::sync::Arc<crate::remote::RemoteTier>> {
         let l = self
             .lending
-            .as_ref()
+            .get()
             .filter(|l| !l.lenders.is_empty() && l.role == Role::Worker)?;
         let tier = l.tier.get_or_init(|| {
             let comm = crate::remote::Comm(l.comm.as_raw());
@@ -248,7 +268,7 @@ impl World {
     /// Whether this worker found a lender dead.
     fn lost_a_lender(&self) -> bool {
         self.lending
-            .as_ref()
+            .get()
             .and_then(|l| l.tier.get())
             .is_some_and(|t| t.figures().lost > 0)
     }
@@ -256,7 +276,7 @@ impl World {
     /// The lenders beside the workers (0 on a lender).
     pub fn lenders(&self) -> usize {
         self.lending
-            .as_ref()
+            .get()
             .filter(|l| l.role == Role::Worker)
             .map_or(0, |l| l.lenders.len())
     }
@@ -264,7 +284,7 @@ impl World {
     /// For a lender: serves the workers until each has said goodbye,
     /// holding at most `budget` bytes.
     pub fn lend(&self, budget: u64) -> Result<crate::remote::Lent> {
-        let l = self.lending.as_ref().ok_or_else(|| {
+        let l = self.lending.get().ok_or_else(|| {
             Error::Input(
                 "a lender needs MPI_THREAD_MULTIPLE, which this MPI library does not give".into(),
             )
@@ -282,14 +302,14 @@ impl World {
     pub fn leave_lenders(&self) {
         if self
             .lending
-            .as_ref()
+            .get()
             .is_none_or(|l| l.role == Role::Lender || l.left.swap(true, Ordering::Relaxed))
         {
             return;
         }
-        if let Some(t) = self.lending.as_ref().and_then(|l| l.tier.get()) {
+        if let Some(t) = self.lending.get().and_then(|l| l.tier.get()) {
             t.goodbye();
-        } else if let Some(l) = self.lending.as_ref().filter(|l| !l.lenders.is_empty()) {
+        } else if let Some(l) = self.lending.get().filter(|l| !l.lenders.is_empty()) {
             // No tier was made (nothing was evicted): goodbye all the same.
             let comm = crate::remote::Comm(l.comm.as_raw());
             crate::remote::RemoteTier::new(comm, &l.lenders).goodbye();
@@ -336,7 +356,7 @@ impl World {
     /// A failed spawn is an error on every rank, not an abort.
     pub fn grow(&self, extra: usize) -> Result<()> {
         let mut comm = self.comm();
-        let inter = self.spawn(&comm, extra)?;
+        let inter = self.spawn(&comm, extra, None)?;
         let merged = inter.merge(MergeOrder::Low);
         drop(inter);
         let on_node = merged.split_shared(0).size() as usize;
@@ -348,21 +368,71 @@ impl World {
         Ok(())
     }
 
+    /// Spawns `n` lenders (`outcore lend --mem-cap cap`, this program)
+    /// on free slots: they join the workers on a communicator of their
+    /// own, after them, and the workers' collectives stay theirs alone.
+    /// Collective over the workers. An error on every rank when the spawn
+    /// fails, when lenders are there already (started beside the job),
+    /// or without `MPI_THREAD_MULTIPLE`.
+    pub fn spawn_lenders(&self, n: usize, cap: &str) -> Result<()> {
+        if self.lending.get().is_some_and(|l| !l.lenders.is_empty()) {
+            return Err(Error::Input(
+                "lenders were started beside the job already; spawn none more".into(),
+            ));
+        }
+        let provided = mpi::environment::threading_support();
+        if provided < Threading::Multiple {
+            return Err(Error::Input(format!(
+                "lenders need MPI_THREAD_MULTIPLE; this MPI library gives {provided:?}"
+            )));
+        }
+        let comm = self.comm();
+        let workers = comm.size() as usize;
+        let inter = self.spawn(&comm, n, Some(cap))?;
+        let merged = inter.merge(MergeOrder::Low);
+        drop(inter);
+        drop(comm);
+        let l = lending(
+            merged,
+            (workers..workers + n).collect(),
+            workers,
+            Role::Worker,
+            provided,
+        )?
+        .ok_or_else(|| Error::Input("internal: no lending after a spawn".into()))?;
+        // Set once: `init` left it empty, or with no lenders.
+        match self.lending.get() {
+            None => self
+                .lending
+                .set(l)
+                .map_err(|_| Error::Input("internal: lending set twice".into())),
+            Some(_) => Err(Error::Input(
+                "spawned lenders cannot join a job started beside others".into(),
+            )),
+        }
+    }
+
     /// `MPI_Comm_spawn` of `extra` copies of this program, under
     /// `MPI_ERRORS_RETURN` (a failure is an error code, not an abort),
     /// its outcome agreed on by every rank.
-    fn spawn(&self, comm: &SimpleCommunicator, extra: usize) -> Result<InterCommunicator> {
+    fn spawn(
+        &self,
+        comm: &SimpleCommunicator,
+        extra: usize,
+        lend: Option<&str>,
+    ) -> Result<InterCommunicator> {
         use std::ffi::CString;
         use std::os::unix::ffi::OsStrExt;
         let failed = |what: String| Error::Input(format!("could not spawn {extra} ranks: {what}"));
-        let (exe, args) = match super::spawn_command() {
-            Some(given) => given,
-            None => (
-                std::env::current_exe()
-                    .map_err(|e| failed(e.to_string()))?
-                    .into_os_string(),
-                std::env::args_os().skip(1).collect(),
-            ),
+        let this = || {
+            std::env::current_exe()
+                .map(std::path::PathBuf::into_os_string)
+                .map_err(|e| failed(e.to_string()))
+        };
+        let (exe, args) = match (lend, super::spawn_command()) {
+            (Some(cap), _) => (this()?, ["lend", "--mem-cap", cap].map(Into::into).to_vec()),
+            (None, Some(given)) => given,
+            (None, None) => (this()?, std::env::args_os().skip(1).collect()),
         };
         let prog = CString::new(exe.as_bytes()).map_err(|e| failed(e.to_string()))?;
         let args = args

@@ -169,3 +169,43 @@ fn a_lender_killed_mid_run_costs_time_not_bytes() {
     let args: Vec<&str> = job.iter().map(String::as_str).collect();
     same_as_one_process(dir.path(), &args, "c.npy", "a rank whose lender died");
 }
+
+/// `--lenders 1` spawns a lender on a free slot (`--host localhost:3`
+/// for two ranks): the same centres as one process, the later loads from
+/// the lender.
+#[test]
+fn a_spawned_lender_holds_evicted_partitions_with_the_same_bytes_out() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let x = data(dir.path());
+    let job = kmeans_args(&x, &[]);
+    let mut cmd = vec![
+        "mpirun",
+        "-np",
+        "2",
+        "--host",
+        "localhost:3",
+        "--bind-to",
+        "none",
+        BIN,
+    ];
+    cmd.extend(job.iter().map(String::as_str));
+    cmd.extend(["--lenders", "1"]);
+    let (code, err) = watched(dir.path(), 120, &cmd);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.starts_with("outcore lend:"))
+            .count(),
+        1,
+        "{err}"
+    );
+    let s = stats(&dir.path().join("s.json"));
+    assert_eq!(s["lenders"].as_u64(), Some(1), "{s}");
+    let loaded = s["remote_bytes_loaded"].as_u64().unwrap();
+    assert!(loaded > 2 * s["bytes_read"].as_u64().unwrap(), "{s}");
+    let args: Vec<&str> = job.iter().map(String::as_str).collect();
+    same_as_one_process(dir.path(), &args, "c.npy", "two ranks and a spawned lender");
+}
