@@ -76,10 +76,11 @@ pub(crate) type MeasureFn = fn(&(dyn Any + Send)) -> Option<usize>;
 /// Puts a type-erased value's image into a spill tier: its length, or
 /// `None` when the tier declined it.
 pub(crate) type TierPutFn =
-    fn(&(dyn Any + Send), &dyn SpillTier, FileKey, u64) -> io::Result<Option<u64>>;
+    fn(&(dyn Any + Send), &dyn SpillTier, u64, FileKey, u64) -> io::Result<Option<u64>>;
 /// Reads a type-erased value's image back from a spill tier: the value and
 /// the image's length.
-pub(crate) type TierGetFn = fn(&dyn SpillTier, FileKey) -> io::Result<(Box<dyn Any + Send>, u64)>;
+pub(crate) type TierGetFn =
+    fn(&dyn SpillTier, u64, FileKey) -> io::Result<(Box<dyn Any + Send>, u64)>;
 /// Rebuilds a type-erased value from its lineage.
 pub(crate) type RebuildFn = Box<dyn Fn() -> io::Result<Box<dyn Any + Send>> + Send + Sync>;
 
@@ -104,11 +105,12 @@ fn save_impl<T: Serialize + 'static>(
 fn tier_put_impl<T: Serialize + 'static>(
     v: &(dyn Any + Send),
     tier: &dyn SpillTier,
+    runtime: u64,
     key: FileKey,
     len: u64,
 ) -> io::Result<Option<u64>> {
     match v.downcast_ref::<T>() {
-        Some(t) => spill::tier::put_value(tier, key, len, t),
+        Some(t) => spill::tier::put_value(tier, runtime, key, len, t),
         None => Err(io::Error::other(
             "internal: executor value has an unexpected type",
         )),
@@ -117,9 +119,10 @@ fn tier_put_impl<T: Serialize + 'static>(
 
 fn tier_get_impl<T: DeserializeOwned + Send + 'static>(
     tier: &dyn SpillTier,
+    runtime: u64,
     key: FileKey,
 ) -> io::Result<(Box<dyn Any + Send>, u64)> {
-    let (v, n) = spill::tier::get_value::<T>(tier, key)?;
+    let (v, n) = spill::tier::get_value::<T>(tier, runtime, key)?;
     Ok((Box::new(v), n))
 }
 

@@ -268,7 +268,7 @@ impl Shared {
             if tier.room() < len {
                 return Ok(None);
             }
-            (slot.tier_put)(v, tier, slot.key(gen), len)
+            (slot.tier_put)(v, tier, self.ident(), slot.key(gen), len)
         }))
         .unwrap_or_else(|p| {
             Err(io::Error::other(format!(
@@ -303,7 +303,7 @@ impl Shared {
     /// gone); a panic in the tier is caught.
     pub(crate) fn forget_in_tier(&self, slot: &Slot, gen: Option<u64>) {
         if let (Some(tier), Some(gen)) = (self.tier(), gen) {
-            let key = slot.key(gen).into();
+            let key = crate::spill::TierKey::of(self.ident(), slot.key(gen));
             let _ = catch_unwind(AssertUnwindSafe(|| tier.remove(key)));
         }
     }

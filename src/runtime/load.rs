@@ -246,13 +246,15 @@ impl Shared {
     fn read_from_tier(&self, slot: &Slot, gen: u64) -> Option<Box<dyn Any + Send>> {
         let tier = self.tier().filter(|_| gen != 0)?;
         // The tier and the value's `Deserialize` are user code.
-        let got = catch_unwind(AssertUnwindSafe(|| (slot.tier_get)(tier, slot.key(gen))))
-            .unwrap_or_else(|p| {
-                Err(io::Error::other(format!(
-                    "panicked: {}",
-                    panic_message(&*p)
-                )))
-            });
+        let got = catch_unwind(AssertUnwindSafe(|| {
+            (slot.tier_get)(tier, self.ident(), slot.key(gen))
+        }))
+        .unwrap_or_else(|p| {
+            Err(io::Error::other(format!(
+                "panicked: {}",
+                panic_message(&*p)
+            )))
+        });
         match got {
             Ok((v, bytes)) => {
                 Counters::add(&self.counters().tier_loads, 1);

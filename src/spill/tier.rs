@@ -15,11 +15,14 @@ use serde::Serialize;
 
 use super::{encode_payload_into, read_from, FileKey, Header, HEADER_LEN};
 
-/// What names an executor's image in a [`SpillTier`]: the executor's id
-/// and the generation of the copy (a new one whenever the value changed).
-/// Keys are unique within one runtime.
+/// What names an executor's image in a [`SpillTier`]: the runtime, the
+/// executor's id and the generation of the copy (a new one whenever the
+/// value changed). Keys are unique within a process, so one tier may
+/// serve several runtimes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TierKey {
+    /// The runtime's identity, unique in the process (never reused).
+    pub runtime: u64,
     /// The executor's id (as [`Handle::id`](crate::Handle::id) gives it).
     pub executor: u64,
     /// The copy's generation.
@@ -143,9 +146,11 @@ pub trait SpillTier: Send + Sync + 'static {
     fn remove(&self, key: TierKey);
 }
 
-impl From<FileKey> for TierKey {
-    fn from(k: FileKey) -> TierKey {
+impl TierKey {
+    /// The key of runtime `runtime`'s copy `k`.
+    pub(crate) fn of(runtime: u64, k: FileKey) -> TierKey {
         TierKey {
+            runtime,
             executor: k.executor,
             generation: k.generation,
         }
@@ -157,6 +162,7 @@ impl From<FileKey> for TierKey {
 /// encoding or from the tier is returned as it is.
 pub(crate) fn put_value<T: Serialize>(
     tier: &dyn SpillTier,
+    runtime: u64,
     key: FileKey,
     len: u64,
     value: &T,
@@ -177,7 +183,7 @@ pub(crate) fn put_value<T: Serialize>(
         written = HEADER_LEN as u64 + header.payload_len;
         Ok(header.encode())
     };
-    let kept = tier.put(key.into(), len, &mut write)?;
+    let kept = tier.put(TierKey::of(runtime, key), len, &mut write)?;
     Ok(kept.then_some(written))
 }
 
@@ -185,6 +191,7 @@ pub(crate) fn put_value<T: Serialize>(
 /// check of a spill file's load: the value and the image's length.
 pub(crate) fn get_value<T: DeserializeOwned>(
     tier: &dyn SpillTier,
+    runtime: u64,
     key: FileKey,
 ) -> io::Result<(T, u64)> {
     let mut got: Option<(T, u64)> = None;
@@ -195,7 +202,7 @@ pub(crate) fn get_value<T: DeserializeOwned>(
         got = Some((v, len));
         Ok(())
     };
-    tier.get(key.into(), &mut read)?;
+    tier.get(TierKey::of(runtime, key), &mut read)?;
     got.ok_or_else(|| io::Error::other("the tier handed back no image"))
 }
 

@@ -38,6 +38,9 @@ pub(super) struct World {
     /// and the lenders (`outcore lend`) share; `None` when MPI does not
     /// give `MPI_THREAD_MULTIPLE`, or after a growth's spawn.
     lending: std::sync::OnceLock<Lending>,
+    /// A lender told that a lender died: it ends without `MPI_Finalize`
+    /// (see `drop`).
+    unfinalised: std::sync::atomic::AtomicBool,
     /// Dropped after the communicators: finalises MPI. `None` when another library
     /// (mpi4py) initialised MPI: it finalises it.
     universe: Option<Universe>,
@@ -62,6 +65,12 @@ unsafe impl Send for World {}
 // SAFETY: as for `Send`: shared references reach MPI only through the
 // lock on `comm`.
 unsafe impl Sync for World {}
+
+/// Whether `mpirun --enable-recovery` started this process (its processes
+/// outlive one that dies).
+fn recovery_on() -> bool {
+    std::env::var("OMPI_MCA_orte_enable_recovery").is_ok_and(|v| v.trim() == "1")
+}
 
 /// What a process is to the others under `mpirun`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,13 +126,17 @@ impl Drop for World {
         if !std::thread::panicking() {
             // Before MPI is finalised: the lenders end once every worker
             // has said goodbye.
-            self.leave_lenders();
-            if self.lost_a_lender() {
+            let lost = self.leave_lenders() || self.unfinalised.load(Ordering::Relaxed);
+            // Without recovery `mpirun` ended every process at the death;
+            // a lender only slow (found dead by a timeout) is alive, and
+            // finalises as the workers do.
+            if lost && recovery_on() {
                 // Open MPI 4.1's MPI_Finalize waits for every process of
-                // the job, and now and then for the dead lender too, for
-                // ever (seen 1 run in 10 under `--enable-recovery`): the
-                // process ends without it (`mpirun --enable-recovery`
-                // takes that).
+                // the job, and now and then for a dead lender too, for
+                // ever (seen 1 run in 10 under `--enable-recovery`): when
+                // a lender died, every process (the workers agreed on it,
+                // and told the lenders) ends without it, which `mpirun
+                // --enable-recovery` takes.
                 std::mem::forget(self.universe.take());
             }
         }
@@ -182,6 +195,12 @@ fn lending(
             )));
         }
         return Ok(None);
+    }
+    // A failed message is an error code, never an abort: a lender may die.
+    // SAFETY: `comm` is a live communicator; MPI_ERRORS_RETURN is a
+    // predefined handler.
+    unsafe {
+        mpi::ffi::MPI_Comm_set_errhandler(comm.as_raw(), mpi::ffi::RSMPI_ERRORS_RETURN);
     }
     Ok(Some(Lending {
         comm,
@@ -247,6 +266,7 @@ impl World {
             join_pending: std::sync::atomic::AtomicBool::new(joined),
             comm: Mutex::new(comm),
             lending: lending.map(std::sync::OnceLock::from).unwrap_or_default(),
+            unfinalised: std::sync::atomic::AtomicBool::new(false),
             universe,
         })
     }
@@ -293,27 +313,41 @@ impl World {
             .ok()
             .and_then(|v| v.parse().ok());
         let comm = crate::remote::Comm(l.comm.as_raw());
-        crate::remote::serve(comm, l.workers, budget, die_after)
-            .map_err(|e| Error::Input(format!("lending: {e}")))
+        let lent = crate::remote::serve(comm, l.workers, budget, die_after)
+            .map_err(|e| Error::Input(format!("lending: {e}")))?;
+        self.unfinalised.store(lent.lost, Ordering::Relaxed);
+        Ok(lent)
     }
 
     /// Tells the lenders this worker is done (before MPI is finalised:
-    /// they end once every worker has).
-    pub fn leave_lenders(&self) {
-        if self
+    /// they end once every worker has), once: whether any worker found a
+    /// lender dead (then MPI is not finalised, see `drop`). Collective
+    /// over the workers, who agree on that first.
+    fn leave_lenders(&self) -> bool {
+        let Some(l) = self
             .lending
             .get()
-            .is_none_or(|l| l.role == Role::Lender || l.left.swap(true, Ordering::Relaxed))
-        {
-            return;
+            .filter(|l| l.role == Role::Worker && !l.lenders.is_empty())
+        else {
+            return false;
+        };
+        if l.left.swap(true, Ordering::Relaxed) {
+            return false;
         }
-        if let Some(t) = self.lending.get().and_then(|l| l.tier.get()) {
-            t.goodbye();
-        } else if let Some(l) = self.lending.get().filter(|l| !l.lenders.is_empty()) {
+        let mine = i32::from(self.lost_a_lender());
+        let mut any = 0i32;
+        self.comm()
+            .all_reduce_into(&mine, &mut any, mpi::collective::SystemOperation::max());
+        let lost = any > 0;
+        match l.tier.get() {
+            Some(t) => t.goodbye(lost),
             // No tier was made (nothing was evicted): goodbye all the same.
-            let comm = crate::remote::Comm(l.comm.as_raw());
-            crate::remote::RemoteTier::new(comm, &l.lenders).goodbye();
+            None => {
+                let comm = crate::remote::Comm(l.comm.as_raw());
+                crate::remote::RemoteTier::new(comm, &l.lenders).goodbye(lost);
+            }
         }
+        lost
     }
 
     /// This process's rank.

@@ -17,30 +17,48 @@ use super::PIECE;
 pub struct Lent {
     /// Images kept.
     pub puts: u64,
-    /// Puts declined for lack of room.
+    /// Puts declined for lack of room, before or after the image came.
     pub declined: u64,
     /// Images handed back.
     pub gets: u64,
+    /// Gets of images it did not hold (forgotten, or never kept).
+    pub misses: u64,
     /// The most bytes held at once.
     pub peak_bytes: u64,
+    /// Some worker found a lender dead (said in its goodbye).
+    pub lost: bool,
 }
 
-/// The images one lender holds: by worker, executor and generation.
+/// An image's key: the worker, its runtime, the executor and the
+/// generation.
+type Key = (usize, u64, u64, u64);
+
+/// The images one lender holds.
 struct Held {
-    images: HashMap<(usize, u64, u64), Vec<u8>>,
+    images: HashMap<Key, Vec<u8>>,
+    /// Their memory (capacities).
     bytes: u64,
+    /// Images leaked (a send that did not complete: MPI may still read
+    /// them), still taking memory.
+    leaked: u64,
     /// What may be held: the cap less a margin for the lender itself.
     budget: u64,
 }
 
 impl Held {
     fn room(&self) -> u64 {
-        self.budget.saturating_sub(self.bytes)
+        self.budget.saturating_sub(self.bytes + self.leaked)
     }
 }
 
-/// How long a lender waits for a worker in the middle of a request.
-const PATIENCE: Duration = Duration::from_secs(30);
+/// The key of request `h` from worker `from`.
+fn key(from: usize, h: &Header) -> Key {
+    (from, h.runtime, h.executor, h.generation)
+}
+
+/// How long a lender waits for a worker in the middle of a request:
+/// no longer than the workers wait for it (`RemoteTier`'s patience).
+const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Serves `workers` (their ranks on `comm`) until each has said goodbye,
 /// holding at most `budget` bytes of images. `die_after`: a test's fault
@@ -54,6 +72,7 @@ pub(crate) fn serve(
     let mut held = Held {
         images: HashMap::new(),
         bytes: 0,
+        leaked: 0,
         budget,
     };
     let mut lent = Lent::default();
@@ -78,15 +97,21 @@ pub(crate) fn serve(
                     Err(Gave::Early(e)) => Err(e),
                     Err(Gave::Stuck(e)) => {
                         // MPI may still read it: leaked, not freed.
-                        let key = (from, h.executor, h.generation);
-                        if let Some(v) = held.images.remove(&key) {
-                            held.bytes -= v.len() as u64;
+                        if let Some(v) = held.images.remove(&key(from, &h)) {
+                            held.bytes -= v.capacity() as u64;
+                            held.leaked += v.capacity() as u64;
                             std::mem::forget(v);
                         }
                         Err(e)
                     }
+                    Err(Gave::Missing) => {
+                        lent.misses += 1;
+                        Ok(())
+                    }
                 };
-                lent.gets += 1;
+                if r.is_ok() {
+                    lent.gets += 1;
+                }
                 if die_after.is_some_and(|n| lent.gets >= n) {
                     // SAFETY: a plain syscall: this process kills itself.
                     unsafe {
@@ -96,11 +121,12 @@ pub(crate) fn serve(
                 r
             }
             Op::Drop => {
-                forget(&mut held, |k| k == (from, h.executor, h.generation));
+                forget(&mut held, |k| k == key(from, &h));
                 Ok(())
             }
             Op::Bye => {
                 byes += 1;
+                lent.lost |= h.len == 1;
                 forget(&mut held, |k| k.0 == from);
                 Ok(())
             }
@@ -111,11 +137,11 @@ pub(crate) fn serve(
 }
 
 /// Forgets the images whose key `which` picks.
-fn forget(held: &mut Held, which: impl Fn((usize, u64, u64)) -> bool) {
+fn forget(held: &mut Held, which: impl Fn(Key) -> bool) {
     let gone: Vec<_> = held.images.keys().copied().filter(|&k| which(k)).collect();
     for k in gone {
         if let Some(v) = held.images.remove(&k) {
-            held.bytes -= v.len() as u64;
+            held.bytes -= v.capacity() as u64;
         }
     }
 }
@@ -136,16 +162,18 @@ fn take(comm: Comm, from: usize, h: &Header, held: &mut Held, lent: &mut Lent) -
         lent.declined += 1;
         return Ok(());
     }
-    let Some(image) = receive_image(comm, from, h)? else {
+    let Some(mut image) = receive_image(comm, from, h)? else {
         return Ok(());
     };
-    let key = (from, h.executor, h.generation);
-    let len = image.len() as u64;
+    // Reserved for the executor's size in memory, which its image may
+    // not fill.
+    image.shrink_to_fit();
+    let len = image.capacity() as u64;
     let kept = len <= held.room();
     if kept {
         held.bytes += len;
-        if let Some(old) = held.images.insert(key, image) {
-            held.bytes -= old.len() as u64;
+        if let Some(old) = held.images.insert(key(from, h), image) {
+            held.bytes -= old.capacity() as u64;
         }
         lent.puts += 1;
     } else {
@@ -205,6 +233,8 @@ fn receive_image(comm: Comm, from: usize, h: &Header) -> io::Result<Option<Vec<u
 
 /// Why a GET failed.
 enum Gave {
+    /// Not held: its length 0 said.
+    Missing,
     /// Before any piece of the image.
     Early(io::Error),
     /// A piece of the image did not go in time: MPI may still read the
@@ -215,11 +245,11 @@ enum Gave {
 /// A GET: the image's length (0: not held), then its pieces, sent from
 /// where the image lies.
 fn give(comm: Comm, from: usize, h: &Header, held: &Held) -> Result<(), Gave> {
-    let image = held.images.get(&(from, h.executor, h.generation));
+    let image = held.images.get(&key(from, h));
     let len = image.map_or(0, |v| v.len() as u64);
     wire::send(comm, from, h.tag, wire::bytes(&[len]), PATIENCE).map_err(Gave::Early)?;
     let Some(image) = image else {
-        return Ok(());
+        return Err(Gave::Missing);
     };
     for piece in image.chunks(PIECE) {
         // SAFETY: on `Stuck` the image is leaked (see `serve`): never

@@ -23,6 +23,7 @@ mod wire;
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -65,12 +66,13 @@ impl Lent {
     pub fn line(&self, rank: usize, budget: u64) -> String {
         format!(
             "outcore lend: rank {rank}: kept {} images (at most {} at once, of {} allowed), \
-             handed back {}, declined {}\n",
+             handed back {}, declined {}, asked for {} it did not hold\n",
             self.puts,
             outcore::format_bytes(self.peak_bytes),
             outcore::format_bytes(budget),
             self.gets,
             self.declined,
+            self.misses,
         )
     }
 }
@@ -112,6 +114,9 @@ pub struct RemoteTier {
     patience: Duration,
     /// Said once: a lender found dead.
     told: AtomicBool,
+    /// Set by [`RemoteTier::goodbye`]: every call fails from then on
+    /// (MPI may be finalised soon after).
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for RemoteTier {
@@ -148,6 +153,7 @@ impl RemoteTier {
             requests: AtomicU32::new(0),
             patience,
             told: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -163,36 +169,55 @@ impl RemoteTier {
         }
     }
 
-    /// Tells every living lender this worker is done (they forget its
-    /// images, and end once every worker has said it).
-    pub fn goodbye(&self) {
-        for l in self
-            .lenders
-            .iter()
-            .filter(|l| l.alive.load(Ordering::Relaxed))
-        {
-            let _ = self.request(
-                l,
-                wire::Op::Bye,
-                TierKey {
-                    executor: 0,
-                    generation: 0,
-                },
-                0,
-            );
+    /// Tells every lender this worker is done (they forget its images,
+    /// and end once every worker has said it), those found dead too (a
+    /// slow one is only marked so, and waits for it); `lost`: some worker
+    /// found a lender dead. Every call fails from then on.
+    pub fn goodbye(&self, lost: bool) {
+        self.closed.store(true, Ordering::Relaxed);
+        let none = TierKey {
+            runtime: 0,
+            executor: 0,
+            generation: 0,
+        };
+        for l in &self.lenders {
+            let h = self.header(wire::Op::Bye, none, u64::from(lost), 0);
+            // A small message: it goes even to a dead peer (and is lost).
+            let _ = wire::send(self.comm, l.rank, wire::REQUEST, h.encode(), self.patience);
         }
     }
 
-    /// Sends a request's header to `l`: its first tag.
-    fn request(&self, l: &Lender, op: wire::Op, key: TierKey, len: u64) -> io::Result<i32> {
-        let tag = lend::tag_of(self.requests.fetch_add(1, Ordering::Relaxed));
-        let h = wire::Header {
+    /// A request's header.
+    fn header(&self, op: wire::Op, key: TierKey, len: u64, tag: i32) -> wire::Header {
+        wire::Header {
             op,
+            runtime: key.runtime,
             executor: key.executor,
             generation: key.generation,
             len,
             tag,
+        }
+    }
+
+    /// An error unless the tier is open.
+    fn open(&self) -> io::Result<()> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(io::Error::other("the lenders' tier is closed"));
+        }
+        Ok(())
+    }
+
+    /// Sends a request's header to `l` (a new tag for the requests
+    /// answered, PUT and GET; none for the others): its first tag.
+    fn request(&self, l: &Lender, op: wire::Op, key: TierKey, len: u64) -> io::Result<i32> {
+        self.open()?;
+        let tag = match op {
+            wire::Op::Put | wire::Op::Get => {
+                lend::tag_of(self.requests.fetch_add(1, Ordering::Relaxed))
+            }
+            wire::Op::Drop | wire::Op::Bye => 0,
         };
+        let h = self.header(op, key, len, tag);
         self.checked(
             l,
             wire::send(self.comm, l.rank, wire::REQUEST, h.encode(), self.patience),
@@ -260,17 +285,23 @@ impl RemoteTier {
             tag,
             sent: 0,
         };
-        let head = write(&mut out);
+        // The value's `Serialize` is user code: a panic ends the put (the
+        // lender told to drop it) before it goes on up.
+        let head = catch_unwind(AssertUnwindSafe(|| write(&mut out)));
         let sent = out.sent;
-        let mut end = wire::bytes(&[u64::from(head.is_ok()), sent]);
-        if let Ok(h) = &head {
+        let ok = matches!(head, Ok(Ok(_)));
+        let mut end = wire::bytes(&[u64::from(ok), sent]);
+        if let Ok(Ok(h)) = &head {
             end.extend_from_slice(h);
         }
         self.checked(
             l,
             wire::send(self.comm, l.rank, tag + 1, end, self.patience),
         )?;
-        head?;
+        match head {
+            Ok(h) => h?,
+            Err(p) => resume_unwind(p),
+        };
         answer()
     }
 }
@@ -364,6 +395,7 @@ impl SpillTier for RemoteTier {
         len: u64,
         write: &mut dyn FnMut(&mut dyn Write) -> io::Result<TierHead>,
     ) -> io::Result<bool> {
+        self.open()?;
         let Some((i, l)) = self.pick(len) else {
             return Ok(false);
         };
@@ -382,6 +414,7 @@ impl SpillTier for RemoteTier {
         key: TierKey,
         read: &mut dyn FnMut(&mut dyn Read, u64) -> io::Result<()>,
     ) -> io::Result<()> {
+        self.open()?;
         let i = self
             .placed
             .lock()
@@ -411,7 +444,9 @@ impl SpillTier for RemoteTier {
             piece: Vec::new(),
             at: 0,
         };
-        let r = read(&mut input, len);
+        // The value's `Deserialize` is user code: on a panic, the pieces
+        // are taken first (below), then it goes on up.
+        let r = catch_unwind(AssertUnwindSafe(|| read(&mut input, len)));
         // What the reader left (it failed part-way): taken, so that no
         // piece waits for ever.
         while input.left > 0 && l.alive.load(Ordering::Relaxed) {
@@ -421,7 +456,7 @@ impl SpillTier for RemoteTier {
                 break;
             }
         }
-        r
+        r.unwrap_or_else(|p| resume_unwind(p))
     }
 
     fn remove(&self, key: TierKey) {

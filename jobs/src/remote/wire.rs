@@ -48,8 +48,9 @@ fn failed(what: &str, rc: c_int) -> io::Error {
 
 /// Polls `request` until it completes or `deadline` passes, with a
 /// [`Backoff`] of up to 200 µs (the waiting thread is a worker or a
-/// prefetcher, whose core the tasks want). On time: the status. Else the request is cancelled and freed, and `Err(())`.
-fn complete(request: &mut ffi::MPI_Request, deadline: Instant) -> Result<ffi::MPI_Status, ()> {
+/// prefetcher, whose core the tasks want). On time: the status. Else the
+/// request is cancelled and freed, and why.
+fn complete(request: &mut ffi::MPI_Request, deadline: Instant) -> Result<ffi::MPI_Status, Failed> {
     let mut pause = Backoff::new(Duration::from_micros(200));
     loop {
         let mut flag: c_int = 0;
@@ -60,8 +61,17 @@ fn complete(request: &mut ffi::MPI_Request, deadline: Instant) -> Result<ffi::MP
         // MPI_Test writes `flag` and `status` and, once complete, frees
         // the request (setting it to MPI_REQUEST_NULL).
         let rc = unsafe { ffi::MPI_Test(request, &mut flag, &mut status) };
-        if rc != 0 || flag != 0 {
-            return if rc == 0 { Ok(status) } else { Err(()) };
+        if rc != 0 {
+            // SAFETY: `request` is still active (the test failed): cancelled
+            // and freed, its buffer leaked by the caller.
+            unsafe {
+                ffi::MPI_Cancel(request);
+                ffi::MPI_Request_free(request);
+            }
+            return Err(Failed::Error(rc));
+        }
+        if flag != 0 {
+            return Ok(status);
         }
         if Instant::now() >= deadline {
             // SAFETY: `request` is active and ours: cancelled, then freed
@@ -71,9 +81,28 @@ fn complete(request: &mut ffi::MPI_Request, deadline: Instant) -> Result<ffi::MP
                 ffi::MPI_Cancel(request);
                 ffi::MPI_Request_free(request);
             }
-            return Err(());
+            return Err(Failed::Late);
         }
         pause.pause();
+    }
+}
+
+/// Why a request did not complete.
+enum Failed {
+    /// Not by its deadline.
+    Late,
+    /// MPI said this error code.
+    Error(c_int),
+}
+
+impl Failed {
+    /// The error for a request with `peer` that failed so (`what`: what
+    /// the peer did not do in time).
+    fn error(&self, what: &str, peer: usize, wait: Duration) -> io::Error {
+        match self {
+            Failed::Late => timed_out(what, peer, wait),
+            Failed::Error(rc) => failed(&format!("a message with rank {peer}"), *rc),
+        }
     }
 }
 
@@ -176,7 +205,7 @@ pub(super) unsafe fn send_ref(
     }
     complete(&mut request, Instant::now() + wait)
         .map(|_| ())
-        .map_err(|()| Stuck(timed_out("take a message", peer, wait)))
+        .map_err(|f| Stuck(f.error("take a message", peer, wait)))
 }
 
 /// Receives exactly `len` bytes from `peer` under `tag`, waiting at most
@@ -241,9 +270,9 @@ pub(super) fn recv_append(
             }
             Ok(())
         }
-        Err(()) => {
+        Err(f) => {
             std::mem::forget(std::mem::take(buf));
-            Err(timed_out("answer", peer, wait))
+            Err(f.error("answer", peer, wait))
         }
     }
 }
@@ -282,9 +311,12 @@ pub(super) fn probe(comm: Comm, peer: Option<usize>, tag: c_int) -> Option<(usiz
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Header {
     pub op: Op,
+    /// The worker's runtime (see `outcore::TierKey`).
+    pub runtime: u64,
     pub executor: u64,
     pub generation: u64,
-    /// PUT: the image's expected length.
+    /// PUT: the image's expected length; BYE: 1 when a worker found a
+    /// lender dead.
     pub len: u64,
     pub tag: c_int,
 }
@@ -299,7 +331,9 @@ pub(super) enum Op {
     Get = 2,
     /// Forget an image. No answer.
     Drop = 3,
-    /// This worker is done: forget its images. No answer.
+    /// This worker is done: forget its images. No answer. Its `len` is 1
+    /// when some worker found a lender dead (the lender then ends
+    /// without `MPI_Finalize`, see `World::drop`).
     Bye = 4,
 }
 
@@ -308,6 +342,7 @@ impl Header {
         let tag = u64::try_from(self.tag).unwrap_or(0);
         [
             self.op as u64,
+            self.runtime,
             self.executor,
             self.generation,
             self.len,
@@ -329,10 +364,11 @@ impl Header {
         };
         Some(Header {
             op,
-            executor: *w.get(1)?,
-            generation: *w.get(2)?,
-            len: *w.get(3)?,
-            tag: c_int::try_from(*w.get(4)?).ok()?,
+            runtime: *w.get(1)?,
+            executor: *w.get(2)?,
+            generation: *w.get(3)?,
+            len: *w.get(4)?,
+            tag: c_int::try_from(*w.get(5)?).ok()?,
         })
     }
 }
