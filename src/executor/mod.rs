@@ -397,14 +397,12 @@ impl Slot {
     }
 
     /// Marks the value changed (it differs from every copy): the tier's
-    /// image, if there is one, is stale; its generation is returned, for
-    /// the caller to have the tier forget it once the lock is released.
-    pub(crate) fn make_dirty(g: &mut SlotGuard<'_>) -> Option<u64> {
+    /// image, if there is one, is stale; its generation is returned (0:
+    /// none), for the caller to have the tier forget it once the lock is
+    /// released.
+    pub(crate) fn make_dirty(g: &mut SlotGuard<'_>) -> u64 {
         g.dirty = true;
-        match std::mem::take(&mut g.tier_gen) {
-            0 => None,
-            gen => Some(gen),
-        }
+        std::mem::take(&mut g.tier_gen)
     }
 
     pub(crate) fn key(&self, generation: u64) -> FileKey {

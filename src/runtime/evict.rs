@@ -291,18 +291,18 @@ impl Shared {
         }
     }
 
-    /// Counts a failure of `tier` met for `slot`, and has the tier forget
-    /// what it may hold of it.
+    /// Counts a failure of `tier` met for `slot` (said once, with the
+    /// tier's name).
     pub(crate) fn note_tier_failure(&self, tier: &dyn SpillTier, slot: &Slot, e: &io::Error) {
         let name = catch_unwind(AssertUnwindSafe(|| tier.name()))
             .unwrap_or_else(|_| "a spill tier".into());
         self.counters().note_tier_failure(&name, &slot.label, e);
     }
 
-    /// Has the spill tier forget `slot`'s copy `gen` (it changed, or is
-    /// gone); a panic in the tier is caught.
-    pub(crate) fn forget_in_tier(&self, slot: &Slot, gen: Option<u64>) {
-        if let (Some(tier), Some(gen)) = (self.tier(), gen) {
+    /// Has the spill tier forget `slot`'s copy `gen` (0: none; it
+    /// changed, or is gone); a panic in the tier is caught.
+    pub(crate) fn forget_in_tier(&self, slot: &Slot, gen: u64) {
+        if let Some(tier) = self.tier().filter(|_| gen != 0) {
             let key = crate::spill::TierKey::of(self.ident(), slot.key(gen));
             let _ = catch_unwind(AssertUnwindSafe(|| tier.remove(key)));
         }
@@ -316,7 +316,7 @@ impl Shared {
         }
         for slot in self.registry().snapshot() {
             let gen = std::mem::take(&mut slot.lock().tier_gen);
-            self.forget_in_tier(&slot, (gen != 0).then_some(gen));
+            self.forget_in_tier(&slot, gen);
         }
     }
 

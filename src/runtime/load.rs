@@ -55,7 +55,10 @@ impl Shared {
         let before = alloc::thread_own_net();
         // The tier's copy first, when it holds one: else (or when it
         // fails) the disk's, or the lineage.
-        let tier_gen = slot.lock().tier_gen;
+        let tier_gen = match self.tier() {
+            Some(_) => slot.lock().tier_gen,
+            None => 0,
+        };
         let from_tier = self.read_from_tier(slot, tier_gen);
         let tier_failed = tier_gen != 0 && from_tier.is_none();
         let rebuild = from_tier.is_none() && slot.lineage.is_some() && file_gen == FROM_LINEAGE;
@@ -263,7 +266,7 @@ impl Shared {
             }
             Err(e) => {
                 self.note_tier_failure(tier, slot, &e);
-                self.forget_in_tier(slot, Some(gen));
+                self.forget_in_tier(slot, gen);
                 None
             }
         }
@@ -352,11 +355,7 @@ impl Shared {
                             slot.label
                         )));
                     };
-                    let stale = if write {
-                        Slot::make_dirty(&mut g)
-                    } else {
-                        None
-                    };
+                    let stale = if write { Slot::make_dirty(&mut g) } else { 0 };
                     slot.set_state(&mut g, State::Pinned);
                     drop(g);
                     self.forget_in_tier(slot, stale);
@@ -534,11 +533,7 @@ impl Shared {
             return;
         }
         g.value = Some(v);
-        let stale = if changed {
-            Slot::make_dirty(&mut g)
-        } else {
-            None
-        };
+        let stale = if changed { Slot::make_dirty(&mut g) } else { 0 };
         slot.set_state(
             &mut g,
             if poisoned {
@@ -593,7 +588,7 @@ impl Shared {
             let written = spilled(&g);
             let in_tier = std::mem::take(&mut g.tier_gen);
             drop(g);
-            self.forget_in_tier(slot, (in_tier != 0).then_some(in_tier));
+            self.forget_in_tier(slot, in_tier);
             if written {
                 let _ = std::fs::remove_file(self.store().path_for(slot.id));
             }
@@ -614,7 +609,7 @@ impl Shared {
         let v = g.value.take();
         slot.set_state(&mut g, State::Removed);
         drop(g);
-        self.forget_in_tier(slot, (in_tier != 0).then_some(in_tier));
+        self.forget_in_tier(slot, in_tier);
         drop_user_value(v);
         if written {
             let _ = std::fs::remove_file(self.store().path_for(slot.id));

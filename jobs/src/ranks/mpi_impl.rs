@@ -339,13 +339,9 @@ impl World {
         self.comm()
             .all_reduce_into(&mine, &mut any, mpi::collective::SystemOperation::max());
         let lost = any > 0;
-        match l.tier.get() {
-            Some(t) => t.goodbye(lost),
-            // No tier was made (nothing was evicted): goodbye all the same.
-            None => {
-                let comm = crate::remote::Comm(l.comm.as_raw());
-                crate::remote::RemoteTier::new(comm, &l.lenders).goodbye(lost);
-            }
+        // Made here if nothing was evicted: goodbye all the same.
+        if let Some(t) = self.remote_tier() {
+            t.goodbye(lost);
         }
         lost
     }
