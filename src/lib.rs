@@ -151,7 +151,7 @@ pub use runtime::{
 };
 pub use signal::{remove_spill_dirs, remove_spill_on_signal};
 pub use spill::dir::ScratchDir;
-pub use spill::{SpillTier, TierHead, TierKey, TIER_HEAD_LEN};
+pub use spill::{Reclaim, SpillTier, TierHead, TierKey, TIER_HEAD_LEN};
 pub use stats::{Footprint, Stats};
 pub use units::format_bytes;
 

@@ -31,6 +31,7 @@ pub(crate) struct Counters {
     pub tier_loads: AtomicU64,
     pub tier_bytes_loaded: AtomicU64,
     pub tier_fallbacks: AtomicU64,
+    pub reclaimed_bytes: AtomicU64,
     /// The warning about the first failure of the spill tier.
     tier_warning: OnceLock<String>,
     pub tasks: AtomicU64,
@@ -72,7 +73,9 @@ impl Counters {
     /// `executor`; the first one also leaves a warning.
     pub(crate) fn note_tier_failure(&self, tier: &str, executor: &str, error: &std::io::Error) {
         Counters::add(&self.tier_fallbacks, 1);
-        if self.tier_warning.get().is_none() {
+        // An image the tier no longer holds is no failure: a tier may
+        // forget any image to give its memory back.
+        if error.kind() != std::io::ErrorKind::NotFound && self.tier_warning.get().is_none() {
             let _ = self.tier_warning.set(format!(
                 "the spill tier ({tier}) failed for {executor}: {error}; executors it \
                  held are read from the disk or rebuilt from their lineage instead"
@@ -189,8 +192,14 @@ pub struct Stats {
     /// Times the spill tier failed (a put or a get; an image it no
     /// longer held, or handed back damaged): the executor went to the disk
     /// or was read from it, or rebuilt from its lineage, instead. The
-    /// first one leaves a line in [`warnings`](Stats::warnings).
+    /// first one leaves a line in [`warnings`](Stats::warnings), unless
+    /// it was an image the tier had forgotten (a get's
+    /// [`NotFound`](std::io::ErrorKind::NotFound)): a tier may forget any
+    /// image to give its memory back.
     pub tier_fallbacks: u64,
+    /// Bytes the memory held for others gave back before the runtime
+    /// evicted its own executors (see [`Reclaim`](crate::Reclaim)).
+    pub reclaimed_bytes: u64,
     /// Tasks run.
     pub tasks: u64,
     /// Times a task over several executors (a join) gave back the ones it
@@ -276,6 +285,7 @@ impl Stats {
             tier_loads: g(&c.tier_loads),
             tier_bytes_loaded: g(&c.tier_bytes_loaded),
             tier_fallbacks: g(&c.tier_fallbacks),
+            reclaimed_bytes: g(&c.reclaimed_bytes),
             tasks: g(&c.tasks),
             join_retries: g(&c.join_retries),
             load_wait_seconds: g(&c.load_wait_nanos) as f64 * 1e-9,

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{child_ok, is_child, run_job, run_job_with, Part};
-use outcore::{MemoryCap, PodVec, Runtime, SpillTier, TierHead, TierKey};
+use outcore::{MemoryCap, PodVec, Reclaim, Runtime, SpillTier, TierHead, TierKey};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -286,7 +286,8 @@ fn a_lineage_executor_goes_to_the_tier_instead_of_being_rebuilt() {
         "rebuilt while the tier held it"
     );
     assert_eq!((s.tier_puts, s.tier_loads, s.bytes_written), (1, 3, 0));
-    // The tier forgets: the next load rebuilds, with one warning.
+    // The tier forgets: the next load rebuilds, without a warning (a tier
+    // may forget any image to give its memory back).
     *tier.fault.lock().unwrap() = Fault::Forgets;
     for k in tier.held() {
         tier.remove(k);
@@ -298,8 +299,7 @@ fn a_lineage_executor_goes_to_the_tier_instead_of_being_rebuilt() {
     let s = rt.stats();
     assert_eq!(builds.load(Ordering::Relaxed), 1);
     assert_eq!(s.tier_fallbacks, 1);
-    assert_eq!(s.warnings.len(), 1, "{:?}", s.warnings);
-    assert!(s.warnings[0].contains("the test tier"), "{}", s.warnings[0]);
+    assert!(s.warnings.is_empty(), "{:?}", s.warnings);
 }
 
 /// Every fault, on a job with writes and reads: the same digest as
@@ -324,7 +324,12 @@ fn a_failing_tier_never_changes_a_result() {
         assert_eq!(got, want, "{fault:?}");
         let s = rt.stats();
         assert!(s.tier_fallbacks > 0, "{fault:?}: no failure counted");
-        assert_eq!(s.warnings.len(), 1, "{fault:?}: {:?}", s.warnings);
+        // A forgotten image is no failure: counted, not said.
+        let said = usize::from(fault != Fault::Forgets);
+        assert_eq!(s.warnings.len(), said, "{fault:?}: {:?}", s.warnings);
+        if said == 1 {
+            assert!(s.warnings[0].contains("the test tier"), "{}", s.warnings[0]);
+        }
         if fault != Fault::PanicsOnPut {
             assert!(
                 tier.gets.load(Ordering::Relaxed) > 0,
@@ -408,4 +413,87 @@ fn capped_sweeps_load_from_the_tier() {
         tier_loads * 2 > loads,
         "{tier_loads} of {loads} loads from the tier"
     );
+}
+
+/// Memory held for others: buffers given back on demand, or a hook that
+/// panics.
+struct Held {
+    buffers: Mutex<Vec<Vec<u8>>>,
+    panics: bool,
+    asked: AtomicU64,
+}
+
+impl Reclaim for Held {
+    fn reclaim(&self, bytes: u64) -> u64 {
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        assert!(!self.panics, "the test's reclaim panics");
+        let mut held = self.buffers.lock().unwrap();
+        let mut freed = 0;
+        while freed < bytes {
+            let Some(b) = held.pop() else { break };
+            freed += b.capacity() as u64;
+        }
+        freed
+    }
+}
+
+/// Under a cap, memory held for others goes before the job's own
+/// executors; a hook that panics costs evictions, not the job.
+#[test]
+fn memory_held_for_others_is_given_back_first() {
+    if is_child("memory_held_for_others_is_given_back_first") {
+        let panics = std::env::var("HELD_PANICS").is_ok();
+        // 64 MiB held in 1 MiB buffers (touched: resident), under 96 MiB.
+        let held = Arc::new(Held {
+            buffers: Mutex::new((0..64).map(|i| vec![i as u8; 1 << 20]).collect()),
+            panics,
+            asked: AtomicU64::new(0),
+        });
+        let rt = Runtime::builder()
+            .workers(2)
+            .mem_cap(MemoryCap::Bytes(96 << 20))
+            .reclaim(held.clone())
+            .build()
+            .expect("runtime");
+        // Ten executors of 4 MiB: 40 MiB of the job's own beside 64 held;
+        // room made for each before it is built.
+        let hs: Vec<_> = (0..10)
+            .map(|i| {
+                rt.make_room(5 << 20);
+                rt.insert(Part::new(i, 1 << 20)).expect("insert")
+            })
+            .collect();
+        let mut b = rt.batch();
+        for h in &hs {
+            b.read(h, |p: &Part| p.checksum());
+        }
+        let sums = b.run().expect("read");
+        let want: Vec<u64> = (0..10).map(|i| Part::new(i, 1 << 20).checksum()).collect();
+        assert_eq!(sums, want);
+        let s = rt.stats();
+        println!("EVICTIONS={}", s.evictions);
+        println!("RECLAIMED={}", s.reclaimed_bytes);
+        println!("ASKED={}", held.asked.load(Ordering::Relaxed));
+        println!("LEFT={}", held.buffers.lock().unwrap().len());
+        return;
+    }
+    let out = child_ok(
+        "memory_held_for_others_is_given_back_first",
+        None,
+        TIMEOUT,
+        &[],
+    );
+    assert!(out.num("ASKED") > 0, "{}", out.stdout);
+    assert!(out.num("LEFT") < 64, "nothing given back: {}", out.stdout);
+    assert!(out.num("RECLAIMED") >= 1 << 20, "{}", out.stdout);
+    assert_eq!(out.num("EVICTIONS"), 0, "{}", out.stdout);
+    let out = child_ok(
+        "memory_held_for_others_is_given_back_first",
+        None,
+        TIMEOUT,
+        &[("HELD_PANICS", "1")],
+    );
+    assert!(out.num("ASKED") > 0, "{}", out.stdout);
+    assert_eq!((out.num("RECLAIMED"), out.num("LEFT")), (0, 64));
+    assert!(out.num("EVICTIONS") > 0, "{}", out.stdout);
 }

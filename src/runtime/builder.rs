@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::prefetch::{prefetch_loop, prefetchers};
-use super::shared::Shared;
+use super::shared::{Others, Shared};
 use super::Runtime;
 use crate::alloc::{self, Evictor, Registration};
 use crate::cap::MemoryCap;
 use crate::error::{Error, Result};
 use crate::policy::EvictionPolicy;
-use crate::spill::{SpillStore, SpillTier};
+use crate::spill::{Reclaim, SpillStore, SpillTier};
 
 /// The most worker threads a runtime starts. Each thread takes a stack and
 /// the standard library's signal stack, mapped separately; tens of
@@ -44,6 +44,17 @@ pub struct Builder {
     prefetch: bool,
     stop_when_cap_lost: bool,
     tier: Option<TierRef>,
+    reclaim: Option<ReclaimRef>,
+}
+
+/// The memory held for others a builder was given.
+#[derive(Clone)]
+struct ReclaimRef(Arc<dyn Reclaim>);
+
+impl std::fmt::Debug for ReclaimRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reclaim")
+    }
 }
 
 /// The spill tier a builder was given (printed by its name).
@@ -66,6 +77,7 @@ impl Default for Builder {
             prefetch: true,
             stop_when_cap_lost: true,
             tier: None,
+            reclaim: None,
         }
     }
 }
@@ -174,6 +186,14 @@ impl Builder {
         self
     }
 
+    /// Memory the process holds for others, given back before the
+    /// runtime evicts its own executors to make room (default: none): see
+    /// [`Reclaim`].
+    pub fn reclaim(mut self, held: Arc<dyn Reclaim>) -> Self {
+        self.reclaim = Some(ReclaimRef(held));
+        self
+    }
+
     /// Starts the runtime: creates the spill directory, registers with the
     /// allocator and starts the workers and the prefetchers. If anything
     /// fails part-way, the threads already started are stopped and the
@@ -213,7 +233,10 @@ impl Builder {
             workers,
             self.prefetch,
             self.stop_when_cap_lost,
-            self.tier.map(|t| t.0),
+            Others {
+                tier: self.tier.map(|t| t.0),
+                reclaim: self.reclaim.map(|r| r.0),
+            },
         );
         let mut guard = StartGuard {
             shared: shared.clone(),

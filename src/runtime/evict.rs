@@ -494,6 +494,7 @@ impl Shared {
         };
         let cap = self.eviction_target(cap);
         let mut skip: Vec<u64> = Vec::new();
+        let mut reclaimed = false;
         // No purge afterwards: jemalloc reuses the freed extents for the
         // loads that follow (a load trims what is left: `trim_after_load`).
         // Purging on every proactive eviction made each load fault in
@@ -501,12 +502,15 @@ impl Shared {
         // trap, where memory must go back to the system now, still purges.
         loop {
             let in_flight = self.loading_bytes();
-            if alloc::current_usage()
+            let want = alloc::current_usage()
                 .saturating_add(in_flight)
-                .saturating_add(bytes) as u64
-                <= cap
-            {
+                .saturating_add(bytes) as u64;
+            if want <= cap {
                 return true;
+            }
+            // What the process holds for others goes first, once.
+            if !std::mem::replace(&mut reclaimed, true) && self.reclaim(want - cap) > 0 {
+                continue;
             }
             let Some(v) = self.next_victim(above, &skip) else {
                 return false;
@@ -515,6 +519,22 @@ impl Shared {
                 skip.push(v.id);
             }
         }
+    }
+
+    /// Asks the memory held for others (if any) to give back `bytes`:
+    /// the bytes it freed (0 when its code panicked), published.
+    fn reclaim(&self, bytes: u64) -> u64 {
+        let Some(r) = self.reclaimer() else {
+            return 0;
+        };
+        let freed = catch_unwind(AssertUnwindSafe(|| r.reclaim(bytes))).unwrap_or(0);
+        if freed > 0 {
+            // The frees were this thread's: counted now, not at its next
+            // flush.
+            alloc::flush_thread();
+            Counters::add(&self.counters().reclaimed_bytes, freed);
+        }
+        freed
     }
 
     /// Evicts every idle executor now (writing the dirty ones). Returns how

@@ -56,7 +56,7 @@ use super::writes::WriteHealth;
 use crate::alloc::BypassGuard;
 use crate::executor::{Slot, SlotGuard, NONE};
 use crate::policy::{Cycle, EvictionPolicy, UseInfo};
-use crate::spill::{SpillStore, SpillTier};
+use crate::spill::{Reclaim, SpillStore, SpillTier};
 use crate::stats::Counters;
 
 pub(crate) struct Shared {
@@ -127,8 +127,18 @@ pub(crate) struct Shared {
     stop_when_cap_lost: bool,
     /// Set once the cap was lost: tasks not started fail with it.
     cap_lost: OnceLock<CapLost>,
-    /// Where evictions go before the disk (see `evict.rs`), if anywhere.
-    tier: Option<Arc<dyn SpillTier>>,
+    /// Where evictions go before the disk (see `evict.rs`), and what the
+    /// process holds for others.
+    others: Others,
+}
+
+/// What a runtime shares memory with besides its executors: where
+/// evictions go before the disk (see `evict.rs`), if anywhere, and the
+/// memory the process holds for others, given back before its own
+/// executors are evicted (see `make_room`).
+pub(crate) struct Others {
+    pub(crate) tier: Option<Arc<dyn SpillTier>>,
+    pub(crate) reclaim: Option<Arc<dyn Reclaim>>,
 }
 
 /// What [`Error::CapLost`](crate::Error::CapLost) reports, kept once the
@@ -151,7 +161,7 @@ impl Shared {
         workers: usize,
         prefetch_on: bool,
         stop_when_cap_lost: bool,
-        tier: Option<Arc<dyn SpillTier>>,
+        others: Others,
     ) -> Arc<Shared> {
         Arc::new(Shared {
             ident: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
@@ -185,7 +195,7 @@ impl Shared {
             interrupted: Arc::new(AtomicBool::new(false)),
             stop_when_cap_lost,
             cap_lost: OnceLock::new(),
-            tier,
+            others,
         })
     }
 
@@ -363,7 +373,12 @@ impl Shared {
     }
 
     pub(crate) fn tier(&self) -> Option<&dyn SpillTier> {
-        self.tier.as_deref()
+        self.others.tier.as_deref()
+    }
+
+    /// The memory held for others, if any (see `make_room`).
+    pub(crate) fn reclaimer(&self) -> Option<&dyn Reclaim> {
+        self.others.reclaim.as_deref()
     }
 
     pub(crate) fn store(&self) -> &SpillStore {

@@ -795,6 +795,6 @@ impl SpillStore {
 mod aligned;
 pub(crate) mod dir;
 pub(crate) mod tier;
-pub use tier::{SpillTier, TierHead, TierKey, TIER_HEAD_LEN};
+pub use tier::{Reclaim, SpillTier, TierHead, TierKey, TIER_HEAD_LEN};
 #[cfg(test)]
 mod tests;

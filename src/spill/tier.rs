@@ -134,7 +134,10 @@ pub trait SpillTier: Send + Sync + 'static {
 
     /// Hands the image stored under `key` to `read`, with its length in
     /// bytes: a reader of the head, then the body. An error when it is
-    /// not held (forgotten, or the tier is gone).
+    /// not held: [`NotFound`](io::ErrorKind::NotFound) when it was
+    /// forgotten (counted in
+    /// [`Stats::tier_fallbacks`](crate::Stats::tier_fallbacks), without a
+    /// warning), another kind when the tier failed (gone, broken).
     fn get(
         &self,
         key: TierKey,
@@ -144,6 +147,60 @@ pub trait SpillTier: Send + Sync + 'static {
     /// Forgets `key`: the executor changed, or is gone. Never fails (a
     /// key it does not hold is no error).
     fn remove(&self, key: TierKey);
+}
+
+/// Memory the process holds for others that it gives back before the
+/// runtime evicts its own executors, installed with
+/// [`Builder::reclaim`](crate::Builder::reclaim): the images a rank keeps
+/// for other ranks (the other side of a [`SpillTier`]), a cache.
+///
+/// The runtime calls [`reclaim`](Reclaim::reclaim) when it must make
+/// room (for a load, a prefetch or an inserted executor) and what is in
+/// use would go over its eviction target: first this, then its own
+/// victims. Never from inside the allocation trap, never with a runtime
+/// lock held; a panic is caught and counts as nothing freed.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use outcore::{MemoryCap, Reclaim, Runtime, State};
+/// # #[global_allocator]
+/// # static GLOBAL: outcore::TrapAlloc = outcore::TrapAlloc::new();
+///
+/// /// A cache of buffers, emptied first when the runtime needs room.
+/// #[derive(Default)]
+/// struct Cache(Mutex<Vec<Vec<u8>>>);
+///
+/// impl Reclaim for Cache {
+///     fn reclaim(&self, bytes: u64) -> u64 {
+///         let mut held = self.0.lock().unwrap();
+///         let mut freed = 0;
+///         while freed < bytes {
+///             let Some(b) = held.pop() else { break };
+///             freed += b.capacity() as u64;
+///         }
+///         freed
+///     }
+/// }
+///
+/// let cache = Arc::new(Cache::default());
+/// cache.0.lock().unwrap().push(vec![1u8; 48 << 20]);
+/// let rt = Runtime::builder()
+///     .mem_cap(MemoryCap::parse("64MiB")?)
+///     .reclaim(cache.clone())
+///     .build()?;
+/// let a = rt.insert(vec![2u8; 8 << 20])?;
+/// // Room for 16 MiB more: the cache goes, not `a`.
+/// assert!(rt.make_room(16 << 20));
+/// let _b = rt.insert(vec![3u8; 16 << 20])?;
+/// assert!(cache.0.lock().unwrap().is_empty());
+/// assert_eq!((a.state(), rt.stats().evictions), (State::Resident, 0));
+/// assert!(rt.stats().reclaimed_bytes >= 48 << 20);
+/// # Ok::<(), outcore::Error>(())
+/// ```
+pub trait Reclaim: Send + Sync + 'static {
+    /// Frees at least `bytes` where it holds that much (all it holds
+    /// where not), and returns the bytes freed.
+    fn reclaim(&self, bytes: u64) -> u64;
 }
 
 impl TierKey {
