@@ -74,7 +74,12 @@ fn run_main() -> ExitCode {
         }
         return ExitCode::from(2);
     }
-    let ranks = match ranks_as(args.0.lends()) {
+    let role = match (args.0.lends(), args.0.shares()) {
+        (true, _) => Process::Lender,
+        (false, true) => Process::Sharing,
+        (false, false) => Process::Worker,
+    };
+    let ranks = match ranks_as(role) {
         Ok(r) => r,
         Err(e) => {
             tell(&format!("outcore: error: {e}"));
@@ -201,27 +206,40 @@ fn tell(line: &str) {
 /// the MPI-enabled binary does not initialise MPI at all (no address
 /// space mapped for it, the same code path as the plain binary).
 fn ranks() -> outcore_jobs::Result<outcore_jobs::ranks::Ranks> {
-    ranks_as(false)
+    ranks_as(Process::Worker)
 }
 
-/// [`ranks`] for a process that lends its memory (`outcore lend`) or
-/// works.
+/// What this process is to the others under `mpirun`.
+#[derive(Clone, Copy)]
+enum Process {
+    /// Runs a job.
+    Worker,
+    /// Runs a job and lends the memory its work leaves.
+    Sharing,
+    /// Lends its memory (`outcore lend`).
+    Lender,
+}
+
+/// [`ranks`] for a process of the given role.
 #[cfg(feature = "mpi")]
-fn ranks_as(lender: bool) -> outcore_jobs::Result<outcore_jobs::ranks::Ranks> {
+fn ranks_as(p: Process) -> outcore_jobs::Result<outcore_jobs::ranks::Ranks> {
     use outcore_jobs::ranks::{Ranks, Role};
     let launched = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"]
         .iter()
         .any(|v| std::env::var_os(v).is_some());
-    match (launched, lender) {
-        (true, true) => Ranks::init_as(Role::Lender),
-        (true, false) => Ranks::init_as(Role::Worker),
-        (false, _) => Ok(Ranks::single()),
+    if !launched {
+        return Ok(Ranks::single());
     }
+    Ranks::init_as(match p {
+        Process::Worker => Role::Worker,
+        Process::Sharing => Role::Sharing,
+        Process::Lender => Role::Lender,
+    })
 }
 
 /// A single process (built without the `mpi` feature).
 #[cfg(not(feature = "mpi"))]
-fn ranks_as(_lender: bool) -> outcore_jobs::Result<outcore_jobs::ranks::Ranks> {
+fn ranks_as(_: Process) -> outcore_jobs::Result<outcore_jobs::ranks::Ranks> {
     Ok(outcore_jobs::ranks::Ranks::single())
 }
 

@@ -166,6 +166,7 @@ impl Session {
     /// taken once by the caller so that every figure it shows agrees).
     pub fn totals(&self, stats: &Stats) -> Totals {
         let input = self.input_bytes_read();
+        let (kept, given_back) = self.ranks().kept_for_others();
         Totals {
             evictions: stats.evictions,
             trap_evictions: stats.trap_evictions,
@@ -181,6 +182,8 @@ impl Session {
             remote_bytes_sent: stats.tier_bytes_sent,
             remote_bytes_loaded: stats.tier_bytes_loaded,
             remote_fallbacks: stats.tier_fallbacks,
+            remote_bytes_kept: kept,
+            remote_bytes_given_back: given_back,
         }
     }
 
@@ -288,11 +291,17 @@ pub struct Totals {
     /// the image): the executor was read from the disk or its input
     /// instead.
     pub remote_fallbacks: u64,
+    /// The most bytes of other ranks' evicted executors kept at once in
+    /// the memory this rank's work left (in the totals, the largest).
+    pub remote_bytes_kept: u64,
+    /// Of those, bytes given back because this rank's own work needed
+    /// the room.
+    pub remote_bytes_given_back: u64,
 }
 
 impl Totals {
     /// Number of figures in a row of [`Totals::to_row`].
-    const FIELDS: usize = 14;
+    const FIELDS: usize = 16;
 
     fn to_row(self) -> Vec<f64> {
         vec![
@@ -310,6 +319,8 @@ impl Totals {
             self.remote_bytes_sent as f64,
             self.remote_bytes_loaded as f64,
             self.remote_fallbacks as f64,
+            self.remote_bytes_kept as f64,
+            self.remote_bytes_given_back as f64,
         ]
     }
 
@@ -330,6 +341,8 @@ impl Totals {
             remote_bytes_sent: at(11) as u64,
             remote_bytes_loaded: at(12) as u64,
             remote_fallbacks: at(13) as u64,
+            remote_bytes_kept: at(14) as u64,
+            remote_bytes_given_back: at(15) as u64,
         }
     }
 
@@ -349,6 +362,8 @@ impl Totals {
         self.remote_bytes_sent += o.remote_bytes_sent;
         self.remote_bytes_loaded += o.remote_bytes_loaded;
         self.remote_fallbacks += o.remote_fallbacks;
+        self.remote_bytes_kept = self.remote_bytes_kept.max(o.remote_bytes_kept);
+        self.remote_bytes_given_back += o.remote_bytes_given_back;
     }
 }
 
@@ -377,6 +392,22 @@ pub struct Report {
 }
 
 impl Report {
+    /// The cap, as the last line says it: "cap 1.0 GiB", "no cap", or
+    /// with ranks given different caps, "caps 12.0 MiB to 256.0 MiB".
+    pub fn cap_phrase(&self) -> String {
+        let caps = self.per_process.iter().map(|p| p.mem_cap_bytes);
+        let (lo, hi) = (caps.clone().min().flatten(), caps.max().flatten());
+        match (lo, hi) {
+            (_, None) => "no cap".into(),
+            (Some(lo), Some(hi)) if lo == hi => format!("cap {}", outcore::format_bytes(hi)),
+            (lo, Some(hi)) => format!(
+                "caps {} to {}",
+                lo.map_or("none".into(), outcore::format_bytes),
+                outcore::format_bytes(hi)
+            ),
+        }
+    }
+
     /// The session's half of a run's statistics, with this process's
     /// counters `stats` (those of this report) and the job's `growth`.
     pub fn figures<'a>(

@@ -709,10 +709,8 @@ impl Ran<'_> {
 
     /// The last line: every process's totals.
     fn summary(&self, session: &Session, report: &Report) {
-        let (rt, tot) = (session.runtime(), report.total);
-        let cap = rt
-            .cap()
-            .map_or("no cap".into(), |c| format!("cap {}", format_bytes(c)));
+        let tot = report.total;
+        let cap = report.cap_phrase();
         let (peak, each) = if session.ranks().size() > 1 {
             ("largest peak", " per process")
         } else {

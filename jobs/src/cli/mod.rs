@@ -134,6 +134,21 @@ impl Cli {
     pub fn lends(&self) -> bool {
         matches!(self.cmd, Cmd::Lend(_))
     }
+
+    /// Whether this process runs a job that lends the memory its work
+    /// leaves to the other ranks (`--remote-memory auto`).
+    pub fn shares(&self) -> bool {
+        let m = match &self.cmd {
+            Cmd::Kmeans(a) => &a.mem,
+            Cmd::Predict(a) => &a.mem,
+            Cmd::Train(a) => &a.mem,
+            Cmd::Linear(a) => &a.rows.mem,
+            Cmd::Pca(a) => &a.rows.mem,
+            Cmd::Sgd(a) => &a.rows.mem,
+            Cmd::Gen(_) | Cmd::Plot(_) | Cmd::Lend(_) => return false,
+        };
+        m.remote_memory == RemoteMemory::Auto
+    }
 }
 
 /// Memory and runtime flags shared by the jobs.
@@ -468,6 +483,11 @@ fn runtime(
         spawn_lenders(m.lenders, ranks);
         if let Some(t) = ranks.remote_tier() {
             b = b.spill_tier(t);
+        }
+        // What its work leaves under the cap, lent to the other ranks
+        // and taken back before its own partitions are evicted.
+        if let Some(held) = cap_bytes.and_then(|c| ranks.share(c)) {
+            b = b.reclaim(held);
         }
     }
     let rt = b.build()?;

@@ -231,6 +231,31 @@ impl Ranks {
         }
     }
 
+    /// On a sharing worker ([`Role::Sharing`]): lends the memory its
+    /// work leaves under `cap` bytes (less an eighth, at least 32 MiB) to
+    /// the other workers, and returns the images it keeps for them, for
+    /// its runtime to take memory back from before evicting its own
+    /// executors ([`outcore::Builder::reclaim`]). `None` on any other
+    /// process (and without MPI).
+    #[cfg(feature = "mpi")]
+    pub fn share(&self, cap: u64) -> Option<std::sync::Arc<dyn outcore::Reclaim>> {
+        match &self.inner {
+            Inner::Single => None,
+            Inner::Mpi(w) => w.share(cap),
+        }
+    }
+
+    /// What this process kept for the other ranks: the most bytes at
+    /// once, and the bytes it gave back for its own work (0 and 0 when
+    /// it lends nothing).
+    pub fn kept_for_others(&self) -> (u64, u64) {
+        match &self.inner {
+            Inner::Single => (0, 0),
+            #[cfg(feature = "mpi")]
+            Inner::Mpi(w) => w.kept_for_others(),
+        }
+    }
+
     /// Spawns `n` lenders (`outcore lend --mem-cap cap`) on free slots
     /// of the allocation, beside the ranks. Collective over the ranks.
     #[cfg(feature = "mpi")]

@@ -38,6 +38,13 @@ pub(super) struct World {
     /// and the lenders (`outcore lend`) share; `None` when MPI does not
     /// give `MPI_THREAD_MULTIPLE`, or after a growth's spawn.
     lending: std::sync::OnceLock<Lending>,
+    /// Lenders the workers spawned (`--lenders`), on the communicator
+    /// they share with them.
+    spawned: std::sync::OnceLock<Lending>,
+    /// The workers' tier, once made (see [`World::remote_tier`]).
+    tier: std::sync::OnceLock<std::sync::Arc<crate::remote::RemoteTier>>,
+    /// Set once this worker has said goodbye (it says it once).
+    left: std::sync::atomic::AtomicBool,
     /// A lender told that a lender died: it ends without `MPI_Finalize`
     /// (see `drop`).
     unfinalised: std::sync::atomic::AtomicBool,
@@ -77,25 +84,62 @@ fn recovery_on() -> bool {
 pub enum Role {
     /// Runs the job: its collectives are the workers'.
     Worker,
+    /// Runs the job, and lends the memory its work leaves under its cap
+    /// to the other workers, giving it back when its work needs it (see
+    /// [`Ranks::share`](super::Ranks::share)).
+    Sharing,
     /// Lends its memory to the workers (`outcore lend`).
     Lender,
 }
 
+impl Role {
+    /// Its code in the roles gathered at the start.
+    fn code(self) -> u8 {
+        match self {
+            Role::Worker => 0,
+            Role::Lender => 1,
+            Role::Sharing => 2,
+        }
+    }
+}
+
 /// The workers and the lenders, on a communicator of their own (used
 /// only with `MPI_THREAD_MULTIPLE`, by the tier's threads and the
-/// lender's loop; never for a collective after `init`).
+/// lenders' loops; never for a collective after `init`).
 struct Lending {
     comm: SimpleCommunicator,
     /// The lenders' ranks on `comm`.
     lenders: Vec<usize>,
+    /// The other workers that lend (`Role::Sharing`), by rank on `comm`.
+    peers: Vec<usize>,
     /// The workers there are.
     workers: usize,
     /// This process's.
     role: Role,
-    /// Set once this worker has said goodbye (it says it once).
-    left: std::sync::atomic::AtomicBool,
-    /// The workers' tier, once made (see [`World::remote_tier`]).
-    tier: std::sync::OnceLock<std::sync::Arc<crate::remote::RemoteTier>>,
+    /// A sharing worker's images kept for the others, and the thread
+    /// that serves them (see [`World::share`]).
+    server: Option<Server>,
+}
+
+/// A sharing worker's lending: the images it keeps for the others and
+/// the thread that serves the requests, from `init` until the world
+/// ends.
+struct Server {
+    pool: std::sync::Arc<crate::remote::Pool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Lending {
+    /// Where this worker's evictions may go: the lenders, then the
+    /// other sharing workers (a communicator and a rank each).
+    fn targets(&self) -> Vec<(crate::remote::Comm, usize)> {
+        let comm = crate::remote::Comm(self.comm.as_raw());
+        self.lenders
+            .iter()
+            .chain(&self.peers)
+            .map(|&r| (comm, r))
+            .collect()
+    }
 }
 
 /// MPI counts are C ints.
@@ -167,15 +211,24 @@ fn split_roles(
 ) -> Result<(SimpleCommunicator, Option<Lending>)> {
     use mpi::topology::Color;
     let shared = world.duplicate();
-    let mine = u8::from(role == Role::Lender);
     let mut roles = vec![0u8; world.size() as usize];
-    shared.all_gather_into(&mine, &mut roles[..]);
+    shared.all_gather_into(&role.code(), &mut roles[..]);
+    let lends = role == Role::Lender;
     let own = world
-        .split_by_color(Color::with_value(i32::from(mine)))
+        .split_by_color(Color::with_value(i32::from(lends)))
         .ok_or_else(|| Error::Input("internal: MPI gave no communicator for this role".into()))?;
-    let lenders: Vec<usize> = (0..roles.len()).filter(|&r| roles[r] == 1).collect();
+    let of = |code: u8| -> Vec<usize> { (0..roles.len()).filter(|&r| roles[r] == code).collect() };
+    let lenders = of(Role::Lender.code());
+    let me = shared.rank() as usize;
+    let peers = of(Role::Sharing.code())
+        .into_iter()
+        .filter(|&r| r != me && !lends)
+        .collect();
     let workers = roles.len() - lenders.len();
-    Ok((own, lending(shared, lenders, workers, role, provided)?))
+    Ok((
+        own,
+        lending(shared, (lenders, peers), workers, role, provided)?,
+    ))
 }
 
 /// The lenders' side on `comm`, where the `lenders` are and `workers`
@@ -183,7 +236,7 @@ fn split_roles(
 /// `MPI_THREAD_MULTIPLE`.
 fn lending(
     comm: SimpleCommunicator,
-    lenders: Vec<usize>,
+    (lenders, peers): (Vec<usize>, Vec<usize>),
     workers: usize,
     role: Role,
     provided: Threading,
@@ -202,14 +255,39 @@ fn lending(
     unsafe {
         mpi::ffi::MPI_Comm_set_errhandler(comm.as_raw(), mpi::ffi::RSMPI_ERRORS_RETURN);
     }
+    // A sharing worker serves the others from now on (the cap comes
+    // later, with its runtime: until then it declines every image).
+    let server = (role == Role::Sharing && workers > 1)
+        .then(|| serve_others(crate::remote::Comm(comm.as_raw()), workers - 1))
+        .transpose()?;
     Ok(Some(Lending {
         comm,
         lenders,
+        peers,
         workers,
         role,
-        left: std::sync::atomic::AtomicBool::new(false),
-        tier: std::sync::OnceLock::new(),
+        server,
     }))
+}
+
+/// Starts a sharing worker's serving thread on `comm`, until the `others`
+/// workers have said goodbye or the world ends.
+fn serve_others(comm: crate::remote::Comm, others: usize) -> Result<Server> {
+    let pool = std::sync::Arc::new(crate::remote::Pool::spare());
+    let p = pool.clone();
+    let thread = std::thread::Builder::new()
+        .name("outcore-lend".into())
+        .spawn(move || {
+            // Idle, it looks for a request every 2 ms: the job's threads
+            // keep the cores.
+            let idle = std::time::Duration::from_millis(2);
+            let _ = crate::remote::serve(comm, others, &p, idle, None);
+        })
+        .map_err(|e| Error::Input(format!("could not start the thread that lends memory: {e}")))?;
+    Ok(Server {
+        pool,
+        thread: Mutex::new(Some(thread)),
+    })
 }
 
 impl World {
@@ -245,14 +323,17 @@ impl World {
                 let workers = parent.remote_size() as usize;
                 let merged = parent.merge(MergeOrder::High);
                 let lenders = (workers..merged.size() as usize).collect();
-                let l = lending(merged, lenders, workers, role, provided)?;
+                let l = lending(merged, (lenders, Vec::new()), workers, role, provided)?;
                 (world, false, l)
             }
-            (Some(parent), Role::Worker) => (parent.merge(MergeOrder::High), true, None),
+            (Some(parent), _) => (parent.merge(MergeOrder::High), true, None),
             (None, _) => {
                 let (workers, lending) = split_roles(&world, role, provided)?;
-                // Kept only with lenders (a worker may spawn some later).
-                (workers, false, lending.filter(|l| !l.lenders.is_empty()))
+                // Kept only with someone to lend (or to lend to).
+                let any = |l: &Lending| {
+                    !l.lenders.is_empty() || !l.peers.is_empty() || l.server.is_some()
+                };
+                (workers, false, lending.filter(any))
             }
         };
         let on_node = comm.split_shared(0).size() as usize;
@@ -266,39 +347,67 @@ impl World {
             join_pending: std::sync::atomic::AtomicBool::new(joined),
             comm: Mutex::new(comm),
             lending: lending.map(std::sync::OnceLock::from).unwrap_or_default(),
+            spawned: std::sync::OnceLock::new(),
+            tier: std::sync::OnceLock::new(),
+            left: std::sync::atomic::AtomicBool::new(false),
             unfinalised: std::sync::atomic::AtomicBool::new(false),
             universe,
         })
     }
 
-    /// The tier over the lenders' memory, for a worker: `None` without
-    /// lenders (or without `MPI_THREAD_MULTIPLE`).
+    /// The lendings this process takes part in: beside the job, and
+    /// spawned.
+    fn lendings(&self) -> impl Iterator<Item = &Lending> {
+        self.lending.get().into_iter().chain(self.spawned.get())
+    }
+
+    /// The tier over the lenders' and the sharing workers' memory, for a
+    /// worker: `None` without any (or without `MPI_THREAD_MULTIPLE`).
     pub fn remote_tier(&self) -> Option<std::sync::Arc<crate::remote::RemoteTier>> {
-        let l = self
-            .lending
-            .get()
-            .filter(|l| !l.lenders.is_empty() && l.role == Role::Worker)?;
-        let tier = l.tier.get_or_init(|| {
-            let comm = crate::remote::Comm(l.comm.as_raw());
-            std::sync::Arc::new(crate::remote::RemoteTier::new(comm, &l.lenders))
-        });
+        let targets: Vec<_> = self
+            .lendings()
+            .filter(|l| l.role != Role::Lender)
+            .flat_map(Lending::targets)
+            .collect();
+        if targets.is_empty() {
+            return None;
+        }
+        let tier = self
+            .tier
+            .get_or_init(|| std::sync::Arc::new(crate::remote::RemoteTier::new(&targets)));
         Some(tier.clone())
     }
 
     /// Whether this worker found a lender dead.
     fn lost_a_lender(&self) -> bool {
-        self.lending
-            .get()
-            .and_then(|l| l.tier.get())
-            .is_some_and(|t| t.figures().lost > 0)
+        self.tier.get().is_some_and(|t| t.figures().lost > 0)
     }
 
     /// The lenders beside the workers (0 on a lender).
     pub fn lenders(&self) -> usize {
+        self.lendings()
+            .filter(|l| l.role != Role::Lender)
+            .map(|l| l.lenders.len())
+            .sum()
+    }
+
+    /// For a sharing worker: lends what its work leaves under `cap`
+    /// (bytes), and returns what it keeps for the others, for its runtime
+    /// to take memory back from ([`outcore::Builder::reclaim`]). `None`
+    /// for any other process.
+    pub fn share(&self, cap: u64) -> Option<std::sync::Arc<dyn outcore::Reclaim>> {
+        let s = self.lending.get()?.server.as_ref()?;
+        s.pool.set_cap(cap);
+        Some(s.pool.clone() as std::sync::Arc<dyn outcore::Reclaim>)
+    }
+
+    /// What this process kept for the others: the most bytes at once, and
+    /// the bytes it gave back for its own work.
+    pub fn kept_for_others(&self) -> (u64, u64) {
         self.lending
             .get()
-            .filter(|l| l.role == Role::Worker)
-            .map_or(0, |l| l.lenders.len())
+            .and_then(|l| l.server.as_ref())
+            .map_or((0, 0), |s| s.pool.figures())
     }
 
     /// For a lender: serves the workers until each has said goodbye,
@@ -313,25 +422,24 @@ impl World {
             .ok()
             .and_then(|v| v.parse().ok());
         let comm = crate::remote::Comm(l.comm.as_raw());
-        let lent = crate::remote::serve(comm, l.workers, budget, die_after)
+        let pool = crate::remote::Pool::fixed(budget);
+        let idle = std::time::Duration::from_millis(1);
+        let lent = crate::remote::serve(comm, l.workers, &pool, idle, die_after)
             .map_err(|e| Error::Input(format!("lending: {e}")))?;
         self.unfinalised.store(lent.lost, Ordering::Relaxed);
         Ok(lent)
     }
 
-    /// Tells the lenders this worker is done (before MPI is finalised:
-    /// they end once every worker has), once: whether any worker found a
-    /// lender dead (then MPI is not finalised, see `drop`). Collective
-    /// over the workers, who agree on that first.
+    /// Tells the lenders and the sharing workers this worker is done
+    /// (before MPI is finalised: they end once every worker has), once,
+    /// then ends its own lending: whether any worker found a lender dead
+    /// (then MPI is not finalised, see `drop`). Collective over the
+    /// workers, who agree on that first.
     fn leave_lenders(&self) -> bool {
-        let Some(l) = self
-            .lending
-            .get()
-            .filter(|l| l.role == Role::Worker && !l.lenders.is_empty())
-        else {
+        if !self.lendings().any(|l| l.role != Role::Lender) {
             return false;
-        };
-        if l.left.swap(true, Ordering::Relaxed) {
+        }
+        if self.left.swap(true, Ordering::Relaxed) {
             return false;
         }
         let mine = i32::from(self.lost_a_lender());
@@ -342,6 +450,15 @@ impl World {
         // Made here if nothing was evicted: goodbye all the same.
         if let Some(t) = self.remote_tier() {
             t.goodbye(lost);
+        }
+        // Every worker is done, and its goodbye on its way: this one's
+        // serving ends once it has them.
+        if let Some(s) = self.lending.get().and_then(|l| l.server.as_ref()) {
+            s.pool.stop();
+            let thread = s.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(t) = thread {
+                let _ = t.join();
+            }
         }
         lost
     }
@@ -405,7 +522,13 @@ impl World {
     /// fails, when lenders are there already (started beside the job),
     /// or without `MPI_THREAD_MULTIPLE`.
     pub fn spawn_lenders(&self, n: usize, cap: &str) -> Result<()> {
-        if self.lending.get().is_some_and(|l| !l.lenders.is_empty()) {
+        // The tier, once made, is over the lenders of then.
+        if self.tier.get().is_some() {
+            return Err(Error::Input(
+                "lenders are spawned before the job's runtime starts".into(),
+            ));
+        }
+        if self.lendings().any(|l| !l.lenders.is_empty()) {
             return Err(Error::Input(
                 "lenders were started beside the job already; spawn none more".into(),
             ));
@@ -424,22 +547,15 @@ impl World {
         drop(comm);
         let l = lending(
             merged,
-            (workers..workers + n).collect(),
+            ((workers..workers + n).collect(), Vec::new()),
             workers,
             Role::Worker,
             provided,
         )?
         .ok_or_else(|| Error::Input("internal: no lending after a spawn".into()))?;
-        // Set once: `init` left it empty, or with no lenders.
-        match self.lending.get() {
-            None => self
-                .lending
-                .set(l)
-                .map_err(|_| Error::Input("internal: lending set twice".into())),
-            Some(_) => Err(Error::Input(
-                "spawned lenders cannot join a job started beside others".into(),
-            )),
-        }
+        self.spawned
+            .set(l)
+            .map_err(|_| Error::Input("lenders were spawned already".into()))
     }
 
     /// `MPI_Comm_spawn` of `extra` copies of this program, under

@@ -26,12 +26,12 @@ use std::io::{self, Read, Write};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outcore::{SpillTier, TierHead, TierKey};
 
-pub(crate) use lend::serve;
 pub use lend::Lent;
+pub(crate) use lend::{serve, Pool};
 pub(crate) use wire::Comm;
 
 /// What a lender may hold under `cap` (`--mem-cap`, `mem_cap`): the
@@ -82,13 +82,21 @@ pub(crate) const PIECE: usize = 1 << 20;
 
 /// One lender, as a worker sees it.
 struct Lender {
-    /// Its rank on the tier's communicator.
+    /// The communicator it is reached on.
+    comm: Comm,
+    /// Its rank there.
     rank: usize,
     /// The room it said it had at its last answer (`u64::MAX` before
-    /// any).
+    /// any), and when (milliseconds since the tier was made).
     room: AtomicU64,
+    room_at: AtomicU64,
     alive: AtomicBool,
 }
+
+/// How old a lender's word on its room may be before a put that it would
+/// not fit asks it again: a lender's room grows as its owners drop images
+/// and as a working rank's own work shrinks.
+const ROOM_FRESH_MS: u64 = 100;
 
 /// What went through the tier, for the statistics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -102,8 +110,9 @@ pub struct RemoteFigures {
 /// The workers' side of the tier: puts go to a lender with room, in
 /// turn; each image's lender is remembered for its get and its drop.
 pub struct RemoteTier {
-    comm: Comm,
     lenders: Vec<Lender>,
+    /// When it was made (the clock of `Lender::room_at`).
+    born: Instant,
     /// Where each image went: its lender's index.
     placed: Mutex<HashMap<TierKey, usize>>,
     /// The next lender to try.
@@ -132,22 +141,25 @@ impl std::fmt::Debug for RemoteTier {
 }
 
 impl RemoteTier {
-    /// A tier over the lenders at `ranks` on `comm`.
-    pub(crate) fn new(comm: Comm, ranks: &[usize]) -> RemoteTier {
+    /// A tier over the lenders at `lenders` (a communicator and a rank
+    /// there, each).
+    pub(crate) fn new(lenders: &[(Comm, usize)]) -> RemoteTier {
         let patience = std::env::var("OUTCORE_REMOTE_PATIENCE_MS")
             .ok()
             .and_then(|v| v.parse().ok())
             .map_or(Duration::from_secs(10), Duration::from_millis);
         RemoteTier {
-            comm,
-            lenders: ranks
+            lenders: lenders
                 .iter()
-                .map(|&rank| Lender {
+                .map(|&(comm, rank)| Lender {
+                    comm,
                     rank,
                     room: AtomicU64::new(u64::MAX),
+                    room_at: AtomicU64::new(0),
                     alive: AtomicBool::new(true),
                 })
                 .collect(),
+            born: Instant::now(),
             placed: Mutex::new(HashMap::new()),
             turn: AtomicUsize::new(0),
             requests: AtomicU32::new(0),
@@ -183,7 +195,7 @@ impl RemoteTier {
         for l in &self.lenders {
             let h = self.header(wire::Op::Bye, none, u64::from(lost), 0);
             // A small message: it goes even to a dead peer (and is lost).
-            let _ = wire::send(self.comm, l.rank, wire::REQUEST, h.encode(), self.patience);
+            let _ = wire::send(l.comm, l.rank, wire::REQUEST, h.encode(), self.patience);
         }
     }
 
@@ -220,7 +232,7 @@ impl RemoteTier {
         let h = self.header(op, key, len, tag);
         self.checked(
             l,
-            wire::send(self.comm, l.rank, wire::REQUEST, h.encode(), self.patience),
+            wire::send(l.comm, l.rank, wire::REQUEST, h.encode(), self.patience),
         )?;
         Ok(tag)
     }
@@ -247,13 +259,21 @@ impl RemoteTier {
         r
     }
 
-    /// The next living lender with room for `len` bytes, in turn.
+    /// Milliseconds since the tier was made.
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The next living lender with room for `len` bytes, in turn (or
+    /// whose word on its room is old).
     fn pick(&self, len: u64) -> Option<(usize, &Lender)> {
         let n = self.lenders.len();
         let start = self.turn.fetch_add(1, Ordering::Relaxed);
+        let now = self.now_ms();
         (0..n).map(|k| (start + k) % n).find_map(|i| {
             let l = &self.lenders[i];
-            (l.alive.load(Ordering::Relaxed) && l.room.load(Ordering::Relaxed) >= len)
+            let stale = now.saturating_sub(l.room_at.load(Ordering::Relaxed)) > ROOM_FRESH_MS;
+            (l.alive.load(Ordering::Relaxed) && (stale || l.room.load(Ordering::Relaxed) >= len))
                 .then_some((i, l))
         })
     }
@@ -270,10 +290,11 @@ impl RemoteTier {
         let tag = self.request(l, wire::Op::Put, key, len)?;
         // The lender's answers: go (or kept), and its room now.
         let answer = || -> io::Result<bool> {
-            let a = self.checked(l, wire::recv(self.comm, l.rank, tag + 2, 16, self.patience))?;
+            let a = self.checked(l, wire::recv(l.comm, l.rank, tag + 2, 16, self.patience))?;
             let w = wire::words(&a).unwrap_or_default();
             l.room
                 .store(w.get(1).copied().unwrap_or(0), Ordering::Relaxed);
+            l.room_at.store(self.now_ms(), Ordering::Relaxed);
             Ok(w.first() == Some(&1))
         };
         if !answer()? {
@@ -294,10 +315,7 @@ impl RemoteTier {
         if let Ok(Ok(h)) = &head {
             end.extend_from_slice(h);
         }
-        self.checked(
-            l,
-            wire::send(self.comm, l.rank, tag + 1, end, self.patience),
-        )?;
+        self.checked(l, wire::send(l.comm, l.rank, tag + 1, end, self.patience))?;
         match head {
             Ok(h) => h?,
             Err(p) => resume_unwind(p),
@@ -319,7 +337,7 @@ impl Write for Out<'_> {
         let n = b.len().min(PIECE);
         let t = self.tier;
         let r = wire::send(
-            t.comm,
+            self.lender.comm,
             self.lender.rank,
             self.tag,
             b[..n].to_vec(),
@@ -356,7 +374,7 @@ impl Read for In<'_> {
             // The same memory for every piece.
             self.piece.clear();
             let r = wire::recv_append(
-                t.comm,
+                self.lender.comm,
                 self.lender.rank,
                 self.tag,
                 &mut self.piece,
@@ -381,10 +399,18 @@ impl SpillTier for RemoteTier {
     }
 
     fn room(&self) -> u64 {
+        let now = self.now_ms();
         self.lenders
             .iter()
             .filter(|l| l.alive.load(Ordering::Relaxed))
-            .map(|l| l.room.load(Ordering::Relaxed))
+            .map(|l| {
+                let stale = now.saturating_sub(l.room_at.load(Ordering::Relaxed)) > ROOM_FRESH_MS;
+                if stale {
+                    u64::MAX
+                } else {
+                    l.room.load(Ordering::Relaxed)
+                }
+            })
             .max()
             .unwrap_or(0)
     }
@@ -426,7 +452,7 @@ impl SpillTier for RemoteTier {
             .filter(|l| l.alive.load(Ordering::Relaxed))
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no lender holds it"))?;
         let tag = self.request(l, wire::Op::Get, key, 0)?;
-        let a = self.checked(l, wire::recv(self.comm, l.rank, tag, 8, self.patience))?;
+        let a = self.checked(l, wire::recv(l.comm, l.rank, tag, 8, self.patience))?;
         let len = wire::words(&a)
             .and_then(|w| w.first().copied())
             .unwrap_or(0);

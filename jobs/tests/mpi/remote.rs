@@ -209,3 +209,90 @@ fn a_spawned_lender_holds_evicted_partitions_with_the_same_bytes_out() {
     let args: Vec<&str> = job.iter().map(String::as_str).collect();
     same_as_one_process(dir.path(), &args, "c.npy", "two ranks and a spawned lender");
 }
+
+/// `mpirun` running `tight` on one rank and `roomy` on a second (`:`
+/// gives each its own flags): the exit code and stderr.
+fn side_by_side(dir: &Path, tight: &[String], roomy: &[String]) -> (Option<i32>, String) {
+    let mut cmd: Vec<&str> = vec!["mpirun", "--bind-to", "none", "-np", "1", BIN];
+    cmd.extend(tight.iter().map(String::as_str));
+    cmd.extend([":", "-np", "1", BIN]);
+    cmd.extend(roomy.iter().map(String::as_str));
+    watched(dir, 120, &cmd)
+}
+
+/// `args` with the cap `from` changed to `to`.
+fn with_cap(args: &[String], from: &str, to: &str) -> Vec<String> {
+    args.iter()
+        .map(|a| if a == from { to.into() } else { a.clone() })
+        .collect()
+}
+
+/// Two working ranks, the second with room to spare (`mpirun`'s `:`
+/// gives each its own cap): the first's evictions go to the second's
+/// memory and come back from it, with the same centres as one process.
+#[test]
+fn a_rank_with_room_to_spare_keeps_another_ranks_evictions() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let x = data(dir.path());
+    let tight = kmeans_args(&x, &[]);
+    let roomy = with_cap(&tight, "12MiB", "256MiB");
+    let (code, err) = side_by_side(dir.path(), &tight, &roomy);
+    assert_eq!(code, Some(0), "{err}");
+    let s = stats(&dir.path().join("s.json"));
+    assert_eq!(s["lenders"].as_u64(), Some(0), "{s}");
+    let p = &s["per_process"];
+    let kept = p[1]["remote_bytes_kept"].as_u64().unwrap();
+    assert!(kept > 0, "rank 1 kept nothing: {s}");
+    assert_eq!(p[0]["remote_bytes_kept"].as_u64(), Some(0), "{s}");
+    let loaded = p[0]["remote_bytes_loaded"].as_u64().unwrap();
+    let read = p[0]["bytes_read"].as_u64().unwrap();
+    assert!(loaded > read, "{loaded} B from rank 1, {read} B read: {s}");
+    assert_eq!(s["remote_fallbacks"].as_u64(), Some(0), "{s}");
+    // Rank 1 stayed within its own cap and never evicted.
+    assert_eq!(p[1]["evictions"].as_u64(), Some(0), "{s}");
+    let args: Vec<&str> = tight.iter().map(String::as_str).collect();
+    same_as_one_process(dir.path(), &args, "c.npy", "a rank lending to another");
+}
+
+/// The second rank keeps the first one's evictions while its own
+/// partitions come in, then its own work needs the room: it gives
+/// images back (their owner reads them from its input instead, without
+/// a warning), never evicts its own, and stays within its cap; the same
+/// centres as one process.
+#[test]
+fn a_rank_gives_back_what_it_kept_when_its_own_work_needs_the_room() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // 96 MiB of rows a rank: 16 MiB holds little of them, 128 MiB all of
+    // them and, early on, much of the other rank's.
+    let x = super::gen(dir.path(), "192MiB", 16);
+    let x = x.to_str().unwrap();
+    let tight = with_cap(&kmeans_args(x, &[]), "12MiB", "16MiB");
+    let roomy = with_cap(&tight, "16MiB", "128MiB");
+    let (code, err) = side_by_side(dir.path(), &tight, &roomy);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    let s = stats(&dir.path().join("s.json"));
+    let p = &s["per_process"];
+    let kept = p[1]["remote_bytes_kept"].as_u64().unwrap();
+    let back = p[1]["remote_bytes_given_back"].as_u64().unwrap();
+    assert!(
+        kept > 0 && back > 0,
+        "kept {kept} B, gave back {back} B: {s}"
+    );
+    assert!(p[0]["remote_fallbacks"].as_u64().unwrap() > 0, "{s}");
+    assert_eq!(p[1]["evictions"].as_u64(), Some(0), "{s}");
+    assert!(p[1]["peak_bytes"].as_u64().unwrap() <= 128 << 20, "{s}");
+    let args: Vec<&str> = tight.iter().map(String::as_str).collect();
+    same_as_one_process(
+        dir.path(),
+        &args,
+        "c.npy",
+        "a rank giving back what it kept",
+    );
+}
