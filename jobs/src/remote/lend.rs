@@ -430,16 +430,16 @@ fn give(comm: Comm, from: usize, h: &Header, pool: &Pool) -> Result<(), Gave> {
         back(image);
         return Err(Gave::Early(e));
     }
-    for piece in image.chunks(PIECE) {
-        // SAFETY: on an error the image is leaked below: never freed or
-        // changed while MPI may still read it.
-        if let Err(stuck) = unsafe { wire::send_ref(comm, from, h.tag + 1, piece, PATIENCE) } {
-            let mut held = pool.held();
-            held.bytes -= image.capacity() as u64;
-            held.leaked += image.capacity() as u64;
-            std::mem::forget(image);
-            return Err(Gave::Early(stuck.into()));
-        }
+    // Every piece posted at once: the worker takes them back to back.
+    // SAFETY: on an error the image is leaked below: never freed or
+    // changed while MPI may still read it.
+    let sent = unsafe { wire::send_pieces_ref(comm, from, h.tag + 1, &image, PIECE, PATIENCE) };
+    if let Err(stuck) = sent {
+        let mut held = pool.held();
+        held.bytes -= image.capacity() as u64;
+        held.leaked += image.capacity() as u64;
+        std::mem::forget(image);
+        return Err(Gave::Early(stuck.into()));
     }
     back(image);
     Ok(())

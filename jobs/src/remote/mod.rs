@@ -353,37 +353,48 @@ impl Write for Out<'_> {
     }
 }
 
-/// The image of a GET, received in pieces as the runtime reads it.
+/// The image of a GET, received in pieces as the runtime reads it, the
+/// next [`AHEAD`] already on their way.
 struct In<'a> {
     tier: &'a RemoteTier,
     lender: &'a Lender,
-    tag: i32,
-    left: u64,
+    pieces: wire::Ahead,
     piece: Vec<u8>,
     at: usize,
+}
+
+/// Pieces of a GET received ahead of the reader: the lender sends them
+/// back to back, and the transfer of one overlaps the decoding of the
+/// one before.
+const AHEAD: usize = 4;
+
+impl In<'_> {
+    /// Takes every piece the reader left (it stopped part-way), so that
+    /// none waits for ever at the lender.
+    fn drain(&mut self) {
+        while self.lender.alive.load(Ordering::Relaxed) {
+            match self.pieces.next() {
+                Ok(Some(p)) => self.pieces.give_back(p),
+                Ok(None) => return,
+                Err(e) => {
+                    let _ = self.tier.checked(self.lender, Err::<(), _>(e));
+                    return;
+                }
+            }
+        }
+    }
 }
 
 impl Read for In<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.at == self.piece.len() {
-            if self.left == 0 {
+            let next = self.pieces.next();
+            let Some(p) = self.tier.checked(self.lender, next)? else {
                 return Ok(0);
-            }
-            let n = usize::try_from(self.left).unwrap_or(usize::MAX).min(PIECE);
-            let t = self.tier;
-            // The same memory for every piece.
-            self.piece.clear();
-            let r = wire::recv_append(
-                self.lender.comm,
-                self.lender.rank,
-                self.tag,
-                &mut self.piece,
-                n,
-                t.patience,
-            );
-            t.checked(self.lender, r)?;
+            };
+            let old = std::mem::replace(&mut self.piece, p);
+            self.pieces.give_back(old);
             self.at = 0;
-            self.left -= n as u64;
         }
         let n = buf.len().min(self.piece.len() - self.at);
         buf[..n].copy_from_slice(&self.piece[self.at..self.at + n]);
@@ -462,25 +473,21 @@ impl SpillTier for RemoteTier {
                 format!("the lender at rank {} no longer holds it", l.rank),
             ));
         }
+        let whole = usize::try_from(len).unwrap_or(usize::MAX);
+        let sizes = (0..whole.div_ceil(PIECE)).map(|i| PIECE.min(whole - i * PIECE));
         let mut input = In {
             tier: self,
             lender: l,
-            tag: tag + 1,
-            left: len,
+            pieces: wire::Ahead::new(l.comm, l.rank, tag + 1, sizes, AHEAD, self.patience),
             piece: Vec::new(),
             at: 0,
         };
         // The value's `Deserialize` is user code: on a panic, the pieces
         // are taken first (below), then it goes on up.
         let r = catch_unwind(AssertUnwindSafe(|| read(&mut input, len)));
-        // What the reader left (it failed part-way): taken, so that no
-        // piece waits for ever.
-        while input.left > 0 && l.alive.load(Ordering::Relaxed) {
-            input.at = input.piece.len();
-            let mut sink = [0u8; 1];
-            if input.read(&mut sink).is_err() {
-                break;
-            }
+        // What the reader left (it failed part-way): taken.
+        if !input.pieces.done() {
+            input.drain();
         }
         r.unwrap_or_else(|p| resume_unwind(p))
     }

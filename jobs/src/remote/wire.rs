@@ -208,6 +208,235 @@ pub(super) unsafe fn send_ref(
         .map_err(|f| Stuck(f.error("take a message", peer, wait)))
 }
 
+/// Sends `buf` to `peer` under `tag` as messages of `piece` bytes, all
+/// posted at once (the receiver takes them in order, back to back),
+/// waiting at most `wait` for every one, without a copy.
+///
+/// # Safety
+///
+/// On `Err(Stuck)`, MPI may still read `buf`: the caller must leak it
+/// (never free or change it).
+pub(super) unsafe fn send_pieces_ref(
+    comm: Comm,
+    peer: usize,
+    tag: c_int,
+    buf: &[u8],
+    piece: usize,
+    wait: Duration,
+) -> Result<(), Stuck> {
+    let dest = c_int::try_from(peer).map_err(|_| Stuck(io::Error::other("rank out of range")))?;
+    let mut requests: Vec<ffi::MPI_Request> = Vec::with_capacity(buf.len().div_ceil(piece));
+    for p in buf.chunks(piece.max(1)) {
+        let n = c_int::try_from(p.len()).map_err(|_| Stuck(io::Error::other("piece too long")))?;
+        // SAFETY: reads a constant handle the MPI shim defines.
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `p` holds `n` bytes of `buf`, which stays alive and
+        // unchanged until every request completes, or the caller leaks
+        // it when they do not; `comm` is a live communicator.
+        let rc = unsafe {
+            ffi::MPI_Isend(
+                p.as_ptr().cast(),
+                n,
+                ffi::RSMPI_UINT8_T,
+                dest,
+                tag,
+                comm.0,
+                &mut request,
+            )
+        };
+        if rc != 0 {
+            abandon(&mut requests);
+            return Err(Stuck(failed("Isend", rc)));
+        }
+        requests.push(request);
+    }
+    complete_all(&mut requests, Instant::now() + wait)
+        .map_err(|f| Stuck(f.error("take a message", peer, wait)))
+}
+
+/// Polls `requests` until every one completes or `deadline` passes; on a
+/// failure or past it, those still active are cancelled and freed (their
+/// buffers leaked by the caller).
+fn complete_all(requests: &mut [ffi::MPI_Request], deadline: Instant) -> Result<(), Failed> {
+    let n = c_int::try_from(requests.len()).map_err(|_| Failed::Error(-1))?;
+    let mut pause = Backoff::new(Duration::from_micros(200));
+    loop {
+        let mut flag: c_int = 0;
+        // SAFETY: `requests` holds `n` requests this thread owns (active,
+        // or null once complete); MPI_Testall writes `flag` and, once all
+        // are complete, frees them (setting each to MPI_REQUEST_NULL);
+        // statuses are ignored.
+        let rc = unsafe {
+            ffi::MPI_Testall(
+                n,
+                requests.as_mut_ptr(),
+                &mut flag,
+                ffi::RSMPI_STATUSES_IGNORE,
+            )
+        };
+        if rc != 0 {
+            abandon(requests);
+            return Err(Failed::Error(rc));
+        }
+        if flag != 0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            abandon(requests);
+            return Err(Failed::Late);
+        }
+        pause.pause();
+    }
+}
+
+/// Cancels and frees every request of `requests` still active (MPI
+/// completes them in the background; the caller leaks their buffers).
+fn abandon(requests: &mut [ffi::MPI_Request]) {
+    // SAFETY: reads a constant handle the MPI shim defines.
+    let null = unsafe { ffi::RSMPI_REQUEST_NULL };
+    for r in requests.iter_mut().filter(|r| **r != null) {
+        // SAFETY: `r` is an active request this thread owns: cancelled,
+        // then freed.
+        unsafe {
+            ffi::MPI_Cancel(r);
+            ffi::MPI_Request_free(r);
+        }
+    }
+}
+
+/// The pieces of one message stream from `peer` under `tag`, received
+/// ahead: up to `depth` receives posted at once, each into a buffer of
+/// its own, taken in order. Buffers handed back are reused. Receives
+/// still posted when it is dropped (a deadline passed, or the reader
+/// stopped) are cancelled and their buffers leaked: MPI may still write
+/// them.
+pub(super) struct Ahead {
+    comm: Comm,
+    peer: usize,
+    tag: c_int,
+    wait: Duration,
+    depth: usize,
+    /// Posted receives, oldest first, with their buffers.
+    posted: std::collections::VecDeque<(ffi::MPI_Request, Vec<u8>)>,
+    /// Lengths of the pieces still to post.
+    due: std::collections::VecDeque<usize>,
+    spare: Vec<Vec<u8>>,
+}
+
+impl Ahead {
+    /// Pieces of lengths `due`, in order.
+    pub(super) fn new(
+        comm: Comm,
+        peer: usize,
+        tag: c_int,
+        due: impl IntoIterator<Item = usize>,
+        depth: usize,
+        wait: Duration,
+    ) -> Ahead {
+        Ahead {
+            comm,
+            peer,
+            tag,
+            wait,
+            depth: depth.max(1),
+            posted: std::collections::VecDeque::new(),
+            due: due.into_iter().collect(),
+            spare: Vec::new(),
+        }
+    }
+
+    /// Whether every piece was taken.
+    pub(super) fn done(&self) -> bool {
+        self.posted.is_empty() && self.due.is_empty()
+    }
+
+    /// Posts receives until `depth` are posted or none is due.
+    fn post(&mut self) -> io::Result<()> {
+        let src = c_int::try_from(self.peer).map_err(|_| io::Error::other("rank out of range"))?;
+        while self.posted.len() < self.depth {
+            let Some(len) = self.due.pop_front() else {
+                return Ok(());
+            };
+            let n = c_int::try_from(len).map_err(|_| io::Error::other("piece too long"))?;
+            let mut buf = self.spare.pop().unwrap_or_default();
+            // A reused buffer keeps its old bytes (MPI writes over them):
+            // no memset of every piece.
+            buf.resize(len, 0);
+            // SAFETY: reads a constant handle the MPI shim defines.
+            let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+            // SAFETY: `buf` has room for `n` bytes; it is moved into
+            // `posted` below (its heap memory does not move) and not
+            // touched until the request completes, or leaked when it is
+            // abandoned (`drop`); `comm` is a live communicator.
+            let rc = unsafe {
+                ffi::MPI_Irecv(
+                    buf.as_mut_ptr().cast(),
+                    n,
+                    ffi::RSMPI_UINT8_T,
+                    src,
+                    self.tag,
+                    self.comm.0,
+                    &mut request,
+                )
+            };
+            if rc != 0 {
+                return Err(failed("Irecv", rc));
+            }
+            self.posted.push_back((request, buf));
+        }
+        Ok(())
+    }
+
+    /// The next piece (`None` once all were taken), waiting at most the
+    /// patience for it. After an error, nothing more comes.
+    pub(super) fn next(&mut self) -> io::Result<Option<Vec<u8>>> {
+        if let Err(e) = self.post() {
+            self.due.clear();
+            return Err(e);
+        }
+        let Some((mut request, buf)) = self.posted.pop_front() else {
+            return Ok(None);
+        };
+        let r = complete(&mut request, Instant::now() + self.wait);
+        match r {
+            Ok(status) if count(&status) == buf.len() => {
+                // The next ones go on while this one is read.
+                let _ = self.post();
+                Ok(Some(buf))
+            }
+            Ok(status) => {
+                self.due.clear();
+                Err(io::Error::other(format!(
+                    "rank {} sent {} bytes where {} were due",
+                    self.peer,
+                    count(&status),
+                    buf.len()
+                )))
+            }
+            Err(f) => {
+                // Cancelled and freed: MPI may still write it.
+                std::mem::forget(buf);
+                self.due.clear();
+                Err(f.error("answer", self.peer, self.wait))
+            }
+        }
+    }
+
+    /// A piece's buffer, for a later piece.
+    pub(super) fn give_back(&mut self, buf: Vec<u8>) {
+        self.spare.push(buf);
+    }
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        for (mut request, buf) in self.posted.drain(..) {
+            abandon(std::slice::from_mut(&mut request));
+            std::mem::forget(buf);
+        }
+    }
+}
+
 /// Receives exactly `len` bytes from `peer` under `tag`, waiting at most
 /// `wait`.
 pub(super) fn recv(
