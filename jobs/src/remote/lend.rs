@@ -228,6 +228,13 @@ fn key(from: usize, h: &Header) -> Key {
     (from, h.runtime, h.executor, h.generation)
 }
 
+/// The longest nap between looks for a request during a run of them:
+/// a load waits for its lender's answer no more than this.
+const BUSY: Duration = Duration::from_micros(50);
+
+/// How long after a request the lender still looks within [`BUSY`].
+const RUN: Duration = Duration::from_millis(100);
+
 /// How long a lender waits for a worker in the middle of a request:
 /// no longer than the workers wait for it (`RemoteTier`'s patience).
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -246,6 +253,7 @@ pub(crate) fn serve(
     let mut lent = Lent::default();
     let mut said = 0;
     let mut nap = wire::Backoff::new(idle);
+    let mut last = Instant::now();
     let mut stopped: Option<Instant> = None;
     while said < byes {
         pool.shed_over();
@@ -256,10 +264,17 @@ pub(crate) fn serve(
             }
         }
         let Some((from, len)) = wire::probe(comm, None, wire::REQUEST) else {
+            // Requests come in runs (a pass's loads): within one, the
+            // next is looked for within `BUSY`; long after, within
+            // `idle`.
+            if last.elapsed() > RUN {
+                nap.relax(idle);
+            }
             nap.pause();
             continue;
         };
-        nap = wire::Backoff::new(idle);
+        nap = wire::Backoff::new(BUSY.min(idle));
+        last = Instant::now();
         let raw = wire::recv(comm, from, wire::REQUEST, len, PATIENCE)?;
         let Some(h) = Header::decode(&raw) else {
             continue;

@@ -113,6 +113,9 @@ pub struct RemoteTier {
     lenders: Vec<Lender>,
     /// When it was made (the clock of `Lender::room_at`).
     born: Instant,
+    /// Buffers of a piece each, reused from get to get: no fresh pages
+    /// to fault in and zero for every image.
+    buffers: Mutex<Vec<Vec<u8>>>,
     /// Where each image went: its lender's index.
     placed: Mutex<HashMap<TierKey, usize>>,
     /// The next lender to try.
@@ -160,6 +163,7 @@ impl RemoteTier {
                 })
                 .collect(),
             born: Instant::now(),
+            buffers: Mutex::new(Vec::new()),
             placed: Mutex::new(HashMap::new()),
             turn: AtomicUsize::new(0),
             requests: AtomicU32::new(0),
@@ -257,6 +261,26 @@ impl RemoteTier {
             }
         }
         r
+    }
+
+    /// Buffers for a get's pieces, used before.
+    fn buffers(&self) -> Vec<Vec<u8>> {
+        let mut kept = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
+        let n = kept.len().saturating_sub(AHEAD + 1);
+        kept.split_off(n)
+    }
+
+    /// Keeps a get's piece buffers for the next gets (a few: a get's
+    /// pieces, for each of a few loads at once).
+    fn keep_buffers(&self, spare: Vec<Vec<u8>>) {
+        let mut kept = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
+        let room = (4 * (AHEAD + 1)).saturating_sub(kept.len());
+        kept.extend(
+            spare
+                .into_iter()
+                .filter(|b| b.capacity() >= PIECE)
+                .take(room),
+        );
     }
 
     /// Milliseconds since the tier was made.
@@ -478,7 +502,13 @@ impl SpillTier for RemoteTier {
         let mut input = In {
             tier: self,
             lender: l,
-            pieces: wire::Ahead::new(l.comm, l.rank, tag + 1, sizes, AHEAD, self.patience),
+            pieces: wire::Ahead::new(
+                (l.comm, l.rank, tag + 1),
+                sizes,
+                AHEAD,
+                self.patience,
+                self.buffers(),
+            ),
             piece: Vec::new(),
             at: 0,
         };
@@ -489,6 +519,10 @@ impl SpillTier for RemoteTier {
         if !input.pieces.done() {
             input.drain();
         }
+        let last = std::mem::take(&mut input.piece);
+        input.pieces.give_back(last);
+        let spare = input.pieces.take_spare();
+        self.keep_buffers(spare);
         r.unwrap_or_else(|p| resume_unwind(p))
     }
 

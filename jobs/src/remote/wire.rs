@@ -127,6 +127,11 @@ impl Backoff {
         }
     }
 
+    /// Lets its naps grow to `most` from now on.
+    pub(super) fn relax(&mut self, most: Duration) {
+        self.most = most;
+    }
+
     /// Waits a little.
     pub(super) fn pause(&mut self) {
         if self.since.elapsed() < SPIN {
@@ -324,14 +329,14 @@ pub(super) struct Ahead {
 }
 
 impl Ahead {
-    /// Pieces of lengths `due`, in order.
+    /// Pieces of lengths `due`, in order, received into `spare` buffers
+    /// first (then new ones).
     pub(super) fn new(
-        comm: Comm,
-        peer: usize,
-        tag: c_int,
+        (comm, peer, tag): (Comm, usize, c_int),
         due: impl IntoIterator<Item = usize>,
         depth: usize,
         wait: Duration,
+        spare: Vec<Vec<u8>>,
     ) -> Ahead {
         Ahead {
             comm,
@@ -341,8 +346,13 @@ impl Ahead {
             depth: depth.max(1),
             posted: std::collections::VecDeque::new(),
             due: due.into_iter().collect(),
-            spare: Vec::new(),
+            spare,
         }
+    }
+
+    /// The buffers not in use (none is, once every piece was taken).
+    pub(super) fn take_spare(&mut self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut self.spare)
     }
 
     /// Whether every piece was taken.
