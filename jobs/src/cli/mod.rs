@@ -179,10 +179,11 @@ struct MemoryArgs {
     /// results are the same bytes. Default: never grow.
     #[arg(long, value_name = "N|auto")]
     max_ranks: Option<outcore_jobs::grow::MaxRanks>,
-    /// Under MPI with lenders (`mpirun ... : -np 1 outcore lend`):
-    /// evicted partitions go to the lenders' memory before the disk
-    /// (`auto`, the default), or never (`off`). The results are the same
-    /// bytes.
+    /// Under MPI: evicted partitions go to other processes' memory
+    /// before the disk (`auto`, the default): lenders beside the job
+    /// (`mpirun ... : -np 1 outcore lend`), and the other ranks, each
+    /// lending what its own work leaves under its cap. `off`: this rank
+    /// neither sends nor lends. The results are the same bytes.
     #[arg(long, value_name = "auto|off", default_value = "auto")]
     remote_memory: RemoteMemory,
     /// Under MPI: start N lenders (`outcore lend`) on free slots of the
