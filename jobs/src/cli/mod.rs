@@ -205,9 +205,10 @@ struct MemoryArgs {
 /// `--remote-memory`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum RemoteMemory {
-    /// The lenders' memory when there are lenders.
+    /// Lenders' and other ranks' memory before the disk; this rank's
+    /// spare memory lent to the others.
     Auto,
-    /// The disk only.
+    /// The disk only; nothing lent.
     Off,
 }
 
