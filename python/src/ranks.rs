@@ -85,8 +85,8 @@ pub(crate) fn ranks(py: Python<'_>) -> PyResult<Ranks> {
     Ok(r)
 }
 
-/// Whether evictions may go to lenders' memory (`OUTCORE_REMOTE_MEMORY`
-/// is not `off`).
+/// Whether evictions may go to other processes' memory, and this rank
+/// lends its own (`OUTCORE_REMOTE_MEMORY` is not `off`).
 #[cfg(feature = "mpi")]
 pub(crate) fn remote_memory_on() -> bool {
     !std::env::var("OUTCORE_REMOTE_MEMORY").is_ok_and(|v| matches!(v.trim(), "off" | "0" | "no"))
@@ -142,7 +142,15 @@ fn start(py: Python<'_>) -> PyResult<Ranks> {
     if turned_off() || launched_size().is_none() {
         return Ok(Ranks::single());
     }
-    let r = Ranks::init().map_err(crate::to_py)?;
+    // Each rank lends what its fits leave under their cap to the others
+    // (its resident set counted, the script's arrays with it), unless
+    // OUTCORE_REMOTE_MEMORY=off.
+    let role = if remote_memory_on() {
+        outcore_jobs::ranks::Role::Sharing
+    } else {
+        outcore_jobs::ranks::Role::Worker
+    };
+    let r = Ranks::init_as(role).map_err(crate::to_py)?;
     // A growth spawns this interpreter on this script, with its options
     // (`sys.orig_argv`, Python 3.10 on; `sys.argv` before).
     let sys = py.import("sys")?;

@@ -230,6 +230,12 @@ impl Settings {
         {
             b = b.spill_tier(t);
         }
+        // What this rank lends to the others is given back before its
+        // own executors are evicted.
+        #[cfg(feature = "mpi")]
+        if let Some(held) = cap.and_then(|c| ranks.share(c)) {
+            b = b.reclaim(held);
+        }
         let rt = b.build().map_err(|e| crate::to_py(e.into()))?;
         if cap.is_some() && rt.spill_dir_in_memory() {
             let dir = rt.spill_dir().parent().unwrap_or(rt.spill_dir());

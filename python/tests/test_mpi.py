@@ -343,6 +343,42 @@ def test_a_lender_beside_two_ranks_gives_one_process_centres(data, tmp_path):
     assert np.array_equal(np.load(out / "c.npy"), np.load(one / "c.npy"))
 
 
+def test_a_rank_with_room_to_spare_keeps_another_ranks_evictions(data, tmp_path):
+    """Two ranks given different caps (``mpirun``'s ``:``): the first's
+    evictions go to the second's spare memory and come back from it, and
+    the centres are one process's."""
+    mpirun = _need_mpi()
+    X, _ = data
+    code = (
+        "import sys, json, numpy as np, outcore\n"
+        "from outcore import _core\n"
+        "X = np.load(sys.argv[1], mmap_mode='r')\n"
+        "km = outcore.KMeans(n_clusters=5, n_init=1, random_state=0, algorithm='lloyd',\n"
+        "                    max_iter=4, tol=0, mem_cap=sys.argv[3]).fit(X)\n"
+        "if _core.mpi_rank()[0] == 0:\n"
+        "    np.save(sys.argv[2] + '/c.npy', km.cluster_centers_)\n"
+        "    with open(sys.argv[2] + '/s.json', 'w') as f:\n"
+        "        json.dump(km.stats_, f)\n"
+    )
+    one = tmp_path / "one"
+    one.mkdir()
+    r = _run([sys.executable, "-c", code, str(X), str(one), CAP], _env(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / "shared"
+    out.mkdir()
+    rank = [sys.executable, "-c", code, str(X), str(out)]
+    cmd = [mpirun, "--oversubscribe", "--mca", "btl", "self,vader,tcp", "-np", "1", *rank, CAP,
+           ":", "-np", "1", *rank, "512MiB"]
+    r = _run(cmd, _env(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((out / "s.json").read_text())
+    p = s["per_process"]
+    assert s["lenders"] == 0, s
+    assert p[1]["remote_bytes_kept"] > 0 and p[0]["remote_bytes_kept"] == 0, p
+    assert p[0]["remote_bytes_loaded"] > 0 and s["remote_fallbacks"] == 0, s
+    assert np.array_equal(np.load(out / "c.npy"), np.load(one / "c.npy"))
+
+
 def test_a_lender_needs_mpirun(tmp_path):
     """Started on its own, a lender says why in one line and exits 2."""
     env = _env(tmp_path)

@@ -60,6 +60,44 @@ enum Budget {
     Spare(AtomicU64),
 }
 
+/// The process's memory in use, as a lender sees it: the allocator's
+/// count, or the resident set where that is larger (what `top` shows:
+/// in a Python rank, the script's own arrays, which are not in the
+/// count).
+fn in_use() -> u64 {
+    (outcore::current_usage() as u64).max(resident())
+}
+
+/// The process's resident set (`/proc/self/statm`), read at most every
+/// 5 ms (a serving loop asks far more often); 0 where it cannot be read.
+fn resident() -> u64 {
+    use std::io::Read;
+    static READ_AT: AtomicU64 = AtomicU64::new(0);
+    static BYTES: AtomicU64 = AtomicU64::new(0);
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let now = u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1);
+    let at = READ_AT.load(Ordering::Relaxed);
+    if at != 0 && now.saturating_sub(at) < 5 {
+        return BYTES.load(Ordering::Relaxed);
+    }
+    READ_AT.store(now, Ordering::Relaxed);
+    let mut buf = [0u8; 128];
+    let n = std::fs::File::open("/proc/self/statm")
+        .and_then(|mut f| f.read(&mut buf))
+        .unwrap_or(0);
+    let pages: u64 = std::str::from_utf8(&buf[..n])
+        .ok()
+        .and_then(|t| t.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let bytes = pages * u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096);
+    BYTES.store(bytes, Ordering::Relaxed);
+    bytes
+}
+
 /// The margin a working rank keeps under its cap when it lends: an
 /// eighth of the cap, at least 32 MiB. It lends while its memory in use
 /// is under `cap - margin`, and gives images back when its own work
@@ -120,7 +158,7 @@ impl Pool {
             shed_bytes: AtomicU64::new(0),
             peak: AtomicU64::new(0),
             stop: AtomicBool::new(false),
-            usage: || outcore::current_usage() as u64,
+            usage: in_use,
         }
     }
 
