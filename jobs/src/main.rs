@@ -70,7 +70,7 @@ fn run_main() -> ExitCode {
                 // may not have.
                 tell(&ranked(&line, r, launcher::size().unwrap_or(r + 1)));
             }
-            Some(_) => {}
+            Some(_) => let_rank_0_speak(),
         }
         return ExitCode::from(2);
     }
@@ -140,8 +140,19 @@ fn arguments_failed(e: &clap::Error) -> ExitCode {
     // rank 0 alone says what is wrong.
     if launched_rank().is_none_or(|r| r == 0) {
         tell(&line);
+    } else {
+        let_rank_0_speak();
     }
     ExitCode::from(2)
+}
+
+/// On a rank other than 0 that ends, before MPI, for a reason rank 0
+/// says alone (every rank found the same): a pause first. `mpirun` ends
+/// every process as soon as one exits with an error, and a silent rank
+/// that exited at once could take rank 0 down before its line was out
+/// (seen under load: no line at all).
+fn let_rank_0_speak() {
+    std::thread::sleep(std::time::Duration::from_secs(2));
 }
 
 /// Under MPI, every rank says whether its command line parsed (`failed`:
