@@ -61,9 +61,20 @@ pub(super) fn segments(
         let tasks = match cfg.algorithm {
             Algorithm::MiniBatch => {
                 // (Beyond the shard's tasks, runs change nothing.)
-                let q = per_batch(&sh, s, cfg.batch_tasks).clamp(1, (t.end - t.start).max(1));
+                let len = (t.end - t.start).max(1);
+                let q = per_batch(&sh, s, cfg.batch_tasks).clamp(1, len);
                 if want >= q {
-                    want / q * q
+                    // As many partitions as `want` tasks each make, evened
+                    // out, in whole batches: rounded down where that keeps
+                    // their number, else up (less than a batch more).
+                    let n = len.div_ceil(want);
+                    let even = len.div_ceil(n);
+                    let down = (even / q * q).max(q);
+                    if len.div_ceil(down) <= n {
+                        down
+                    } else {
+                        even.div_ceil(q) * q
+                    }
                 } else {
                     // The divisor of q nearest to `want` (by ratio).
                     let below = (1..=want).rev().find(|&d| q.is_multiple_of(d)).unwrap_or(1);
@@ -75,7 +86,13 @@ pub(super) fn segments(
                     }
                 }
             }
-            Algorithm::Lloyd => want,
+            // As many partitions as `want` tasks each would make, evened
+            // out: no short last one (a partition of 9 MiB beside one of
+            // 247 MiB, for `--partitions 1` on rows that end mid-task).
+            Algorithm::Lloyd => {
+                let len = (t.end - t.start).max(1);
+                len.div_ceil(len.div_ceil(want))
+            }
         };
         out.push(((t.start * tp).min(rows), (t.end * tp).min(rows), tasks * tp));
     }
@@ -97,4 +114,48 @@ pub(super) fn too_few_shards(sh: &Shards, cfg: &Config, ranks: &Ranks) -> Error 
             String::new()
         }
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lloyd's partitions of a shard are even, and never larger than
+    /// asked for.
+    #[test]
+    fn lloyd_partitions_are_even() {
+        let cfg = Config {
+            algorithm: Algorithm::Lloyd,
+            shards: 1,
+            task_points: 100,
+            ..Config::default()
+        };
+        let ranks = Ranks::single();
+        let dims = 4;
+        // 10,050 rows: 101 tasks, the last one half full.
+        let rows = 10_050;
+        for (want_tasks, parts) in [(100, 2), (101, 1), (50, 3), (34, 3), (1, 101)] {
+            let part_bytes = want_tasks * 100 * 4 * dims as u64;
+            let seg = segments(rows, dims, &cfg, &ranks, part_bytes).unwrap();
+            assert_eq!(seg.len(), 1);
+            let (first, end, per) = seg[0];
+            assert_eq!((first, end), (0, rows));
+            let tasks = per / 100;
+            assert!(
+                tasks <= want_tasks,
+                "{want_tasks}: {tasks} tasks a partition"
+            );
+            assert_eq!(
+                101u64.div_ceil(tasks),
+                parts,
+                "{want_tasks}: {tasks} tasks a partition"
+            );
+            // The last partition holds at least half as many tasks as the others.
+            let last = 101 - (parts - 1) * tasks;
+            assert!(
+                2 * last >= tasks || parts == 1,
+                "{want_tasks}: last {last} of {tasks}"
+            );
+        }
+    }
 }
