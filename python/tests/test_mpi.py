@@ -310,22 +310,27 @@ def test_outcore_mpi_off_keeps_each_rank_to_itself(data, tmp_path):
     assert got == [("alone.0", "alone (0, 1) 1"), ("alone.1", "alone (0, 1) 1")], got
 
 
+# A K-means fit of argv[1] under the cap argv[3]; rank 0 writes its centres
+# and statistics into the directory argv[2].
+_KMEANS_TO = (
+    "import sys, json, numpy as np, outcore\n"
+    "from outcore import _core\n"
+    "X = np.load(sys.argv[1], mmap_mode='r')\n"
+    "km = outcore.KMeans(n_clusters=5, n_init=1, random_state=0, algorithm='lloyd',\n"
+    "                    max_iter=4, tol=0, mem_cap=sys.argv[3]).fit(X)\n"
+    "if _core.mpi_rank()[0] == 0:\n"
+    "    np.save(sys.argv[2] + '/c.npy', km.cluster_centers_)\n"
+    "    with open(sys.argv[2] + '/s.json', 'w') as f:\n"
+    "        json.dump(km.stats_, f)\n"
+)
+
+
 def test_a_lender_beside_two_ranks_gives_one_process_centres(data, tmp_path):
     """``python -m outcore.lend`` beside the ranks: their evictions go to
     its memory and come back from it, and the centres are one process's."""
     mpirun = _need_mpi()
     X, _ = data
-    code = (
-        "import sys, json, numpy as np, outcore\n"
-        "from outcore import _core\n"
-        "X = np.load(sys.argv[1], mmap_mode='r')\n"
-        "km = outcore.KMeans(n_clusters=5, n_init=1, random_state=0, algorithm='lloyd',\n"
-        "                    max_iter=4, tol=0, mem_cap=sys.argv[3]).fit(X)\n"
-        "if _core.mpi_rank()[0] == 0:\n"
-        "    np.save(sys.argv[2] + '/c.npy', km.cluster_centers_)\n"
-        "    with open(sys.argv[2] + '/s.json', 'w') as f:\n"
-        "        json.dump(km.stats_, f)\n"
-    )
+    code = _KMEANS_TO
     one = tmp_path / "one"
     one.mkdir()
     r = _run([sys.executable, "-c", code, str(X), str(one), CAP], _env(tmp_path))
@@ -349,17 +354,7 @@ def test_a_rank_with_room_to_spare_keeps_another_ranks_evictions(data, tmp_path)
     the centres are one process's."""
     mpirun = _need_mpi()
     X, _ = data
-    code = (
-        "import sys, json, numpy as np, outcore\n"
-        "from outcore import _core\n"
-        "X = np.load(sys.argv[1], mmap_mode='r')\n"
-        "km = outcore.KMeans(n_clusters=5, n_init=1, random_state=0, algorithm='lloyd',\n"
-        "                    max_iter=4, tol=0, mem_cap=sys.argv[3]).fit(X)\n"
-        "if _core.mpi_rank()[0] == 0:\n"
-        "    np.save(sys.argv[2] + '/c.npy', km.cluster_centers_)\n"
-        "    with open(sys.argv[2] + '/s.json', 'w') as f:\n"
-        "        json.dump(km.stats_, f)\n"
-    )
+    code = _KMEANS_TO
     one = tmp_path / "one"
     one.mkdir()
     r = _run([sys.executable, "-c", code, str(X), str(one), CAP], _env(tmp_path))

@@ -156,16 +156,7 @@ pub(super) fn run(a: KmeansArgs, given: &Given, ranks: &Ranks) -> Result<()> {
     if let Some(p) = &a.mem.timeline {
         session.record_timeline(p, "load")?;
     }
-    let part_bytes = match a.mem.partitions {
-        // `--partitions P`: P partitions of whole tasks, rounded up (down,
-        // a short last partition made P + 1).
-        Some(p) => {
-            let tp = a.task_points.max(1) as u64;
-            let tasks = job.rows.div_ceil(tp).div_ceil(p.max(1)).max(1);
-            tasks * tp * 4 * job.dims.max(1) as u64
-        }
-        None => kmeans::aligned_partition_bytes(part_bytes, job.dims, a.task_points),
-    };
+    let part_bytes = kmeans::aligned_partition_bytes(part_bytes, job.dims, a.task_points);
     let mut fb = Feedback::new();
     let t = Instant::now();
     let load = |session: &Session, fb: &mut Feedback| {

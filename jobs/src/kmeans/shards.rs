@@ -65,15 +65,16 @@ pub(super) fn segments(
                 let q = per_batch(&sh, s, cfg.batch_tasks).clamp(1, len);
                 if want >= q {
                     // As many partitions as `want` tasks each make, evened
-                    // out, in whole batches: rounded down where that keeps
-                    // their number, else up (less than a batch more).
+                    // out, in whole batches, where rounding down to whole
+                    // batches keeps their number; else `want` in whole
+                    // batches. Never larger than that: a tight cap was
+                    // checked against it.
                     let n = len.div_ceil(want);
-                    let even = len.div_ceil(n);
-                    let down = (even / q * q).max(q);
-                    if len.div_ceil(down) <= n {
-                        down
+                    let even = (len.div_ceil(n) / q * q).max(q);
+                    if len.div_ceil(even) <= n {
+                        even
                     } else {
-                        even.div_ceil(q) * q
+                        want / q * q
                     }
                 } else {
                     // The divisor of q nearest to `want` (by ratio).

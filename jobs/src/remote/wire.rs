@@ -187,13 +187,32 @@ pub(super) unsafe fn send_ref(
     buf: &[u8],
     wait: Duration,
 ) -> Result<(), Stuck> {
+    // SAFETY: the caller leaks `buf` on `Err`, as `isend` needs.
+    let mut request = unsafe { isend(comm, peer, tag, buf)? };
+    complete(&mut request, Instant::now() + wait)
+        .map(|_| ())
+        .map_err(|f| Stuck(f.error("take a message", peer, wait)))
+}
+
+/// Posts a send of `buf` to `peer` under `tag`: its request.
+///
+/// # Safety
+///
+/// `buf` must stay alive and unchanged until the request completes, or
+/// be leaked when it does not.
+unsafe fn isend(
+    comm: Comm,
+    peer: usize,
+    tag: c_int,
+    buf: &[u8],
+) -> Result<ffi::MPI_Request, Stuck> {
     let n = c_int::try_from(buf.len()).map_err(|_| Stuck(io::Error::other("message too long")))?;
     let dest = c_int::try_from(peer).map_err(|_| Stuck(io::Error::other("rank out of range")))?;
     // SAFETY: reads a constant handle the MPI shim defines.
     let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
     // SAFETY: `buf` holds `n` bytes and stays alive and unchanged until
-    // the request completes, or the caller leaks it when it does not;
-    // `comm` is a live communicator.
+    // the request completes, or is leaked (the caller's duty); `comm` is
+    // a live communicator.
     let rc = unsafe {
         ffi::MPI_Isend(
             buf.as_ptr().cast(),
@@ -208,9 +227,7 @@ pub(super) unsafe fn send_ref(
     if rc != 0 {
         return Err(Stuck(failed("Isend", rc)));
     }
-    complete(&mut request, Instant::now() + wait)
-        .map(|_| ())
-        .map_err(|f| Stuck(f.error("take a message", peer, wait)))
+    Ok(request)
 }
 
 /// Sends `buf` to `peer` under `tag` as messages of `piece` bytes, all
@@ -229,31 +246,16 @@ pub(super) unsafe fn send_pieces_ref(
     piece: usize,
     wait: Duration,
 ) -> Result<(), Stuck> {
-    let dest = c_int::try_from(peer).map_err(|_| Stuck(io::Error::other("rank out of range")))?;
     let mut requests: Vec<ffi::MPI_Request> = Vec::with_capacity(buf.len().div_ceil(piece));
     for p in buf.chunks(piece.max(1)) {
-        let n = c_int::try_from(p.len()).map_err(|_| Stuck(io::Error::other("piece too long")))?;
-        // SAFETY: reads a constant handle the MPI shim defines.
-        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: `p` holds `n` bytes of `buf`, which stays alive and
-        // unchanged until every request completes, or the caller leaks
-        // it when they do not; `comm` is a live communicator.
-        let rc = unsafe {
-            ffi::MPI_Isend(
-                p.as_ptr().cast(),
-                n,
-                ffi::RSMPI_UINT8_T,
-                dest,
-                tag,
-                comm.0,
-                &mut request,
-            )
-        };
-        if rc != 0 {
-            abandon(&mut requests);
-            return Err(Stuck(failed("Isend", rc)));
+        // SAFETY: `p` is part of `buf`, which the caller leaks on `Err`.
+        match unsafe { isend(comm, peer, tag, p) } {
+            Ok(r) => requests.push(r),
+            Err(e) => {
+                abandon(&mut requests);
+                return Err(e);
+            }
         }
-        requests.push(request);
     }
     complete_all(&mut requests, Instant::now() + wait)
         .map_err(|f| Stuck(f.error("take a message", peer, wait)))

@@ -36,6 +36,20 @@ fn kmeans_args(input: &str, extra: &[&'static str]) -> Vec<String> {
     a
 }
 
+/// The input is read about once (the first pass, and the few partitions
+/// evicted before they could be put, inside the allocation trap); the
+/// later loads, more than the data again, come from the lender. Without
+/// it the same run reads the input 3 to 4 times.
+fn loads_come_from_the_lender(s: &serde_json::Value) {
+    let data = 24u64 << 20;
+    let loaded = s["remote_bytes_loaded"].as_u64().unwrap();
+    let read = s["bytes_read"].as_u64().unwrap();
+    assert!(
+        loaded > data && read < data + data / 4,
+        "{loaded} B from the lender, {read} B read of {data}: {s}"
+    );
+}
+
 /// 24 MiB of rows in `dir/x.npy`.
 fn data(dir: &Path) -> String {
     super::gen(dir, "24MiB", 16).to_string_lossy().into_owned()
@@ -87,14 +101,7 @@ fn a_lender_holds_evicted_partitions_with_the_same_bytes_out() {
         last.remote_bytes_sent > 0 && last.remote_bytes_loaded > last.remote_bytes_sent,
         "{last:?}"
     );
-    let loaded = s["remote_bytes_loaded"].as_u64().unwrap();
-    let read = s["bytes_read"].as_u64().unwrap();
-    // The input is read once to start; every later load comes from the
-    // lender.
-    assert!(
-        loaded > 2 * read,
-        "{loaded} B from the lender, {read} B read: {s}"
-    );
+    loads_come_from_the_lender(&s);
     assert_eq!(s["remote_fallbacks"].as_u64(), Some(0), "{s}");
     let lent: Vec<&str> = err
         .lines()
@@ -204,8 +211,7 @@ fn a_spawned_lender_holds_evicted_partitions_with_the_same_bytes_out() {
     );
     let s = stats(&dir.path().join("s.json"));
     assert_eq!(s["lenders"].as_u64(), Some(1), "{s}");
-    let loaded = s["remote_bytes_loaded"].as_u64().unwrap();
-    assert!(loaded > 2 * s["bytes_read"].as_u64().unwrap(), "{s}");
+    loads_come_from_the_lender(&s);
     let args: Vec<&str> = job.iter().map(String::as_str).collect();
     same_as_one_process(dir.path(), &args, "c.npy", "two ranks and a spawned lender");
 }
