@@ -227,8 +227,11 @@ fn rlimit(resource: libc::__rlimit_resource_t) -> Option<u64> {
 }
 
 /// The process's resident set in bytes (`/proc/self/statm`), as `top`
-/// and the OOM killer see it; `None` where it cannot be read.
-pub(crate) fn resident_set() -> Option<u64> {
+/// and the OOM killer see it; `None` where it cannot be read. It counts
+/// what [`current_usage`](crate::current_usage) does not: memory other
+/// allocators hand out (a Python script's arrays), code and stacks, and
+/// freed pages the allocator keeps.
+pub fn resident_set() -> Option<u64> {
     use std::io::Read;
     let mut buf = [0u8; 128];
     let n = std::fs::File::open("/proc/self/statm")

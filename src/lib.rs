@@ -138,7 +138,7 @@ pub use alloc::{
     current_usage, flush_thread, flush_threshold, flush_threshold_for, peak_usage, reset_peak,
     set_process_name, thread_net_allocated, TrapAlloc,
 };
-pub use cap::{parse_size, MemoryCap};
+pub use cap::{parse_size, resident_set, MemoryCap};
 pub use checksum::Checksum;
 pub use error::{Error, ExecutorId, Result};
 pub use executor::State;

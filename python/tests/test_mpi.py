@@ -325,16 +325,22 @@ _KMEANS_TO = (
 )
 
 
+def _one_process(X, tmp_path):
+    """`_KMEANS_TO` on one process, without mpirun: its directory."""
+    one = tmp_path / "one"
+    one.mkdir()
+    r = _run([sys.executable, "-c", _KMEANS_TO, str(X), str(one), CAP], _env(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return one
+
+
 def test_a_lender_beside_two_ranks_gives_one_process_centres(data, tmp_path):
     """``python -m outcore.lend`` beside the ranks: their evictions go to
     its memory and come back from it, and the centres are one process's."""
     mpirun = _need_mpi()
     X, _ = data
     code = _KMEANS_TO
-    one = tmp_path / "one"
-    one.mkdir()
-    r = _run([sys.executable, "-c", code, str(X), str(one), CAP], _env(tmp_path))
-    assert r.returncode == 0, r.stderr[-3000:]
+    one = _one_process(X, tmp_path)
     out = tmp_path / "lent"
     out.mkdir()
     lend = [":", "-np", "1", sys.executable, "-m", "outcore.lend", "--mem-cap", "256MiB"]
@@ -355,10 +361,7 @@ def test_a_rank_with_room_to_spare_keeps_another_ranks_evictions(data, tmp_path)
     mpirun = _need_mpi()
     X, _ = data
     code = _KMEANS_TO
-    one = tmp_path / "one"
-    one.mkdir()
-    r = _run([sys.executable, "-c", code, str(X), str(one), CAP], _env(tmp_path))
-    assert r.returncode == 0, r.stderr[-3000:]
+    one = _one_process(X, tmp_path)
     out = tmp_path / "shared"
     out.mkdir()
     rank = [sys.executable, "-c", code, str(X), str(out)]

@@ -364,6 +364,9 @@ impl World {
     /// The tier over the lenders' and the sharing workers' memory, for a
     /// worker: `None` without any (or without `MPI_THREAD_MULTIPLE`).
     pub fn remote_tier(&self) -> Option<std::sync::Arc<crate::remote::RemoteTier>> {
+        if let Some(t) = self.tier.get() {
+            return Some(t.clone());
+        }
         let targets: Vec<_> = self
             .lendings()
             .filter(|l| l.role != Role::Lender)

@@ -68,10 +68,10 @@ fn in_use() -> u64 {
     (outcore::current_usage() as u64).max(resident())
 }
 
-/// The process's resident set (`/proc/self/statm`), read at most every
-/// 5 ms (a serving loop asks far more often); 0 where it cannot be read.
+/// The process's resident set ([`outcore::resident_set`]), read at
+/// most every 5 ms (a serving loop asks far more often); 0 where it
+/// cannot be read.
 fn resident() -> u64 {
-    use std::io::Read;
     static READ_AT: AtomicU64 = AtomicU64::new(0);
     static BYTES: AtomicU64 = AtomicU64::new(0);
     static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -83,17 +83,7 @@ fn resident() -> u64 {
         return BYTES.load(Ordering::Relaxed);
     }
     READ_AT.store(now, Ordering::Relaxed);
-    let mut buf = [0u8; 128];
-    let n = std::fs::File::open("/proc/self/statm")
-        .and_then(|mut f| f.read(&mut buf))
-        .unwrap_or(0);
-    let pages: u64 = std::str::from_utf8(&buf[..n])
-        .ok()
-        .and_then(|t| t.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0);
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    let bytes = pages * u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096);
+    let bytes = outcore::resident_set().unwrap_or(0);
     BYTES.store(bytes, Ordering::Relaxed);
     bytes
 }
@@ -227,19 +217,19 @@ impl Pool {
     fn shed(&self, bytes: u64) -> u64 {
         let mut freed = 0;
         let mut n = 0;
-        {
-            let mut h = self.held();
-            while freed < bytes {
-                let Some(&k) = h.images.keys().next() else {
-                    break;
-                };
-                if let Some(v) = h.images.remove(&k) {
-                    h.bytes -= v.capacity() as u64;
-                    freed += v.capacity() as u64;
-                    n += 1;
-                }
+        let mut h = self.held();
+        // One pass over the map (taking the first key again and again
+        // scanned it from the start each time).
+        h.images.retain(|_, v| {
+            if freed >= bytes {
+                return true;
             }
-        }
+            freed += v.capacity() as u64;
+            n += 1;
+            false
+        });
+        h.bytes -= freed;
+        drop(h);
         self.shed.fetch_add(n, Ordering::Relaxed);
         self.shed_bytes.fetch_add(freed, Ordering::Relaxed);
         freed

@@ -93,6 +93,18 @@ struct Lender {
     alive: AtomicBool,
 }
 
+impl Lender {
+    /// The room to count on at `now` (the tier's milliseconds): what it
+    /// said at its last answer, or any when that word is old.
+    fn room(&self, now: u64) -> u64 {
+        if now.saturating_sub(self.room_at.load(Ordering::Relaxed)) > ROOM_FRESH_MS {
+            u64::MAX
+        } else {
+            self.room.load(Ordering::Relaxed)
+        }
+    }
+}
+
 /// How old a lender's word on its room may be before a put that it would
 /// not fit asks it again: a lender's room grows as its owners drop images
 /// and as a working rank's own work shrinks.
@@ -296,9 +308,7 @@ impl RemoteTier {
         let now = self.now_ms();
         (0..n).map(|k| (start + k) % n).find_map(|i| {
             let l = &self.lenders[i];
-            let stale = now.saturating_sub(l.room_at.load(Ordering::Relaxed)) > ROOM_FRESH_MS;
-            (l.alive.load(Ordering::Relaxed) && (stale || l.room.load(Ordering::Relaxed) >= len))
-                .then_some((i, l))
+            (l.alive.load(Ordering::Relaxed) && l.room(now) >= len).then_some((i, l))
         })
     }
 
@@ -438,14 +448,7 @@ impl SpillTier for RemoteTier {
         self.lenders
             .iter()
             .filter(|l| l.alive.load(Ordering::Relaxed))
-            .map(|l| {
-                let stale = now.saturating_sub(l.room_at.load(Ordering::Relaxed)) > ROOM_FRESH_MS;
-                if stale {
-                    u64::MAX
-                } else {
-                    l.room.load(Ordering::Relaxed)
-                }
-            })
+            .map(|l| l.room(now))
             .max()
             .unwrap_or(0)
     }

@@ -364,36 +364,18 @@ impl Ahead {
 
     /// Posts receives until `depth` are posted or none is due.
     fn post(&mut self) -> io::Result<()> {
-        let src = c_int::try_from(self.peer).map_err(|_| io::Error::other("rank out of range"))?;
         while self.posted.len() < self.depth {
             let Some(len) = self.due.pop_front() else {
                 return Ok(());
             };
-            let n = c_int::try_from(len).map_err(|_| io::Error::other("piece too long"))?;
             let mut buf = self.spare.pop().unwrap_or_default();
             // A reused buffer keeps its old bytes (MPI writes over them):
             // no memset of every piece.
             buf.resize(len, 0);
-            // SAFETY: reads a constant handle the MPI shim defines.
-            let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-            // SAFETY: `buf` has room for `n` bytes; it is moved into
-            // `posted` below (its heap memory does not move) and not
-            // touched until the request completes, or leaked when it is
-            // abandoned (`drop`); `comm` is a live communicator.
-            let rc = unsafe {
-                ffi::MPI_Irecv(
-                    buf.as_mut_ptr().cast(),
-                    n,
-                    ffi::RSMPI_UINT8_T,
-                    src,
-                    self.tag,
-                    self.comm.0,
-                    &mut request,
-                )
-            };
-            if rc != 0 {
-                return Err(failed("Irecv", rc));
-            }
+            // SAFETY: `buf` is moved into `posted` below (its heap memory
+            // does not move) and not touched until the request completes,
+            // or leaked when it is abandoned (`drop`).
+            let request = unsafe { irecv(self.comm, self.peer, self.tag, &mut buf)? };
             self.posted.push_back((request, buf));
         }
         Ok(())
@@ -475,31 +457,17 @@ pub(super) fn recv_append(
     len: usize,
     wait: Duration,
 ) -> io::Result<()> {
-    let n = c_int::try_from(len).map_err(|_| io::Error::other("message too long"))?;
-    let src = c_int::try_from(peer).map_err(|_| io::Error::other("rank out of range"))?;
     let at = buf.len();
     buf.resize(at + len, 0);
-    // SAFETY: reads a constant handle the MPI shim defines.
-    let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-    // SAFETY: `buf[at..]` has room for `n` bytes and stays alive (not
-    // moved: nothing touches `buf` until the request completes, or its
-    // memory is leaked below when it does not); `comm` is a live
-    // communicator.
-    let rc = unsafe {
-        ffi::MPI_Irecv(
-            buf[at..].as_mut_ptr().cast(),
-            n,
-            ffi::RSMPI_UINT8_T,
-            src,
-            tag,
-            comm.0,
-            &mut request,
-        )
+    // SAFETY: nothing touches `buf` (nor moves its memory) until the
+    // request completes, and its memory is leaked below when it does not.
+    let mut request = match unsafe { irecv(comm, peer, tag, &mut buf[at..]) } {
+        Ok(r) => r,
+        Err(e) => {
+            buf.truncate(at);
+            return Err(e);
+        }
     };
-    if rc != 0 {
-        buf.truncate(at);
-        return Err(failed("Irecv", rc));
-    }
     match complete(&mut request, Instant::now() + wait) {
         Ok(status) => {
             let got = count(&status);
@@ -516,6 +484,42 @@ pub(super) fn recv_append(
             Err(f.error("answer", peer, wait))
         }
     }
+}
+
+/// Posts a receive into `buf` from `peer` under `tag`: its request.
+///
+/// # Safety
+///
+/// `buf`'s memory must stay alive and untouched until the request
+/// completes, or be leaked when it does not.
+unsafe fn irecv(
+    comm: Comm,
+    peer: usize,
+    tag: c_int,
+    buf: &mut [u8],
+) -> io::Result<ffi::MPI_Request> {
+    let n = c_int::try_from(buf.len()).map_err(|_| io::Error::other("message too long"))?;
+    let src = c_int::try_from(peer).map_err(|_| io::Error::other("rank out of range"))?;
+    // SAFETY: reads a constant handle the MPI shim defines.
+    let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+    // SAFETY: `buf` has room for `n` bytes, alive and untouched until the
+    // request completes (the caller's duty); `comm` is a live
+    // communicator.
+    let rc = unsafe {
+        ffi::MPI_Irecv(
+            buf.as_mut_ptr().cast(),
+            n,
+            ffi::RSMPI_UINT8_T,
+            src,
+            tag,
+            comm.0,
+            &mut request,
+        )
+    };
+    if rc != 0 {
+        return Err(failed("Irecv", rc));
+    }
+    Ok(request)
 }
 
 /// The bytes a completed receive or probe's status says.
